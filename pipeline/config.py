@@ -1,0 +1,306 @@
+"""Typed, validated configuration: the one place settings are read.
+
+`conf/` (Hydra groups) is composed into `params.yaml` by DVC (`dvc exp run -S ...`) or by
+`compose()` here (sweeps, tests). Either way the result is merged into the dataclasses below,
+so an unknown key or a wrongly typed value fails with the key named, and `validate()` rejects
+impossible combinations (heads not dividing d_model, ...) before any compute is spent.
+Nothing below this module reads files or the environment for settings, with one documented
+exception: `MULTI30K_DIR` overrides `data.raw_dir` (applied in `load`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from pipeline.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+RAW_DIR_ENV = "MULTI30K_DIR"
+
+
+@dataclass
+class FilterConfig:
+    """Length/ratio filter applied to training pairs (whitespace tokens)."""
+
+    min_words: int = 1
+    max_words: int = 100
+    max_ratio: float = 3.0  # max(len_src, len_tgt) / min(...)
+    apply_to: list[str] = field(default_factory=lambda: ["train"])
+
+
+@dataclass
+class TokenizerConfig:
+    """Joint subword model (sentencepiece) trained on the training split only."""
+
+    model_type: str = "bpe"  # bpe | unigram
+    vocab_size: int = 8000
+    character_coverage: float = 1.0
+    # Fixed special ids, shared by tokenizer, model and decoding.
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+
+
+@dataclass
+class DataConfig:
+    name: str = "multi30k"
+    source: str = "multi30k"  # multi30k | text | hf
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    raw_dir: str = "../shared/data/multi30k"  # env MULTI30K_DIR overrides
+    download: bool = True  # fetch from `url` when raw_dir has no copy
+    url: str = ""
+    sha256: dict[str, str] = field(default_factory=dict)  # file name -> checksum
+    train_split: str = "train"
+    val_split: str = "val"
+    test_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
+    # source=text: {split: {src: path, tgt: path}}
+    text_files: dict[str, dict[str, str]] = field(default_factory=dict)
+    # source=hf: datasets.load_dataset(hf_path, hf_name) with a `translation` column
+    hf_path: str = ""
+    hf_name: Optional[str] = None
+    max_train_pairs: Optional[int] = None  # first N training pairs (smoke runs)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+
+@dataclass
+class ModelConfig:
+    """The encoder-decoder of section 3; each Table 3 ablation axis is one field."""
+
+    d_model: int = 512
+    heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # P_drop: embeddings+positions and every sublayer output
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # inside the FFN, after the ReLU
+    positional: str = "sinusoidal"  # sinusoidal | learned
+    max_positions: int = 256  # learned table size; also the decode length cap
+    norm_first: bool = False  # post-norm as in the paper; pre-norm as an option
+    tie_embeddings: bool = True  # source, target and output embeddings share one matrix
+    fused_attention: bool = True  # F.scaled_dot_product_attention fast path
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 8000
+    max_epochs: int = -1
+    max_tokens: int = 4096  # per batch, padded source + target tokens (fairseq --max-tokens)
+    accumulate_grad_batches: int = 1
+    lr_factor: float = 1.0  # lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup_steps: int = 4000
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    gradient_clip_val: float = 0.0  # 0 disables clipping
+    val_check_interval: int = 500  # optimizer steps between validations
+    val_bleu: bool = True  # greedy-decode the validation set for val/bleu
+    val_bleu_max_sentences: Optional[int] = None  # None: the whole split
+    accelerator: str = "auto"
+    devices: Any = "auto"  # int, list or "auto"
+    num_nodes: int = 1
+    strategy: str = "auto"  # auto picks DDP when more than one device
+    precision: str = "auto"  # auto: bf16-mixed where the hardware has bf16, else 32-true
+    num_workers: int = 0
+    save_top_k: int = 10  # best checkpoints by val/bleu, kept for averaging
+    early_stopping_patience: Optional[int] = None  # validations without val/bleu improving
+    resume: bool = True
+    compile: bool = False
+    log_every_n_steps: int = 50
+    progress_bar: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class EvalConfig:
+    beam_size: int = 5
+    length_penalty: float = 1.0  # alpha in ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.2  # max output length = a * src_len + b
+    max_len_b: int = 10
+    nbest: int = 1
+    max_tokens: int = 8192  # source tokens per decoding batch
+    average: int = 10  # average the last N (or best N) checkpoints; 1 = no averaging
+    average_by: str = "last"  # last | best
+    checkpoint: Optional[str] = None  # explicit checkpoint; None = the train stage's
+    splits: list[str] = field(default_factory=lambda: ["val", "test_2016_flickr"])
+    heatmaps: int = 3  # cross-attention heatmap PNGs (layers x heads grid)
+    samples: int = 20  # rows in the W&B table of sample translations
+
+
+@dataclass
+class WandbConfig:
+    project: str = "transformer-ablations"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    mode: str = "offline"  # offline | online | disabled; env WANDB_MODE wins (wandb's own rule)
+    init_timeout: float = 30.0  # seconds before an online init falls back to offline
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class PathsConfig:
+    """Where stages write; DVC declares each of these as an output."""
+
+    prepared: str = "data/prepared"
+    tokenized: str = "data/tokenized"
+    train_dir: str = "models/train"
+    eval_dir: str = "eval"
+    metrics_dir: str = "metrics"
+    plots_dir: str = "plots"
+    wandb_dir: str = "wandb_runs"
+
+
+@dataclass
+class Config:
+    seed: int = 1234
+    experiment_name: str = "default"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def validate(cfg: Config) -> Config:
+    """Reject impossible combinations before any compute is spent."""
+    m, t, d, e = cfg.model, cfg.train, cfg.data, cfg.eval
+    _check(m.d_model > 0, "model.d_model", f"must be positive, got {m.d_model}")
+    _check(m.heads > 0, "model.heads", f"must be positive, got {m.heads}")
+    _check(
+        m.d_model % m.heads == 0,
+        "model.heads",
+        f"{m.heads} heads do not divide model.d_model={m.d_model} (d_k = d_model / heads "
+        "must be an integer); pick a divisor of d_model",
+    )
+    _check(m.encoder_layers >= 1, "model.encoder_layers", "must be >= 1")
+    _check(m.decoder_layers >= 1, "model.decoder_layers", "must be >= 1")
+    _check(m.d_ff > 0, "model.d_ff", "must be positive")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(m, key)
+        _check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
+    _check(
+        m.positional in ("sinusoidal", "learned"),
+        "model.positional",
+        f"must be 'sinusoidal' or 'learned', got '{m.positional}'",
+    )
+    _check(m.max_positions > 0, "model.max_positions", "must be positive")
+    _check(
+        0.0 <= t.label_smoothing < 1.0,
+        "train.label_smoothing",
+        f"must be in [0, 1), got {t.label_smoothing}",
+    )
+    _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _check(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
+    _check(t.lr_factor > 0, "train.lr_factor", "must be positive")
+    _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
+    _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
+    _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
+    _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
+    _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
+    _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+    _check(
+        d.tokenizer.model_type in ("bpe", "unigram"),
+        "data.tokenizer.model_type",
+        "must be 'bpe' or 'unigram'",
+    )
+    special = [d.tokenizer.pad_id, d.tokenizer.unk_id, d.tokenizer.bos_id, d.tokenizer.eos_id]
+    _check(len(set(special)) == 4, "data.tokenizer", "pad/unk/bos/eos ids must be distinct")
+    _check(d.tokenizer.vocab_size > len(special), "data.tokenizer.vocab_size", "too small")
+    _check(d.filter.max_ratio >= 1.0, "data.filter.max_ratio", "must be >= 1")
+    _check(e.beam_size >= 1, "eval.beam_size", "must be >= 1")
+    _check(1 <= e.nbest <= e.beam_size, "eval.nbest", "must be in [1, eval.beam_size]")
+    _check(e.average >= 1, "eval.average", "must be >= 1")
+    _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
+    _check(
+        cfg.logger.wandb.mode in ("offline", "online", "disabled"),
+        "logger.wandb.mode",
+        "must be offline, online or disabled",
+    )
+    return cfg
+
+
+def _to_config(raw: DictConfig | dict, origin: str) -> Config:
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(schema, raw)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "?"
+        first_line = str(err.msg).splitlines()[0]
+        raise ConfigError(f"{origin}: config key '{key}': {first_line}") from None
+    return cfg
+
+
+def load(path: str | os.PathLike = "params.yaml") -> Config:
+    """Read a composed params file (what DVC stages see) into a validated Config."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(
+            f"{path} not found: run from the repository root, or compose one with "
+            "`python -m pipeline.config > params.yaml`"
+        )
+    raw = OmegaConf.load(path)
+    return finalize(_to_config(raw, str(path)))
+
+
+def compose(overrides: list[str] | None = None, config_dir: Path = CONF_DIR) -> Config:
+    """Compose conf/ with Hydra overrides (`model.heads=4`, `experiment=smoke`)."""
+    return finalize(_to_config(compose_dict(overrides, config_dir), str(config_dir)))
+
+
+def compose_dict(overrides: list[str] | None = None, config_dir: Path = CONF_DIR) -> DictConfig:
+    """The raw composed DictConfig: what DVC writes into params.yaml."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
+            return hydra_compose("config", overrides=list(overrides or []))
+    except HydraException as err:
+        raise ConfigError(f"{config_dir}: {err}") from None
+
+
+def finalize(cfg: Config) -> Config:
+    """Apply the documented environment override, then validate."""
+    env_dir = os.environ.get(RAW_DIR_ENV)
+    if env_dir:
+        cfg.data.raw_dir = env_dir
+    return validate(cfg)
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain dict of the resolved config (for W&B, checkpoints, reports)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def from_dict(raw: dict) -> Config:
+    """Rebuild a Config saved by `to_dict` (checkpoints, sweep trials)."""
+    return validate(_to_config(OmegaConf.create(raw), "saved config"))
+
+
+if __name__ == "__main__":  # python -m pipeline.config [overrides...] > params.yaml
+    import sys
+
+    print(OmegaConf.to_yaml(compose_dict(sys.argv[1:])), end="")

@@ -1,0 +1,48 @@
+"""Shared fixtures: real configs composed from conf/, the real Multi30k corpus, tmp output dirs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline import config as config_lib
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _offline_wandb():
+    """W&B has no server here: every test run is offline unless a test says otherwise."""
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The real corpus, beside the repository (never copied into it)."""
+    path = Path(os.environ.get(config_lib.RAW_DIR_ENV, SHARED_MULTI30K))
+    if not (path / "train.en.gz").exists():
+        pytest.fail(f"Multi30k corpus not found at {path}; set {config_lib.RAW_DIR_ENV}")
+    return path
+
+
+def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
+    """Point every output directory of `cfg` under `root` (tests never write into the repo)."""
+    for name in vars(cfg.paths):
+        setattr(cfg.paths, name, str(root / getattr(cfg.paths, name)))
+    return cfg
+
+
+@pytest.fixture
+def make_config(tmp_path, multi30k_dir):
+    """Compose conf/ with Hydra overrides, outputs under tmp_path, data from the real corpus."""
+
+    def _make(*overrides: str, root: Path | None = None) -> config_lib.Config:
+        cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", *overrides])
+        return redirect_paths(cfg, root or tmp_path)
+
+    return _make
