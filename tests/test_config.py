@@ -1,0 +1,83 @@
+"""pipeline.config: composition from conf/, params.yaml in sync, validation naming the key."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline import config as config_lib
+from pipeline.errors import ConfigError
+from tests.conftest import REPO_ROOT
+
+
+def test_params_yaml_is_the_composed_default():
+    """params.yaml (what `dvc repro` reads) must equal conf/ composed with no overrides."""
+    committed = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "params.yaml"))
+    composed = OmegaConf.to_container(config_lib.compose_dict())
+    assert committed == composed, "params.yaml is stale: run `make params`"
+
+
+def test_every_conf_key_is_in_the_schema():
+    """A key in conf/ that the dataclasses lack would only fail at run time; fail here."""
+    for overrides in [
+        [],
+        ["experiment=smoke"],
+        ["experiment=multi30k_tiny"],
+        ["experiment=multi30k_base"],
+    ]:
+        cfg = config_lib.compose(overrides)
+        assert isinstance(cfg, config_lib.Config)
+
+
+def test_override_reaches_the_typed_config():
+    cfg = config_lib.compose(["model.heads=8", "train.max_steps=7"])
+    assert cfg.model.heads == 8 and cfg.train.max_steps == 7
+
+
+def test_experiment_preset_selects_values():
+    smoke = config_lib.compose(["experiment=smoke"])
+    assert smoke.experiment_name == "smoke"
+    assert smoke.data.max_train_pairs <= 2000
+    assert smoke.train.max_steps < 100
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.heads=3", "model.heads"),
+        ("model.dropout=1.5", "model.dropout"),
+        ("model.positional=rotary", "model.positional"),
+        ("train.label_smoothing=-0.1", "train.label_smoothing"),
+        ("eval.nbest=9", "eval.nbest"),
+        ("model.heads=abc", "model.heads"),
+        ("+model.bogus=1", "model.bogus"),
+        ("+train.max_tokns=10", "train.max_tokns"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_lib.compose([override])
+
+
+def test_unknown_key_in_params_file_names_file_and_key(tmp_path):
+    raw = OmegaConf.to_container(config_lib.compose_dict())
+    raw["train"]["learning_rate"] = 1.0
+    path = tmp_path / "params.yaml"
+    OmegaConf.save(raw, path)
+    with pytest.raises(ConfigError, match=r"params\.yaml.*train\.learning_rate"):
+        config_lib.load(path)
+
+
+def test_missing_params_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config_lib.load(tmp_path / "params.yaml")
+
+
+def test_env_overrides_raw_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv(config_lib.RAW_DIR_ENV, str(tmp_path))
+    assert config_lib.compose().data.raw_dir == str(tmp_path)
+
+
+def test_dict_round_trip():
+    cfg = config_lib.compose(["experiment=smoke"])
+    assert config_lib.from_dict(config_lib.to_dict(cfg)) == cfg
