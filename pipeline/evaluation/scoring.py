@@ -1,0 +1,150 @@
+"""Corpus-level translation metrics with sacrebleu (Post 2018), signatures included.
+
+BLEU is sacrebleu's default: 13a tokenisation, cased, one reference; that is the number to
+report. `bleu_lc` (the CLI's `-lc`) is there only to compare with papers that lowercase.
+Every score carries its sacrebleu signature, so a number is never separated from how it
+was computed. `paired_bootstrap` gives p-values between two systems on the same test set
+(Koehn 2004, as sacrebleu's `--paired-bs`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.metrics.base import Metric
+from sacrebleu.significance import PairedTest
+
+from pipeline.errors import DataError
+
+# The metrics `score` reports, by key; the same keys name them in eval.json and W&B.
+METRICS: dict[str, type[Metric] | tuple[type[Metric], dict]] = {
+    "bleu": BLEU,
+    "bleu_lc": (BLEU, {"lowercase": True}),
+    "chrf": CHRF,
+    "ter": TER,
+}
+# sacrebleu's `--paired-bs-n` default and its default SACREBLEU_SEED.
+DEFAULT_BOOTSTRAP_SAMPLES = 1000
+DEFAULT_BOOTSTRAP_SEED = 12345
+
+
+def make_metric(key: str) -> Metric:
+    """A fresh sacrebleu metric object for one of the keys of `METRICS`."""
+    if key not in METRICS:
+        raise KeyError(f"unknown metric '{key}'; choose from {sorted(METRICS)}")
+    spec = METRICS[key]
+    cls, kwargs = spec if isinstance(spec, tuple) else (spec, {})
+    return cls(**kwargs)
+
+
+def check_aligned(hypotheses: Sequence[str], references: Sequence[str], what: str = "") -> None:
+    """One hypothesis per reference, or a DataError that says which input is short."""
+    if len(hypotheses) != len(references):
+        where = f" for {what}" if what else ""
+        raise DataError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references{where}: "
+            "hypothesis and reference files must have one line per source sentence"
+        )
+    if not references:
+        raise DataError(f"no references{' for ' + what if what else ''}: nothing to score")
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """Corpus BLEU (13a, cased), lowercased BLEU, chrF and TER of detokenized hypotheses.
+
+    Returns `{"bleu": float, "bleu_lc": float, "chrf": float, "ter": float,
+    "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|...", ...}}`; scores are
+    sacrebleu's unrounded values (the CLI prints them rounded).
+    """
+    check_aligned(hypotheses, references)
+    hypotheses, references = list(hypotheses), [list(references)]
+    result: dict = {"signatures": {}}
+    for key in METRICS:
+        metric = make_metric(key)
+        result[key] = float(metric.corpus_score(hypotheses, references).score)
+        result["signatures"][key] = str(metric.get_signature())
+    return result
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """One metric of a paired bootstrap test: scores, 95% half-widths, p-value of the difference."""
+
+    metric: str
+    baseline: float
+    baseline_mean: float
+    baseline_ci: float
+    system: float
+    system_mean: float
+    system_ci: float
+    p_value: float
+    signature: str
+
+
+@contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    """sacrebleu's PairedTest takes its seed only from SACREBLEU_SEED (read at construction)."""
+    previous = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = previous
+
+
+def paired_bootstrap(
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    *,
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    n_samples: int = DEFAULT_BOOTSTRAP_SAMPLES,
+    seed: int = DEFAULT_BOOTSTRAP_SEED,
+) -> dict[str, PairedResult]:
+    """Paired bootstrap resampling between two systems' hypotheses on the same references.
+
+    The same `n_samples` resamples of sentence indices score both systems; the p-value is
+    the probability of a difference at least as large as the observed one under the null
+    hypothesis (sacrebleu `--paired-bs`, equal to the CLI with SACREBLEU_SEED=`seed`).
+    """
+    if seed <= 0:  # sacrebleu treats a seed of 0 as "no seed"
+        raise ValueError(f"seed must be a positive integer, got {seed}")
+    if n_samples <= 0:
+        raise ValueError(f"n_samples must be positive, got {n_samples}")
+    if "bleu" in metrics and "bleu_lc" in metrics:  # both are named "BLEU" inside PairedTest
+        raise ValueError("test 'bleu' or 'bleu_lc', not both in one call")
+    check_aligned(baseline, references, "the baseline")
+    check_aligned(system, references, "the system")
+    with _sacrebleu_seed(seed):
+        test = PairedTest(
+            [("baseline", list(baseline)), ("system", list(system))],
+            {key: make_metric(key) for key in metrics},
+            references=[list(references)],
+            test_type="bs",
+            n_samples=n_samples,
+        )
+        signatures, results = test()
+    # PairedTest keys its results by display name ("BLEU", "chrF2", "TER") in `metrics` order.
+    names = [name for name in results if name != "System"]
+    out = {}
+    for key, name in zip(metrics, names):
+        base, other = results[name]
+        out[key] = PairedResult(
+            metric=key,
+            baseline=float(base.score),
+            baseline_mean=float(base.mean),
+            baseline_ci=float(base.ci),
+            system=float(other.score),
+            system_mean=float(other.mean),
+            system_ci=float(other.ci),
+            p_value=float(other.p_value),
+            signature=str(signatures[name]),
+        )
+    return out

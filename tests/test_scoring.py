@@ -1,0 +1,203 @@
+"""Scoring against the independent reference: the sacrebleu command line on the same files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import DataError
+from pipeline.evaluation.scoring import paired_bootstrap, score
+
+SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
+WIDTH = 4  # decimals the CLI prints with `-w 4`
+
+
+def perturb(sentence: str, rng: random.Random, vocabulary: list[str]) -> str:
+    """A plausible system error: drop, swap, substitute or lowercase a word, or nothing."""
+    words = sentence.split()
+    action = rng.choice(["keep", "drop", "swap", "substitute", "lower", "truncate"])
+    i = rng.randrange(len(words))
+    if action == "drop" and len(words) > 1:
+        del words[i]
+    elif action == "swap" and len(words) > 1:
+        j = min(i + 1, len(words) - 1) if i + 1 < len(words) else i - 1
+        words[i], words[j] = words[j], words[i]
+    elif action == "substitute":
+        words[i] = rng.choice(vocabulary)
+    elif action == "lower":
+        words[i] = words[i].lower()
+    elif action == "truncate":
+        words = words[: max(1, len(words) // 2)]
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def references(multi30k_dir) -> list[str]:
+    with gzip.open(multi30k_dir / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def make_system(references: list[str], seed: int) -> list[str]:
+    rng = random.Random(seed)
+    vocabulary = sorted({w for line in references[:200] for w in line.split()})
+    return [perturb(line, rng, vocabulary) for line in references]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def cli_json(ref: Path, hyp: Path, *extra: str) -> dict:
+    """Score with the sacrebleu CLI; returns {metric name: {score, signature, ...}}."""
+    out = subprocess.run(
+        [str(SACREBLEU_CLI), str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "ter"]
+        + ["-w", str(WIDTH), "-f", "json", *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {entry["name"]: entry for entry in json.loads(out)}
+
+
+def test_score_equals_sacrebleu_cli(tmp_path, references):
+    hypotheses = make_system(references, seed=1)
+    assert hypotheses != references
+    ref = write_lines(tmp_path / "ref.de", references)
+    hyp = write_lines(tmp_path / "hyp.de", hypotheses)
+
+    ours = score(hypotheses, references)
+    cli = cli_json(ref, hyp)
+    cli_lc = cli_json(ref, hyp, "-lc")
+
+    assert round(ours["bleu"], WIDTH) == cli["BLEU"]["score"]
+    assert round(ours["chrf"], WIDTH) == cli["chrF2"]["score"]
+    assert round(ours["ter"], WIDTH) == cli["TER"]["score"]
+    assert round(ours["bleu_lc"], WIDTH) == cli_lc["BLEU"]["score"]
+    assert ours["signatures"]["bleu"] == cli["BLEU"]["signature"]
+    assert ours["signatures"]["chrf"] == cli["chrF2"]["signature"]
+    assert ours["signatures"]["ter"] == cli["TER"]["signature"]
+    assert ours["signatures"]["bleu_lc"] == cli_lc["BLEU"]["signature"]
+    assert "tok:13a" in ours["signatures"]["bleu"] and "case:mixed" in ours["signatures"]["bleu"]
+    # Lowercasing forgives the "lower" perturbations, so it can only help.
+    assert ours["bleu_lc"] > ours["bleu"]
+    assert 0 < ours["bleu"] < 100 and 0 < ours["ter"] < 100
+
+
+def test_score_is_cased_and_perfect_on_references(references):
+    refs = references[:100]
+    perfect = score(refs, refs)
+    assert perfect["bleu"] == pytest.approx(100.0)
+    assert perfect["chrf"] == pytest.approx(100.0)
+    assert perfect["ter"] == pytest.approx(0.0)
+    lowered = score([line.lower() for line in refs], refs)
+    assert lowered["bleu"] < 90.0  # German nouns are capitalised: cased BLEU notices
+    assert lowered["bleu_lc"] == pytest.approx(100.0)
+
+
+def test_score_rejects_misaligned_inputs(references):
+    with pytest.raises(DataError, match="99 hypotheses but 100 references"):
+        score(references[:99], references[:100])
+    with pytest.raises(DataError, match="nothing to score"):
+        score([], [])
+
+
+def parse_paired_cli_table(text: str) -> dict[str, tuple[float, float, float, float | None]]:
+    """Rows of the CLI's text table -> {system: (score, mean, ci, p)} per metric column order."""
+    rows = {}
+    lines = text.splitlines()
+    cell = re.compile(r"(-?[\d.]+) \((-?[\d.]+) ± ([\d.]+)\)")
+    for k, line in enumerate(lines):
+        cells = cell.findall(line)
+        if not cells:
+            continue
+        name = line.split("│")[1].strip()
+        p_values = re.findall(r"p = ([\d.]+)", lines[k + 1]) if k + 1 < len(lines) else []
+        rows[name] = [
+            (float(s), float(m), float(c), float(p_values[j]) if p_values else None)
+            for j, (s, m, c) in enumerate(cells)
+        ]
+    return rows
+
+
+def test_paired_bootstrap_equals_sacrebleu_cli(tmp_path, references):
+    refs = references[:300]
+    baseline = make_system(refs, seed=2)
+    # The system: the baseline with a few sentences repaired -> a small, uncertain difference.
+    system = [r if i % 25 == 0 else b for i, (b, r) in enumerate(zip(baseline, refs))]
+    ref = write_lines(tmp_path / "ref.de", refs)
+    base_file = write_lines(tmp_path / "baseline.de", baseline)
+    sys_file = write_lines(tmp_path / "system.de", system)
+    seed, n = 7, 200
+    env_before = os.environ.get("SACREBLEU_SEED")
+
+    ours = paired_bootstrap(baseline, system, refs, n_samples=n, seed=seed)
+    text = subprocess.run(
+        [str(SACREBLEU_CLI), str(ref), "-i", str(base_file), str(sys_file)]
+        + [
+            "-m",
+            "bleu",
+            "chrf",
+            "ter",
+            "--paired-bs",
+            "--paired-bs-n",
+            str(n),
+            "-w",
+            str(WIDTH),
+            "-f",
+            "text",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "SACREBLEU_SEED": str(seed)},
+    ).stdout
+    table = parse_paired_cli_table(text)
+    cli_base, cli_sys = table[f"Baseline: {base_file}"], table[str(sys_file)]
+    for column, key in enumerate(["bleu", "chrf", "ter"]):
+        result = ours[key]
+        assert (round(result.baseline, WIDTH), round(result.baseline_mean, WIDTH)) == cli_base[
+            column
+        ][:2]
+        assert round(result.baseline_ci, WIDTH) == cli_base[column][2]
+        assert (
+            round(result.system, WIDTH),
+            round(result.system_mean, WIDTH),
+            round(result.system_ci, WIDTH),
+            round(result.p_value, WIDTH),
+        ) == cli_sys[column]
+        assert f"seed:{seed}" in result.signature and f"bs:{n}" in result.signature
+    assert os.environ.get("SACREBLEU_SEED") == env_before  # restored after the test
+    assert ours["bleu"].p_value > 1 / (n + 1)  # a non-trivial p-value was compared
+
+
+def test_paired_bootstrap_separates_systems_and_is_seeded(references):
+    refs = references[:300]
+    baseline = make_system(refs, seed=3)
+    much_better = [r if i % 2 == 0 else b for i, (b, r) in enumerate(zip(baseline, refs))]
+    nearly_same = [r if i == 0 else b for i, (b, r) in enumerate(zip(baseline, refs))]
+
+    strong = paired_bootstrap(baseline, much_better, refs, metrics=["bleu"], n_samples=200)
+    weak = paired_bootstrap(baseline, nearly_same, refs, metrics=["bleu"], n_samples=200)
+    assert strong["bleu"].system > strong["bleu"].baseline
+    assert strong["bleu"].p_value < 0.05
+    assert weak["bleu"].p_value > 0.05
+
+    again = paired_bootstrap(baseline, much_better, refs, metrics=["bleu"], n_samples=200)
+    other_seed = paired_bootstrap(
+        baseline, much_better, refs, metrics=["bleu"], n_samples=200, seed=99
+    )
+    assert again == strong
+    assert other_seed["bleu"].system_mean != strong["bleu"].system_mean
+    with pytest.raises(ValueError, match="seed"):
+        paired_bootstrap(baseline, much_better, refs, seed=0)
+    with pytest.raises(DataError, match="the system"):
+        paired_bootstrap(baseline, much_better[:-1], refs)
