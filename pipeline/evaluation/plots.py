@@ -1,0 +1,226 @@
+"""PNG figures: cross-attention heatmaps, learning curves, ablation bar charts.
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot's
+global state, so plotting works headless, in worker processes and in tests alike. Each plot
+has a builder returning the Figure (`*_figure`) and a writer saving it as PNG (`plot_*`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 100
+PANEL_INCHES_PER_TOKEN = 0.22  # heatmap panels grow with the sentence, so labels stay legible
+MIN_PANEL_INCHES = 1.6
+CURVE_KEYS = ("train/loss", "val/loss", "val/bleu")
+
+
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Render `fig` with the Agg canvas into a PNG at `path` (parent folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png", dpi=DPI)
+    return path
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _as_array(weights) -> np.ndarray:
+    """A float32 numpy array from a torch tensor (any device/dtype) or an array-like."""
+    if hasattr(weights, "detach"):
+        weights = weights.detach().float().cpu().numpy()
+    return np.asarray(weights, dtype=np.float32)
+
+
+def attention_figure(
+    weights, src_tokens: Sequence[str], tgt_tokens: Sequence[str], title: str | None = None
+) -> Figure:
+    """A grid of layers (rows) x heads (columns) of cross-attention maps.
+
+    `weights` (layers, heads, T, S) is `Transformer.cross_attention_weights` for one sentence:
+    row t is the distribution over the S source tokens (x axis) while the decoder produces
+    target token t (y axis).
+    """
+    weights = _as_array(weights)
+    if weights.ndim != 4:
+        raise ValueError(
+            f"attention weights must have shape (layers, heads, T, S), got {weights.shape}"
+        )
+    layers, heads, tgt_len, src_len = weights.shape
+    if (tgt_len, src_len) != (len(tgt_tokens), len(src_tokens)):
+        raise ValueError(
+            f"attention weights are {tgt_len} x {src_len} (target x source) but "
+            f"{len(tgt_tokens)} target and {len(src_tokens)} source tokens were given"
+        )
+    if layers == 0 or heads == 0 or tgt_len == 0 or src_len == 0:
+        raise ValueError(f"attention weights are empty: shape {weights.shape}")
+    if not np.isfinite(weights).all():
+        raise ValueError("attention weights contain NaN or infinity")
+
+    panel_w = max(MIN_PANEL_INCHES, PANEL_INCHES_PER_TOKEN * src_len)
+    panel_h = max(MIN_PANEL_INCHES, PANEL_INCHES_PER_TOKEN * tgt_len)
+    fig = Figure(figsize=(panel_w * heads + 1.0, panel_h * layers + 0.8), layout="constrained")
+    axes = fig.subplots(layers, heads, squeeze=False, sharex=True, sharey=True)
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer][head]
+            image = ax.imshow(
+                weights[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto"
+            )
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+            ax.set_xticks(range(src_len), labels=src_tokens, rotation=90, fontsize=7)
+            ax.set_yticks(range(tgt_len), labels=tgt_tokens, fontsize=7)
+            ax.tick_params(labelbottom=layer == layers - 1, labelleft=head == 0)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_attention(
+    weights,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | Path,
+    title: str | None = None,
+) -> Path:
+    """Write one cross-attention heatmap grid (layers x heads) as a PNG."""
+    return save_png(attention_figure(weights, src_tokens, tgt_tokens, title), path)
+
+
+# --------------------------------------------------------------------------- learning curves
+
+
+def _number(value) -> float:
+    """A float from a CSV cell or a logged value; blanks and non-numbers become NaN."""
+    if value is None or value == "":
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def read_history(source: str | Path | Iterable[Mapping]) -> list[dict]:
+    """Metric records from a list of dicts or a CSV/TSV file with a `step` column.
+
+    Lightning's CSVLogger and DVCLive write one row per logging event with blank cells for
+    metrics not logged at that step; those become NaN and are skipped when plotting.
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        delimiter = "\t" if path.suffix == ".tsv" else ","
+        with path.open(newline="", encoding="utf-8") as f:
+            records = list(csv.DictReader(f, delimiter=delimiter))
+        if records and "step" not in records[0]:
+            raise ValueError(f"{path}: no 'step' column (columns: {list(records[0])})")
+    else:
+        records = list(source)
+    return [{key: _number(value) for key, value in record.items()} for record in records]
+
+
+def _series(history: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) where `key` was logged, sorted by step."""
+    points = sorted(
+        (r["step"], r[key])
+        for r in history
+        if not math.isnan(r.get(key, math.nan)) and not math.isnan(r.get("step", math.nan))
+    )
+    steps, values = zip(*points) if points else ((), ())
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def learning_curves_figure(
+    history: str | Path | Iterable[Mapping], title: str | None = None
+) -> Figure:
+    """Losses (train/loss, val/loss) and val/bleu against the optimizer step, side by side."""
+    history = read_history(history)
+    series = {key: _series(history, key) for key in CURVE_KEYS}
+    if not any(len(steps) for steps, _ in series.values()):
+        raise ValueError(f"no {', '.join(CURVE_KEYS)} values with a step in the history")
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    loss_ax, bleu_ax = fig.subplots(1, 2, squeeze=True)
+    for key, style in (("train/loss", "-"), ("val/loss", "o-")):
+        steps, values = series[key]
+        if len(steps):
+            loss_ax.plot(steps, values, style, label=key, markersize=3)
+    loss_ax.set(xlabel="step", ylabel="loss (label-smoothed cross-entropy)", title="loss")
+    loss_ax.legend()
+    steps, values = series["val/bleu"]
+    bleu_ax.plot(steps, values, "o-", color="tab:green", label="val/bleu", markersize=3)
+    bleu_ax.set(xlabel="step", ylabel="BLEU", title="val/bleu")
+    for ax in (loss_ax, bleu_ax):
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_learning_curves(
+    history: str | Path | Iterable[Mapping], path: str | Path, title: str | None = None
+) -> Path:
+    """Write the learning curves of a metrics history (list of dicts or CSV) as a PNG."""
+    return save_png(learning_curves_figure(history, title), path)
+
+
+# --------------------------------------------------------------------------- bar charts
+
+
+def bar_chart_figure(
+    labels: Sequence[str],
+    values: Sequence[float],
+    errors: Sequence[float] | None = None,
+    *,
+    ylabel: str,
+    title: str | None = None,
+    baseline: float | None = None,
+) -> Figure:
+    """Bars with symmetric error bars (e.g. BLEU +- 95% CI per ablation variant).
+
+    `baseline` draws a dashed reference line (e.g. the base model's score).
+    """
+    if len(labels) != len(values) or (errors is not None and len(errors) != len(values)):
+        raise ValueError(
+            f"{len(labels)} labels, {len(values)} values"
+            + (f", {len(errors)} errors" if errors is not None else "")
+            + ": give one of each per bar"
+        )
+    if not labels:
+        raise ValueError("no bars to plot")
+    fig = Figure(figsize=(max(4.0, 0.7 * len(labels) + 1.5), 4), layout="constrained")
+    ax = fig.subplots()
+    positions = np.arange(len(labels))
+    ax.bar(positions, values, yerr=errors, capsize=4, color="tab:blue", alpha=0.85)
+    ax.set_xticks(positions, labels=labels, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    if baseline is not None:
+        ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="baseline")
+        ax.legend()
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_bar_chart(
+    labels: Sequence[str],
+    values: Sequence[float],
+    errors: Sequence[float] | None,
+    path: str | Path,
+    *,
+    ylabel: str,
+    title: str | None = None,
+    baseline: float | None = None,
+) -> Path:
+    """Write a bar chart with error bars as a PNG."""
+    fig = bar_chart_figure(labels, values, errors, ylabel=ylabel, title=title, baseline=baseline)
+    return save_png(fig, path)

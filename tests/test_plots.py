@@ -1,0 +1,164 @@
+"""Figures are real PNGs of the expected size, and each panel shows the data it claims to."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+from pipeline.evaluation import plots
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_png(path) -> np.ndarray:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[2] in (3, 4)
+    assert image[..., :3].std() > 0.01  # something was drawn
+    return image
+
+
+def figure_pixels(fig) -> tuple[int, int]:
+    width, height = fig.get_size_inches()
+    return round(height * plots.DPI), round(width * plots.DPI)
+
+
+def heatmap_axes(fig):
+    """The panels that carry a heatmap (the colorbar axes carry none)."""
+    return [ax for ax in fig.axes if ax.images]
+
+
+def random_attention(layers, heads, tgt_len, src_len, seed=0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(layers, heads, tgt_len, src_len, generator=generator)
+    return scores.softmax(dim=-1)
+
+
+def test_attention_heatmap_grid_is_layers_by_heads(tmp_path):
+    layers, heads, src, tgt = 3, 4, ["A", "man", "is", "sleeping", "."], ["Ein", "Mann", "schläft"]
+    weights = random_attention(layers, heads, len(tgt), len(src))
+
+    fig = plots.attention_figure(weights, src, tgt, title="example 0")
+    panels = heatmap_axes(fig)
+    assert len(panels) == layers * heads
+    # Row-major: layer l, head h is panel l * heads + h, and it shows exactly that matrix.
+    for layer in range(layers):
+        for head in range(heads):
+            ax = panels[layer * heads + head]
+            assert ax.get_title() == f"layer {layer + 1}, head {head + 1}"
+            np.testing.assert_allclose(ax.images[0].get_array(), weights[layer, head].numpy())
+    bottom_left = panels[(layers - 1) * heads]
+    assert [t.get_text() for t in bottom_left.get_xticklabels()] == src
+    assert [t.get_text() for t in bottom_left.get_yticklabels()] == tgt
+
+    path = plots.plot_attention(weights, src, tgt, tmp_path / "attention" / "ex0.png")
+    image = read_png(path)
+    assert image.shape[:2] == figure_pixels(fig)
+
+
+def test_attention_heatmap_grows_with_grid_and_sentence(tmp_path):
+    small = read_png(
+        plots.plot_attention(
+            random_attention(1, 2, 4, 4), list("abcd"), list("wxyz"), tmp_path / "s.png"
+        )
+    )
+    src, tgt = [f"s{i}" for i in range(20)], [f"t{i}" for i in range(15)]
+    large = read_png(
+        plots.plot_attention(random_attention(2, 4, 15, 20), src, tgt, tmp_path / "l.png")
+    )
+    assert large.shape[0] > small.shape[0] and large.shape[1] > small.shape[1]
+
+
+@pytest.mark.parametrize(
+    "shape, src_len, tgt_len, message",
+    [
+        ((2, 5, 7), 7, 5, "shape \\(layers, heads, T, S\\)"),
+        ((1, 2, 5, 7), 6, 5, "5 x 7 \\(target x source\\) but 5 target and 6 source"),
+        ((1, 2, 5, 7), 7, 4, "but 4 target"),
+        ((1, 0, 5, 7), 7, 5, "empty"),
+    ],
+)
+def test_attention_heatmap_validates_input(shape, src_len, tgt_len, message):
+    weights = torch.full(shape, 0.5)
+    with pytest.raises(ValueError, match=message):
+        plots.attention_figure(weights, ["x"] * src_len, ["y"] * tgt_len)
+
+
+def test_attention_heatmap_rejects_nan():
+    weights = random_attention(1, 1, 2, 2)
+    weights[0, 0, 1, 1] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        plots.attention_figure(weights, ["a", "b"], ["c", "d"])
+
+
+def make_history() -> list[dict]:
+    """Like a training log: train/loss every 10 steps, validation every 50."""
+    history = [{"step": s, "train/loss": 8.0 / (1 + s / 50)} for s in range(10, 201, 10)]
+    history += [
+        {"step": s, "val/loss": 7.0 / (1 + s / 60), "val/bleu": 30 * s / 200}
+        for s in (50, 100, 150, 200)
+    ]
+    return history
+
+
+def line_data(fig) -> dict[str, tuple[list, list]]:
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for ax in fig.axes
+        for line in ax.get_lines()
+    }
+
+
+def test_learning_curves_from_records_and_csv_agree(tmp_path):
+    history = make_history()
+    csv_path = tmp_path / "metrics.csv"
+    columns = ["step", "epoch", "train/loss", "val/loss", "val/bleu"]
+    with csv_path.open("w", newline="") as f:  # blanks where a metric was not logged
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for record in history:
+            writer.writerow({"epoch": 0, **record})
+
+    from_records = line_data(plots.learning_curves_figure(history))
+    from_csv = line_data(plots.learning_curves_figure(csv_path))
+    assert set(from_records) == {"train/loss", "val/loss", "val/bleu"}
+    for key in from_records:
+        np.testing.assert_allclose(from_csv[key], from_records[key])
+    steps, bleu = from_records["val/bleu"]
+    assert steps == [50, 100, 150, 200]
+    assert bleu == pytest.approx([7.5, 15.0, 22.5, 30.0])
+    assert len(from_records["train/loss"][0]) == 20
+
+    path = plots.plot_learning_curves(csv_path, tmp_path / "curves.png", title="smoke")
+    assert read_png(path).shape[:2] == figure_pixels(plots.learning_curves_figure(history))
+
+
+def test_learning_curves_reject_empty_history(tmp_path):
+    with pytest.raises(ValueError, match="no train/loss"):
+        plots.learning_curves_figure([{"step": 1, "lr": 0.1}])
+    bad_csv = tmp_path / "bad.csv"
+    bad_csv.write_text("iteration,train/loss\n1,2.0\n")
+    with pytest.raises(ValueError, match="no 'step' column"):
+        plots.learning_curves_figure(bad_csv)
+
+
+def test_bar_chart_with_error_bars(tmp_path):
+    labels = ["base", "heads=1", "heads=16", "no tying"]
+    values, errors = [35.1, 33.0, 34.8, 34.2], [0.9, 1.1, 0.8, 1.0]
+    fig = plots.bar_chart_figure(labels, values, errors, ylabel="BLEU", baseline=35.1)
+    ax = fig.axes[0]
+    assert [round(bar.get_height(), 6) for bar in ax.patches] == values
+    (caps_and_bars,) = [c for c in ax.containers if hasattr(c, "lines") and c.lines[2]]
+    segments = caps_and_bars.lines[2][0].get_segments()
+    assert [round(float(s[1][1] - s[0][1]) / 2, 6) for s in segments] == errors
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels
+
+    path = plots.plot_bar_chart(labels, values, errors, tmp_path / "bars.png", ylabel="BLEU")
+    assert read_png(path).shape[:2] == figure_pixels(fig)
+    with pytest.raises(ValueError, match="4 labels, 3 values"):
+        plots.bar_chart_figure(labels, values[:3], None, ylabel="BLEU")
