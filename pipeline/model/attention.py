@@ -1,0 +1,196 @@
+"""Section 3.2: attention.
+
+3.2.1 Scaled dot-product attention:  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+3.2.2 Multi-head attention:          MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+                                     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
+                                     d_k = d_v = d_model / h.
+
+Masks follow `torch.nn.functional.scaled_dot_product_attention`: a boolean `attn_mask`
+broadcastable to (B, h, T_q, T_k) where True means "may attend". A query row whose keys are all
+masked (an all-padding source) yields a zero output, never NaN, on both paths.
+
+For incremental decoding (section 3.4's decoder, one position per step) each attention sublayer
+keeps a `KeyValueCache`: self-attention appends the new step's keys/values; cross-attention
+projects the encoder output once and reuses it at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def padding_attention_mask(key_padding_mask: Tensor) -> Tensor:
+    """(B, T_k) bool, True = pad  ->  (B, 1, 1, T_k) bool, True = may attend (broadcast over h, T_q)."""
+    return ~key_padding_mask[:, None, None, :]
+
+
+def causal_attention_mask(query_len: int, key_len: int, device: torch.device) -> Tensor:
+    """(T_q, T_k) bool, True = may attend: query i sits at position key_len - query_len + i and
+    sees keys up to and including its own position (3.2.3: no leftward information flow)."""
+    ones = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=key_len - query_len)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    fused: bool = True,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """3.2.1: softmax(Q K^T / sqrt(d_k)) V.
+
+    q (B, h, T_q, d_k), k (B, h, T_k, d_k), v (B, h, T_k, d_v) -> output (B, h, T_q, d_v) and,
+    when `need_weights`, the attention weights (B, h, T_q, T_k) (before dropout).
+    `causal` applies the decoder's mask, aligned so that the last query is the last key (a query
+    block appended after cached keys). `fused` uses torch's kernel; the explicit formula is the
+    reference (and the only path that can return the weights).
+    """
+    query_len, key_len = q.size(-2), k.size(-2)
+    if fused and not need_weights:
+        if causal and query_len == key_len and attn_mask is None:
+            # The kernel's own causal mask: no (T, T) mask tensor is built or read.
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=True
+            ), None
+        if causal and query_len > 1:
+            attn_mask = _combine(attn_mask, causal_attention_mask(query_len, key_len, q.device))
+        # A single query appended after the cache may see every key: no causal mask needed.
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p
+        ), None
+
+    if causal:
+        attn_mask = _combine(attn_mask, causal_attention_mask(query_len, key_len, q.device))
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if attn_mask is not None:
+        # Fully masked rows are softmax(-inf, ..., -inf) = NaN; like the fused kernel, give them 0.
+        weights = weights.masked_fill(~attn_mask, 0.0)
+    output = F.dropout(weights, p=dropout_p) @ v  # (B, h, T_q, d_v)
+    return output, (weights if need_weights else None)
+
+
+def _combine(attn_mask: Tensor | None, other: Tensor) -> Tensor:
+    return other if attn_mask is None else attn_mask & other
+
+
+@dataclass
+class KeyValueCache:
+    """Keys and values of one attention sublayer kept between decoding steps, (B, h, t, d_k)."""
+
+    keys: Tensor | None = None
+    values: Tensor | None = None
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Self-attention: add this step's keys/values after the previous ones; return all."""
+        if self.keys is not None:
+            keys = torch.cat([self.keys, keys], dim=2)
+            values = torch.cat([self.values, values], dim=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def index_select(self, indices: Tensor) -> None:
+        """Keep/reorder batch rows (beam search reordering, dropping finished sentences)."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, indices)
+            self.values = self.values.index_select(0, indices)
+
+
+class MultiHeadAttention(nn.Module):
+    """3.2.2: h parallel heads of scaled dot-product attention on d_model/h-dimensional projections.
+
+    The projections W^Q, W^K, W^V of all heads are one (3 d_model, d_model) matrix `in_proj`
+    ([W^Q; W^K; W^V], the layout of `torch.nn.MultiheadAttention.in_proj_weight`): self-attention
+    projects x once into Q, K, V; cross-attention (encoder-decoder attention, 3.2.3) projects the
+    decoder state with the W^Q rows and the encoder output with the [W^K; W^V] rows.
+    """
+
+    def __init__(
+        self, d_model: int, heads: int, *, dropout: float = 0.0, fused: bool = True
+    ) -> None:
+        super().__init__()
+        if heads <= 0 or d_model <= 0 or d_model % heads != 0:
+            raise ValueError(
+                f"MultiHeadAttention: heads={heads} must be a positive divisor of "
+                f"d_model={d_model} (d_k = d_model / heads)"
+            )
+        self.d_model = d_model
+        self.heads = heads
+        self.d_k = d_model // heads  # = d_v
+        self.dropout = dropout
+        self.fused = fused
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Xavier over the stacked (3d, d) matrix, as torch.nn.MultiheadAttention does; its bound
+        # sqrt(6 / 4d) equals fairseq's xavier(gain=1/sqrt(2)) on each separate projection.
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split_heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
+        # (B, T, parts * d_model) -> parts x (B, h, T, d_k); views, no copy.
+        batch, length, _ = x.shape
+        x = x.view(batch, length, parts, self.heads, self.d_k)
+        return x.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KeyValueCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """query (B, T_q, d_model); memory (B, T_k, d_model) for cross-attention, None for
+        self-attention. Returns (B, T_q, d_model) and, if `need_weights`, (B, h, T_q, T_k).
+
+        With a `cache`, self-attention appends this call's keys/values to the cached ones, and
+        cross-attention projects `memory` on the first call only.
+        """
+        batch, query_len, d_model = query.shape
+        if memory is None:  # self-attention: Q, K, V from one projection of x
+            q, k, v = self._split_heads(self.in_proj(query), 3)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        else:  # encoder-decoder attention: Q from the decoder, K, V from the encoder output
+            w_q, w_kv = self.in_proj.weight.split([d_model, 2 * d_model])
+            b_q, b_kv = self.in_proj.bias.split([d_model, 2 * d_model])
+            (q,) = self._split_heads(F.linear(query, w_q, b_q), 1)
+            if cache is not None and cache.keys is not None:
+                k, v = cache.keys, cache.values
+            else:
+                k, v = self._split_heads(F.linear(memory, w_kv, b_kv), 2)
+                if cache is not None:
+                    cache.keys, cache.values = k, v
+
+        heads_out, weights = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            fused=self.fused,
+            need_weights=need_weights,
+        )  # (B, h, T_q, d_k)
+        concat = heads_out.transpose(1, 2).reshape(batch, query_len, d_model)  # Concat(head_i)
+        return self.out_proj(concat), weights

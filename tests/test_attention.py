@@ -1,0 +1,191 @@
+"""Section 3.2: the fused and explicit attention paths against torch's references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.model.attention import (
+    KeyValueCache,
+    MultiHeadAttention,
+    causal_attention_mask,
+    padding_attention_mask,
+    scaled_dot_product_attention,
+)
+
+B, H, T_Q, T_K, D_K = 3, 4, 5, 7, 8
+
+
+@pytest.fixture
+def qkv():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, T_Q, D_K, generator=gen)
+    k = torch.randn(B, H, T_K, D_K, generator=gen)
+    v = torch.randn(B, H, T_K, D_K, generator=gen)
+    return q, k, v
+
+
+def key_padding(lengths: list[int], key_len: int) -> torch.Tensor:
+    """(B, T_k) bool, True = pad, from the number of real keys per row."""
+    return torch.arange(key_len)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_padding_mask_matches_torch_reference(qkv, fused):
+    q, k, v = qkv
+    mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
+    ours, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, fused=fused)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(B, H, T_Q, T_K))
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_causal_mask_matches_torch_reference(qkv, fused):
+    q, k, v = qkv
+    k, v = k[:, :, :T_Q], v[:, :, :T_Q]  # square self-attention
+    ours, _ = scaled_dot_product_attention(q, k, v, causal=True, fused=fused)
+    tril = torch.ones(T_Q, T_Q, dtype=torch.bool).tril()
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=tril)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+    # Query 0 sees only key 0: its output is v_0 exactly.
+    torch.testing.assert_close(ours[:, :, 0], v[:, :, 0], atol=1e-6, rtol=1e-6)
+
+
+def test_fused_equals_explicit_with_padding_and_causal(qkv):
+    q, k, v = qkv
+    mask = padding_attention_mask(key_padding([7, 6, 5], T_K))
+    # 5 queries appended after 2 cached keys: query i sits at position 2 + i.
+    fused, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, causal=True, fused=True)
+    explicit, weights = scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, causal=True, fused=False, need_weights=True
+    )
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    allowed = mask & causal_attention_mask(T_Q, T_K, q.device)
+    assert torch.all(weights[~allowed.expand_as(weights)] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, T_Q))
+    # Row 2 of batch 1: position 4 with 6 real keys -> keys 0..4 visible.
+    assert (weights[1, :, 2, :5] > 0).all() and (weights[1, :, 2, 5:] == 0).all()
+
+
+def test_explicit_weights_are_the_softmax_formula(qkv):
+    q, k, v = qkv
+    _, weights = scaled_dot_product_attention(q, k, v, fused=False, need_weights=True)
+    expected = torch.softmax(q @ k.transpose(-2, -1) / D_K**0.5, dim=-1)
+    torch.testing.assert_close(weights, expected)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fully_masked_rows_give_zeros_not_nan(qkv, fused):
+    q, k, v = qkv
+    mask = padding_attention_mask(key_padding([0, 3, 7], T_K))
+    out, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask, fused=fused)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[0] == 0)
+
+
+def copy_into_torch_mha(ours: MultiHeadAttention) -> torch.nn.MultiheadAttention:
+    theirs = torch.nn.MultiheadAttention(ours.d_model, ours.heads, batch_first=True)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(ours.in_proj.weight)
+        theirs.in_proj_bias.copy_(ours.in_proj.bias)
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    return theirs.eval()
+
+
+def randomize_biases(module: torch.nn.Module) -> None:
+    """Zero-initialised biases would hide a bias mix-up: make them random."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("fused", [True, False])
+def test_self_attention_matches_torch_multihead_attention(heads, fused):
+    torch.manual_seed(1)
+    d_model, length = 16, 6
+    ours = MultiHeadAttention(d_model, heads, fused=fused).eval()
+    randomize_biases(ours)
+    theirs = copy_into_torch_mha(ours)
+    x = torch.randn(2, length, d_model)
+    pad = key_padding([6, 3], length)
+    out, _ = ours(x, attn_mask=padding_attention_mask(pad))
+    expected, _ = theirs(x, x, x, key_padding_mask=pad, need_weights=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+    out, _ = ours(x, causal=True)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(length)
+    expected, _ = theirs(x, x, x, attn_mask=causal, need_weights=False)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_matches_torch_and_returns_weights():
+    torch.manual_seed(2)
+    d_model, heads = 16, 4
+    ours = MultiHeadAttention(d_model, heads).eval()
+    randomize_biases(ours)
+    theirs = copy_into_torch_mha(ours)
+    x, memory = torch.randn(2, 3, d_model), torch.randn(2, 5, d_model)
+    pad = key_padding([5, 2], 5)
+    out, weights = ours(x, memory, attn_mask=padding_attention_mask(pad), need_weights=True)
+    expected, expected_weights = theirs(
+        x, memory, memory, key_padding_mask=pad, average_attn_weights=False
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_self_attention_equals_full_causal():
+    torch.manual_seed(3)
+    d_model, heads, length = 16, 2, 5
+    mha = MultiHeadAttention(d_model, heads).eval()
+    x = torch.randn(2, length, d_model)
+    full, _ = mha(x, causal=True)
+    cache = KeyValueCache()
+    steps = [mha(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(length)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.keys.shape == (2, heads, length, d_model // heads)
+    # A block of several new positions after a cached prefix uses the offset causal mask.
+    cache = KeyValueCache()
+    first, _ = mha(x[:, :2], causal=True, cache=cache)
+    rest, _ = mha(x[:, 2:], causal=True, cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_cache_projects_memory_once():
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(8, 2).eval()
+    x, memory = torch.randn(1, 1, 8), torch.randn(1, 4, 8)
+    cache = KeyValueCache()
+    first, _ = mha(x, memory, cache=cache)
+    keys = cache.keys
+    # Later steps reuse the cached projection, even if handed a different memory.
+    second, _ = mha(x, torch.zeros_like(memory), cache=cache)
+    assert cache.keys is keys
+    torch.testing.assert_close(first, second)
+
+
+def test_attention_dropout_only_in_training():
+    torch.manual_seed(5)
+    mha = MultiHeadAttention(8, 2, dropout=0.5)
+    x = torch.randn(2, 4, 8)
+    mha.train()
+    assert not torch.allclose(mha(x)[0], mha(x)[0])
+    mha.eval()
+    torch.testing.assert_close(mha(x)[0], mha(x)[0])
+
+
+@pytest.mark.parametrize("d_model,heads", [(10, 3), (8, 0), (8, -2)])
+def test_heads_must_divide_d_model(d_model, heads):
+    with pytest.raises(ValueError, match="d_model"):
+        MultiHeadAttention(d_model, heads)
+
+
+def test_config_rejects_heads_not_dividing_d_model(make_config):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.heads"):
+        make_config("model.d_model=10", "model.heads=3")
