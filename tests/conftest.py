@@ -46,3 +46,24 @@ def make_config(tmp_path, multi30k_dir):
         return redirect_paths(cfg, root or tmp_path)
 
     return _make
+
+
+# ---- data fixtures (owner: data agent) -----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+    """`experiment=smoke` with prepare + tokenize already run once (outputs in a session tmp dir).
+
+    Shared by the whole session: treat it as read-only (`copy.deepcopy` it before changing a
+    value, and point paths.train_dir etc. elsewhere with `redirect_paths` if a test writes).
+    """
+    from pipeline.data.corpus import prepare
+    from pipeline.data.tokenizer import tokenize
+
+    root = tmp_path_factory.mktemp("tokenized_smoke")
+    cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", "experiment=smoke"])
+    cfg = redirect_paths(cfg, root)
+    prepare(cfg)
+    tokenize(cfg)
+    return cfg

@@ -1,0 +1,226 @@
+"""Joint subword vocabulary (sentencepiece BPE or unigram): train, encode, decode, and the
+`tokenize` stage that turns the prepared text into Arrow splits of token ids.
+
+One model is shared by source and target (section 3.4 of the paper ties their embeddings),
+trained on the training split only (source + target lines), never on val/test.
+Training is deterministic: the same prepared text gives a byte-identical `spm.model`
+(one thread, every sentence used in file order, no sampling, a fixed random seed).
+The text is already NFC/whitespace-normalised by `prepare`, so sentencepiece's own
+normalisation is switched off (`identity`) and decode(encode(x)) == x for every sentence whose
+characters are in the vocabulary (all of them with character_coverage=1.0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+from tqdm.auto import tqdm
+
+from pipeline.config import Config, TokenizerConfig
+from pipeline.data.corpus import (
+    ParallelText,
+    atomic_directory,
+    read_prepared,
+    sha256_of,
+    write_json_atomic,
+)
+from pipeline.errors import DataError
+
+MODEL_FILE = "spm.model"
+VOCAB_FILE = "spm.vocab"
+SPLITS_DIR = "splits"
+MANIFEST_FILE = "manifest.json"  # sizes + SHA-256 of every saved file, checked on load
+COLUMNS = ("src_ids", "tgt_ids", "src_len", "tgt_len", "src_text", "tgt_text")
+ENCODE_CHUNK = 2048  # sentences per progress-bar step
+REPRO_HINT = "re-run `dvc repro tokenize` (or `python -m pipeline.stages.tokenize`)"
+
+
+class Tokenizer:
+    """A trained sentencepiece model; ids exclude bos/eos (the batches add them)."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+        self.processor = processor
+        self.vocab_size: int = processor.get_piece_size()
+        self.pad_id: int = processor.pad_id()
+        self.unk_id: int = processor.unk_id()
+        self.bos_id: int = processor.bos_id()
+        self.eos_id: int = processor.eos_id()
+        self._special = {self.pad_id, self.bos_id, self.eos_id}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: tokenizer model not found; {REPRO_HINT}")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(path))
+        except (OSError, RuntimeError) as err:
+            raise DataError(f"{path}: not a sentencepiece model ({err}); {REPRO_HINT}") from None
+        return cls(processor)
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # One thread: the other stages (and other users of the machine) keep their cores.
+        return self.processor.encode(list(texts), out_type=int, num_threads=1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`, skipping pad/bos/eos (an unknown piece decodes as ' ⁇ ')."""
+        return self.processor.decode([int(i) for i in ids if int(i) not in self._special])
+
+    def piece(self, token_id: int) -> str:
+        return self.processor.id_to_piece(int(token_id))
+
+
+def train_tokenizer(
+    sentences: Iterable[str], tok: TokenizerConfig, model_prefix: Path, seed: int
+) -> Path:
+    """Train the joint model on `sentences`; writes `{model_prefix}.model` and `.vocab`."""
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_prefix=str(model_prefix),
+            model_type=tok.model_type,
+            vocab_size=tok.vocab_size,
+            character_coverage=tok.character_coverage,
+            pad_id=tok.pad_id,
+            unk_id=tok.unk_id,
+            bos_id=tok.bos_id,
+            eos_id=tok.eos_id,
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            normalization_rule_name="identity",  # prepare already normalised (NFC, spaces)
+            input_sentence_size=0,  # all sentences, no sampling
+            shuffle_input_sentence=False,
+            num_threads=1,  # deterministic merge order, modest CPU
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        raise DataError(
+            f"sentencepiece training failed: {str(err).strip()}; check data.tokenizer "
+            "(e.g. data.tokenizer.vocab_size larger than the training text allows)"
+        ) from None
+    return Path(f"{model_prefix}.model")
+
+
+def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
+    """Columns of one split (see COLUMNS), encoded in chunks with a progress bar."""
+    src_ids: list[list[int]] = []
+    tgt_ids: list[list[int]] = []
+    with tqdm(total=len(pair.src), desc=f"encode {pair.split}", unit="sent") as bar:
+        for start in range(0, len(pair.src), ENCODE_CHUNK):
+            src_ids += tokenizer.encode_batch(pair.src[start : start + ENCODE_CHUNK])
+            tgt_ids += tokenizer.encode_batch(pair.tgt[start : start + ENCODE_CHUNK])
+            bar.update(min(ENCODE_CHUNK, len(pair.src) - start))
+    return {
+        "src_ids": src_ids,
+        "tgt_ids": tgt_ids,
+        "src_len": [len(ids) for ids in src_ids],
+        "tgt_len": [len(ids) for ids in tgt_ids],
+        "src_text": pair.src,
+        "tgt_text": pair.tgt,
+    }
+
+
+def _file_manifest(root: Path) -> dict[str, dict]:
+    return {
+        str(path.relative_to(root)): {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def tokenize(cfg: Config) -> dict:
+    """The `tokenize` stage: train the joint model, encode every split, save atomically.
+
+    Writes `paths.tokenized/{spm.model, spm.vocab, splits/ (DatasetDict), manifest.json}` and
+    `metrics/tokenize.json`; returns the metrics.
+    """
+    import datasets
+
+    data = cfg.data
+    corpus = read_prepared(cfg)
+    train = corpus[data.train_split]
+    splits, metrics = {}, {}
+    with atomic_directory(cfg.paths.tokenized) as staging:
+        model_path = train_tokenizer(
+            (line for side in (train.src, train.tgt) for line in side),
+            data.tokenizer,
+            staging / Path(MODEL_FILE).stem,
+            cfg.seed,
+        )
+        tokenizer = Tokenizer.load(model_path)
+        for split, pair in corpus.items():
+            columns = encode_split(tokenizer, pair)
+            splits[split] = datasets.Dataset.from_dict(columns)
+            metrics[split] = _token_stats(columns, tokenizer.unk_id)
+        datasets.DatasetDict(splits).save_to_disk(str(staging / SPLITS_DIR))
+        manifest = {
+            "num_rows": {split: len(table) for split, table in splits.items()},
+            "files": _file_manifest(staging),
+        }
+        write_json_atomic(staging / MANIFEST_FILE, manifest)
+    result = {"vocab_size": tokenizer.vocab_size, "model_type": data.tokenizer.model_type}
+    result["splits"] = metrics
+    write_json_atomic(Path(cfg.paths.metrics_dir) / "tokenize.json", result)
+    return result
+
+
+def _token_stats(columns: dict[str, list], unk_id: int) -> dict:
+    stats = {"sentences": len(columns["src_ids"])}
+    for side in ("src", "tgt"):
+        ids = columns[f"{side}_ids"]
+        tokens = sum(columns[f"{side}_len"])
+        unknown = sum(row.count(unk_id) for row in ids)
+        stats[f"{side}_tokens"] = tokens
+        stats[f"{side}_unk_rate"] = unknown / max(tokens, 1)
+    return stats
+
+
+def load_tokenized(tokenized_dir: str | os.PathLike):
+    """The saved DatasetDict, after checking it is intact (a damaged cache is a DataError).
+
+    Every file listed in the manifest must exist with its recorded size and SHA-256, the
+    splits must load, and each must have its recorded row count and the contract's columns.
+    """
+    import datasets
+
+    root = Path(tokenized_dir)
+    manifest_path = root / MANIFEST_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files, num_rows = manifest["files"], manifest["num_rows"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(
+            f"{manifest_path}: tokenized data missing or incomplete ({type(err).__name__}); "
+            f"{REPRO_HINT}"
+        ) from None
+    for name, expected in files.items():
+        path = root / name
+        if not path.is_file():
+            raise DataError(f"{path}: missing from the tokenized data; {REPRO_HINT}")
+        if path.stat().st_size != expected["bytes"] or sha256_of(path) != expected["sha256"]:
+            raise DataError(
+                f"{path}: damaged (size or SHA-256 differs from {manifest_path}); {REPRO_HINT}"
+            )
+    try:
+        loaded = datasets.load_from_disk(str(root / SPLITS_DIR))
+    except Exception as err:  # datasets/pyarrow raise many types for a broken folder
+        raise DataError(f"{root / SPLITS_DIR}: cannot be loaded ({err}); {REPRO_HINT}") from None
+    for split, rows in num_rows.items():
+        table = loaded.get(split)
+        if table is None or len(table) != rows or not set(COLUMNS) <= set(table.column_names):
+            raise DataError(
+                f"{root / SPLITS_DIR}/{split}: expected {rows} rows with columns {COLUMNS}; "
+                f"{REPRO_HINT}"
+            )
+    return loaded

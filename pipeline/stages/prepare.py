@@ -1,0 +1,18 @@
+"""DVC stage `prepare`: raw parallel corpus -> normalised, filtered text in `paths.prepared`.
+
+python -m pipeline.stages.prepare      (reads params.yaml; see pipeline.data.corpus)
+"""
+
+from __future__ import annotations
+
+from pipeline import config
+from pipeline.cli import main
+from pipeline.data.corpus import prepare
+
+
+def run() -> dict:
+    return prepare(config.load())
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,18 @@
+"""DVC stage `tokenize`: prepared text -> joint sentencepiece model + Arrow splits of ids.
+
+python -m pipeline.stages.tokenize     (reads params.yaml; see pipeline.data.tokenizer)
+"""
+
+from __future__ import annotations
+
+from pipeline import config
+from pipeline.cli import main
+from pipeline.data.tokenizer import tokenize
+
+
+def run() -> dict:
+    return tokenize(config.load())
+
+
+if __name__ == "__main__":
+    main(run)
