@@ -1,0 +1,198 @@
+"""pipeline.sweep: specs, and workers cooperating on real SQLite and PostgreSQL storages.
+
+The storage tests run real worker processes (the sweep's own `run_worker`) with a cheap
+objective in place of training, so that races and SIGKILLs can be exercised in seconds; the
+end-to-end smoke study with real training is in test_sweep_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from pipeline import sweep
+from pipeline.errors import ConfigError
+from tests.conftest import REPO_ROOT
+
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from pipeline import sweep
+
+    spec_path, storage, log_path, results, slow_point = sys.argv[1:6]
+
+    def trial_fn(spec, trial, root):
+        params = sweep.suggest_params(spec, trial)
+        point = f"{params['seed']}-{trial.params['variant']}"
+        with open(log_path, "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), "number": trial.number, "point": point}) + "\\n")
+        # The slow point's first attempt sleeps long enough to be killed mid-trial.
+        retry = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
+        time.sleep(60 if point == slow_point and retry is None else 0.3)
+        return float(params["seed"])
+
+    sweep.run_worker(sweep.load_spec(spec_path), storage, Path(results), trial_fn=trial_fn)
+    """
+)
+
+
+def write_spec(tmp_path: Path, name: str, variants: int = 3, seeds: int = 2) -> Path:
+    spec = {
+        "study": name,
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": list(range(1, seeds + 1)),
+        "variants": {f"heads_{h}": {"model.heads": h} for h in [1, 2, 4, 8][:variants]},
+        "settings": {"heartbeat_interval": 1, "grace_period": 3, "poll_interval": 0.5},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def start_worker(
+    tmp_path: Path, spec: Path, storage: str, slow_point: str = ""
+) -> subprocess.Popen:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    log = tmp_path / "trials.jsonl"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            str(spec),
+            storage,
+            str(log),
+            str(tmp_path / "results"),
+            slow_point,
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, so a SIGKILL takes the whole worker
+    )
+
+
+def started_points(tmp_path: Path) -> list[dict]:
+    log = tmp_path / "trials.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def wait_all(workers: list[subprocess.Popen], timeout: float = 240) -> None:
+    for worker in workers:
+        out, _ = worker.communicate(timeout=timeout)
+        assert worker.returncode == 0, out
+        assert "database is locked" not in out
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request, tmp_path):
+    """A fresh study location on each real storage."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'study.db'}"
+        return
+    yield POSTGRES_URL
+
+
+def load(spec_path: Path, url: str) -> optuna.Study:
+    spec = sweep.load_spec(spec_path)
+    return optuna.load_study(study_name=spec.study, storage=url)
+
+
+def test_grid_is_the_gridsampler_space():
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    sampler = optuna.samplers.GridSampler(spec.grid_space())
+    expected = [dict(zip(sampler._param_names, values)) for values in sampler._all_grids]
+    key = lambda point: (point["variant"], point["seed"])  # noqa: E731
+    assert sorted(spec.grid(), key=key) == sorted(expected, key=key)
+    assert len(spec.grid()) == 4
+
+
+def test_specs_in_repo_are_valid():
+    table3 = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    heads = {v.get("model.heads") for v in table3.variants.values()} - {None}
+    assert heads == {1, 2, 8, 16}  # plus the base recipe's 4 heads
+    assert len(table3.seeds) >= 2
+    search = sweep.load_spec(REPO_ROOT / "ablations/search.yaml")
+    assert set(search.space) == {
+        "model.heads",
+        "model.positional",
+        "model.dropout",
+        "train.label_smoothing",
+    }
+    assert search.pruner
+
+
+def test_bad_variant_is_refused_before_compute(tmp_path):
+    spec = yaml.safe_load(write_spec(tmp_path, "bad").read_text())
+    spec["variants"]["heads_3"] = {"model.heads": 3}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=r"variant 'heads_3'.*model\.heads"):
+        sweep.load_spec(path)
+
+
+def test_unknown_spec_key_is_named(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump({"study": "x", "kind": "grid", "seedz": [1]}))
+    with pytest.raises(ConfigError, match="seedz"):
+        sweep.load_spec(path)
+
+
+@pytest.mark.slow
+def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
+    spec_path = write_spec(tmp_path, f"race-{uuid.uuid4().hex[:8]}")
+    workers = [start_worker(tmp_path, spec_path, storage_url) for _ in range(3)]
+    wait_all(workers)
+    study = load(spec_path, storage_url)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 6 and len(study.trials) == 6
+    points = Counter(entry["point"] for entry in started_points(tmp_path))
+    assert len(points) == 6 and set(points.values()) == {1}, points
+    assert len({entry["pid"] for entry in started_points(tmp_path)}) >= 2  # real sharing
+
+    # Re-running the finished study's command runs nothing new.
+    wait_all([start_worker(tmp_path, spec_path, storage_url)])
+    assert len(load(spec_path, storage_url).trials) == 6
+    assert len(started_points(tmp_path)) == 6
+
+
+@pytest.mark.slow
+def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
+    spec_path = write_spec(tmp_path, f"kill-{uuid.uuid4().hex[:8]}", variants=2)
+    victim = start_worker(tmp_path, spec_path, storage_url, slow_point="1-heads_1")
+    deadline = time.monotonic() + 60
+    while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
+        assert time.monotonic() < deadline and victim.poll() is None
+        time.sleep(0.2)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+
+    survivor = start_worker(tmp_path, spec_path, storage_url, slow_point="1-heads_1")
+    wait_all([survivor], timeout=120)
+    study = load(spec_path, storage_url)
+    states = Counter(t.state for t in study.trials)
+    assert states[TrialState.COMPLETE] == 4
+    assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0
+    assert states[TrialState.FAIL] == 1  # the killed attempt, retried once
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert retried[0].params == {"variant": "heads_1", "seed": 1}
