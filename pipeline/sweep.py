@@ -118,6 +118,13 @@ def load_spec(path: str | Path) -> StudySpec:
         raise ConfigError(f"{path}: a grid study needs 'variants'")
     if spec.kind == "search" and (not spec.space or not spec.n_trials):
         raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")
+    # Trials share one prepared + tokenized copy of the data (see ensure_data).
+    varied = [*(k for v in spec.variants.values() for k in v), *spec.space]
+    if any(key.startswith("data.") for key in varied):
+        raise ConfigError(
+            f"{path}: variants and space may not change data.* keys (trials share one "
+            "tokenized dataset); put data settings in the base experiment or the budget"
+        )
     # Compose every variant now, so a bad override fails before any compute.
     for name, overrides in spec.variants.items():
         try:
@@ -417,7 +424,8 @@ def _record(trial, cfg, directory, train_metrics, eval_metrics) -> None:
 
 def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
     """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
-    from pipeline.stages import prepare, tokenize
+    from pipeline.data.corpus import prepare
+    from pipeline.data.tokenizer import tokenize
 
     cfg.paths.prepared = str(data_root / "prepared")
     cfg.paths.tokenized = str(data_root / "tokenized")
@@ -426,8 +434,8 @@ def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         done = data_root / ".done"
         if not done.exists():
-            prepare.run(cfg)
-            tokenize.run(cfg)
+            prepare(cfg)
+            tokenize(cfg)
             done.write_text("ok\n")
 
 
