@@ -250,13 +250,14 @@ def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> P
 def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     raw_dir = Path(data.raw_dir)
     where = "" if raw_dir.is_dir() else f" (the directory {raw_dir} does not exist)"
-    how = f"point data.raw_dir or the {RAW_DIR_ENV} environment variable at a Multi30k copy" + (
-        "" if data.download else ", or set data.download=true to fetch it from data.url"
-    )
+    how = f"point data.raw_dir or the {RAW_DIR_ENV} environment variable at a Multi30k copy"
+    if not data.download:
+        how += ", or set data.download=true to fetch it from data.url"
+    if any(name.rsplit(".", 1)[0] in data.test_splits for name in missing):
+        how += ", or remove the split from data.test_splits"
     return DataError(
         f"missing corpus files in {raw_dir}{where}: {', '.join(missing)} "
-        f"(each as {{split}}.{{lang}}.gz or plain {{split}}.{{lang}}); {how}, or remove the "
-        "split from data.test_splits"
+        f"(each as {{split}}.{{lang}}.gz or plain {{split}}.{{lang}}); {how}"
     )
 
 
