@@ -1,0 +1,397 @@
+"""The evaluate stage: average checkpoints, beam-search every split, score with sacreBLEU.
+
+    checkpoints (train_dir) --average last/best N--> eval_dir/model.ckpt
+    prepared/{split}.{src} --Tokenizer.encode--> beam search --Tokenizer.decode--> {split}.hyp
+    {split}.hyp vs prepared/{split}.{tgt} --sacrebleu--> metrics_dir/eval.json
+
+Checkpoint averaging (Vaswani et al. 2017, section 6.1: "averaging the last 5 checkpoints")
+smooths the end of training; the averaged weights are saved as `eval_dir/model.ckpt`, a
+Lightning checkpoint without optimizer state, which is also the model `pipeline.translate`
+uses by default. Hypotheses are the detokenized 1-best (nbest lists beside them when
+`eval.nbest > 1`), scored against the prepared reference text, never against subwords.
+
+W&B (job_type "eval") gets the scores under `{split}/{metric}` plus `test/{metric}` for the
+benchmark split (the first of `data.test_splits`), a table of sample translations and the
+cross-attention heatmaps, which are also written to `plots_dir/attention/` for `dvc plots`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from pipeline.config import Config, EvalConfig
+from pipeline.data.corpus import (
+    ParallelText,
+    atomic_directory,
+    prepared_path,
+    read_pair,
+    write_json_atomic,
+    write_lines,
+)
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+from pipeline.errors import DataError
+from pipeline.evaluation import plots
+from pipeline.evaluation.scoring import METRICS, score
+
+log = logging.getLogger(__name__)
+
+MODEL_CHECKPOINT = "model.ckpt"  # in eval_dir: the (averaged) weights that were evaluated
+EVAL_METRICS_FILE = "eval.json"  # in metrics_dir
+ATTENTION_DIR = "attention"  # in plots_dir
+LEARNING_CURVES = "learning_curves.png"  # in eval_dir, from the checkpoint's history
+TRAIN_HINT = "run `dvc repro train` (or `python -m pipeline.stages.train`) first"
+# What model.ckpt keeps of a training checkpoint (optimizer and loop states are dropped).
+CHECKPOINT_KEYS = (
+    "state_dict",
+    "hyper_parameters",
+    "pytorch-lightning_version",
+    "global_step",
+    "epoch",
+    "history",
+)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def model_checkpoint_path(cfg: Config) -> Path:
+    """`eval_dir/model.ckpt`: the weights the evaluate stage scored (and translate uses)."""
+    return Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
+
+
+def source_checkpoints(cfg: Config) -> list[Path]:
+    """`eval.checkpoint` when set, else the last/best `eval.average` checkpoints of training
+    (newest/best first; fewer than asked for is a warning, none a DataError)."""
+    from pipeline.training.checkpoints import select_checkpoints
+
+    if cfg.eval.checkpoint:
+        path = Path(cfg.eval.checkpoint)
+        if not path.is_file():
+            raise DataError(
+                f"eval.checkpoint={path}: file not found; point it at a checkpoint under "
+                f"{Path(cfg.paths.train_dir) / 'checkpoints'} or set it to null"
+            )
+        return [path]
+    return select_checkpoints(cfg.paths.train_dir, cfg.eval.average, by=cfg.eval.average_by)
+
+
+def write_model_checkpoint(sources: Sequence[Path], target: Path) -> dict:
+    """Save the average of `sources` (or the single one) as a slim Lightning checkpoint:
+    hyperparameters and history of the first (newest/best) source, no optimizer state."""
+    from pipeline.training.checkpoints import average_checkpoints, read_checkpoint
+
+    first = read_checkpoint(sources[0])
+    checkpoint = {key: first[key] for key in CHECKPOINT_KEYS if key in first}
+    if len(sources) > 1:
+        checkpoint["state_dict"] = average_checkpoints(list(sources))
+    checkpoint["averaged_from"] = [str(path) for path in sources]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, target)
+    return checkpoint
+
+
+def load_model(checkpoint: str | Path) -> torch.nn.Module:
+    """The Transformer of a training (or `model.ckpt`) checkpoint, in eval mode on the CPU."""
+    from pipeline.training.module import TranslationModule
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise DataError(f"{checkpoint}: checkpoint not found; {TRAIN_HINT}")
+    try:
+        module = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, KeyError, ValueError) as err:
+        raise DataError(f"{checkpoint}: cannot load the model ({err}); {TRAIN_HINT}") from None
+    return module.model.float().eval()
+
+
+def load_tokenizer(path: str | Path, model: torch.nn.Module | None = None) -> Tokenizer:
+    """The subword model at `path`, checked against the model's vocabulary size."""
+    tokenizer = Tokenizer.load(path)
+    if model is not None and model.vocab_size != tokenizer.vocab_size:
+        raise DataError(
+            f"{path}: vocabulary of {tokenizer.vocab_size} pieces but the model was trained "
+            f"with {model.vocab_size}; use the tokenizer the model was trained with (after "
+            "`dvc repro tokenize`, re-run `dvc repro train`)"
+        )
+    return tokenizer
+
+
+def tokenizer_path(cfg: Config) -> Path:
+    """`paths.tokenized/spm.model`: the tokenize stage's joint subword model."""
+    return Path(cfg.paths.tokenized) / MODEL_FILE
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class Translation:
+    """One source sentence's n-best list: detokenized text, subword ids and beam scores."""
+
+    texts: list[str]
+    tokens: list[list[int]]
+    scores: list[float]
+
+    @property
+    def best(self) -> str:
+        return self.texts[0] if self.texts else ""
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped longest first so that each batch's padded source (sentences x longest)
+    stays within `max_tokens`; sorting by length keeps the padding small. Empty sentences
+    are left out (they translate to an empty line)."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and lengths[batches[-1][0]] * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)  # the first index of a batch is its longest sentence
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """(B, longest) LongTensor, right-padded with pad_id."""
+    batch = torch.full((len(sequences), max(map(len, sequences))), pad_id, dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        batch[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return batch
+
+
+def translate_ids(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    src_ids: Sequence[Sequence[int]],
+    eval_cfg: EvalConfig,
+    desc: str = "decode",
+) -> list[Translation]:
+    """Beam-search every source (subword ids, no bos/eos), batched by `eval.max_tokens`.
+
+    Sources longer than the model's `max_positions` are cut there (with a warning).
+    Returns one Translation per source, in input order.
+    """
+    from pipeline.model.decoding import beam_search
+
+    limit = model.cfg.max_positions
+    too_long = sum(len(ids) > limit for ids in src_ids)
+    if too_long:
+        log.warning("%d source sentence(s) longer than %d subwords were truncated", too_long, limit)
+    src_ids = [list(ids[:limit]) for ids in src_ids]
+    results = [Translation([], [], []) for _ in src_ids]
+    batches = length_batches([len(ids) for ids in src_ids], eval_cfg.max_tokens)
+    with torch.inference_mode():
+        for batch in tqdm(batches, desc=desc, unit="batch", leave=False):
+            src = pad_batch([src_ids[i] for i in batch], tokenizer.pad_id)
+            nbest_lists = beam_search(
+                model,
+                src,
+                bos_id=tokenizer.bos_id,
+                eos_id=tokenizer.eos_id,
+                beam_size=eval_cfg.beam_size,
+                length_penalty=eval_cfg.length_penalty,
+                max_len_a=eval_cfg.max_len_a,
+                max_len_b=eval_cfg.max_len_b,
+                nbest=eval_cfg.nbest,
+            )
+            for i, hypotheses in zip(batch, nbest_lists):
+                results[i] = Translation(
+                    texts=[one_line(tokenizer.decode(h.tokens)) for h in hypotheses],
+                    tokens=[list(h.tokens) for h in hypotheses],
+                    scores=[float(h.score) for h in hypotheses],
+                )
+    return results
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace (newlines included) so every hypothesis stays on its own line."""
+    return " ".join(text.split())
+
+
+def nbest_lines(translations: Sequence[Translation]) -> list[str]:
+    """`sentence index <tab> beam score <tab> hypothesis`, n lines per sentence, best first."""
+    return [
+        f"{i}\t{score:.4f}\t{text}"
+        for i, t in enumerate(translations)
+        for text, score in zip(t.texts, t.scores)
+    ]
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attention_heatmap(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    src_ids: Sequence[int],
+    hyp_ids: Sequence[int],
+    path: str | Path,
+    title: str | None = None,
+) -> torch.Tensor:
+    """Plot the cross-attention of the model producing `hyp_ids` from `src_ids`.
+
+    Row t of each panel is the decoder step fed [bos] + hyp[:t], which predicts (hyp + eos)[t],
+    so the y labels are the hypothesis pieces and </s>. Returns the (layers, heads, T, S)
+    weights that were drawn.
+    """
+    src = torch.as_tensor([list(src_ids)], dtype=torch.long)
+    tgt_in = torch.as_tensor([[tokenizer.bos_id, *hyp_ids]], dtype=torch.long)
+    with torch.inference_mode():
+        weights = model.cross_attention_weights(src, tgt_in)
+    src_labels = [tokenizer.piece(i) for i in src_ids]
+    tgt_labels = [tokenizer.piece(i) for i in [*hyp_ids, tokenizer.eos_id]]
+    plots.plot_attention(weights, src_labels, tgt_labels, path, title=title)
+    return weights
+
+
+def sample_indices(count: int, size: int) -> list[int]:
+    """`count` indices spread evenly over a split of `size` sentences (first and last included)."""
+    if count <= 0 or size <= 0:
+        return []
+    return sorted({int(round(x)) for x in np.linspace(0, size - 1, min(count, size))})
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def benchmark_split(cfg: Config) -> str | None:
+    """The split reported as `test/*`: the first configured test split that is evaluated."""
+    return next((s for s in cfg.data.test_splits if s in cfg.eval.splits), None)
+
+
+def wandb_metrics(results: dict, cfg: Config) -> dict[str, float]:
+    """`eval/{split}/{metric}` for every split (beam search, averaged weights: kept apart from
+    training's greedy `val/bleu`), plus `test/{metric}` for the benchmark split."""
+    flat = {
+        f"eval/{split}/{key}": results[split][key] for split in cfg.eval.splits for key in METRICS
+    }
+    test = benchmark_split(cfg)
+    if test is not None:
+        flat.update({f"test/{key}": results[test][key] for key in METRICS})
+    return flat
+
+
+def read_references(cfg: Config) -> dict[str, ParallelText]:
+    """The prepared source/reference text of every `eval.splits` split, checked up front."""
+    corpora = {}
+    for split in cfg.eval.splits:
+        paths = [prepared_path(cfg, split, lang) for lang in (cfg.data.src_lang, cfg.data.tgt_lang)]
+        absent = [str(p) for p in paths if not p.is_file()]
+        if absent:
+            raise DataError(
+                f"eval.splits: '{split}' has no prepared text ({', '.join(absent)}); list it "
+                "in data.test_splits and run `dvc repro prepare`, or remove it from eval.splits"
+            )
+        corpora[split] = read_pair(split, *paths)
+    return corpora
+
+
+def run(cfg: Config, wandb_run=None) -> dict:
+    """Evaluate the trained model on `eval.splits`; returns what it writes to eval.json.
+
+    eval.json: `{split: {bleu, bleu_lc, chrf, ter, sentences}, ..., "signatures": {metric:
+    sacrebleu signature}, "checkpoints_averaged": n}`. Writes `eval_dir/` atomically
+    (model.ckpt, `{split}.hyp`, `{split}.nbest` when eval.nbest > 1, learning_curves.png) and
+    `plots_dir/attention/{split}_{index}.png`. Logs to `wandb_run` when given (a sweep
+    trial's run, left open), else to a new W&B run of job type "eval".
+    """
+    corpora = read_references(cfg)  # every input is checked before any compute is spent
+    sources = source_checkpoints(cfg)
+
+    results: dict = {}
+    signatures: dict = {}
+    src_ids: dict[str, list[list[int]]] = {}
+    translations: dict[str, list[Translation]] = {}
+    with atomic_directory(cfg.paths.eval_dir) as staging:
+        history = write_model_checkpoint(sources, staging / MODEL_CHECKPOINT).get("history")
+        model = load_model(staging / MODEL_CHECKPOINT)
+        tokenizer = load_tokenizer(tokenizer_path(cfg), model)
+        for split, corpus in corpora.items():
+            src_ids[split] = tokenizer.encode_batch(corpus.src)
+            translations[split] = translate_ids(
+                model, tokenizer, src_ids[split], cfg.eval, desc=f"decode {split}"
+            )
+            hypotheses = [t.best for t in translations[split]]
+            write_lines(staging / f"{split}.hyp", hypotheses)
+            if cfg.eval.nbest > 1:
+                write_lines(staging / f"{split}.nbest", nbest_lines(translations[split]))
+            scores = score(hypotheses, corpus.tgt)
+            signatures = scores.pop("signatures")
+            results[split] = {**scores, "sentences": len(hypotheses)}
+            log.info(
+                "%s: BLEU %.2f, chrF %.2f, TER %.2f",
+                split,
+                *(scores[k] for k in ("bleu", "chrf", "ter")),
+            )
+        curves = None
+        if any(key in record for record in history or [] for key in plots.CURVE_KEYS):
+            curves = plots.plot_learning_curves(history, staging / LEARNING_CURVES)
+    results["signatures"] = signatures
+    results["checkpoints_averaged"] = len(sources)
+    write_json_atomic(Path(cfg.paths.metrics_dir) / EVAL_METRICS_FILE, results)
+
+    # For people: attention heatmaps and sample translations of the benchmark split.
+    shown = benchmark_split(cfg) or cfg.eval.splits[0]
+    corpus, shown_translations = corpora[shown], translations[shown]
+    attention_dir = Path(cfg.paths.plots_dir) / ATTENTION_DIR
+    attention_dir.mkdir(parents=True, exist_ok=True)
+    for stale in attention_dir.glob("*.png"):  # from an earlier run with other settings
+        stale.unlink()
+    heatmaps = []
+    for i in sample_indices(cfg.eval.heatmaps, len(corpus.src)):
+        best = shown_translations[i].tokens[0] if shown_translations[i].tokens else []
+        path = attention_dir / f"{shown}_{i:04d}.png"
+        attention_heatmap(
+            model,
+            tokenizer,
+            src_ids[shown][i][: model.cfg.max_positions],
+            best,
+            path,
+            title=f"{shown} #{i}: {corpus.src[i]}",
+        )
+        heatmaps.append((path, f"{shown} #{i}: {corpus.src[i]}"))
+    samples = [
+        (shown, i, corpus.src[i], corpus.tgt[i], shown_translations[i].best)
+        for i in sample_indices(cfg.eval.samples, len(corpus.src))
+    ]
+    curves_path = Path(cfg.paths.eval_dir) / LEARNING_CURVES if curves else None
+    log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps, curves_path)
+    return results
+
+
+def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps, curves_path) -> None:
+    """Scores, a table of sample translations and the heatmaps, as one W&B step."""
+    import wandb
+
+    from pipeline.tracking import start_wandb_run
+
+    own_run = wandb_run is None
+    run = start_wandb_run(cfg, job_type="eval") if own_run else wandb_run
+    try:
+        metrics = wandb_metrics(results, cfg)
+        run.summary.update(metrics)
+        run.config.update(
+            {"eval_checkpoints": [str(p) for p in sources], "signatures": results["signatures"]},
+            allow_val_change=True,
+        )
+        table = wandb.Table(columns=["split", "index", "source", "reference", "hypothesis"])
+        for row in samples:
+            table.add_data(*row)
+        payload = {**metrics, "eval/samples": table}
+        if heatmaps:
+            payload["eval/attention"] = [
+                wandb.Image(str(path), caption=caption) for path, caption in heatmaps
+            ]
+        if curves_path is not None:
+            payload["eval/learning_curves"] = wandb.Image(str(curves_path))
+        run.log(payload)
+    finally:
+        if own_run:
+            run.finish()

@@ -1,0 +1,101 @@
+"""Translate sentences with the trained model: one line in, one line out.
+
+    echo "A man is riding a bike." | python -m pipeline.translate
+    python -m pipeline.translate --input news.en --output news.de --beam 5
+
+Input is normalised exactly as `prepare` normalises the corpus (NFC, whitespace collapsed),
+encoded with the joint subword model, beam-searched in batches of `eval.max_tokens` source
+tokens and detokenized; an empty input line gives an empty output line. Defaults come from
+params.yaml: the model is `paths.eval_dir/model.ckpt` (the averaged checkpoint the evaluate
+stage scored), the subword model `paths.tokenized/spm.model`, beam settings from `eval`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from pipeline import config as config_lib
+from pipeline.cli import main
+from pipeline.data.corpus import normalize, read_lines
+from pipeline.errors import DataError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.translate", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--params", default="params.yaml", help="config (default: params.yaml)")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="model checkpoint (default: <paths.eval_dir>/model.ckpt)"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="sentencepiece model (default: <paths.tokenized>/spm.model)"
+    )
+    parser.add_argument("--beam", type=_positive_int, help="beam size (default: eval.beam_size)")
+    parser.add_argument(
+        "--input", type=Path, help="source text, one sentence a line (default: stdin)"
+    )
+    parser.add_argument("--output", type=Path, help="where translations go (default: stdout)")
+    return parser.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def translate(argv: list[str] | None = None) -> None:
+    from pipeline.evaluation.evaluate import (
+        load_model,
+        load_tokenizer,
+        model_checkpoint_path,
+        tokenizer_path,
+        translate_ids,
+    )
+
+    args = parse_args(argv)
+    cfg = config_lib.load(args.params)
+    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
+    if not checkpoint.is_file():
+        raise DataError(
+            f"checkpoint {checkpoint} not found: train and evaluate with `dvc repro evaluate` "
+            f"(it runs `dvc repro train` first and writes {model_checkpoint_path(cfg)}), "
+            f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
+        )
+    spm_model = args.tokenizer or tokenizer_path(cfg)
+    if not spm_model.is_file():
+        raise DataError(
+            f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
+            "or pass --tokenizer PATH/spm.model"
+        )
+    eval_cfg = dataclasses.replace(cfg.eval, nbest=1, beam_size=args.beam or cfg.eval.beam_size)
+
+    if args.input is not None:
+        lines = read_lines(args.input)
+    else:
+        lines = sys.stdin.read().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+    sources = [normalize(line) for line in lines]
+
+    model = load_model(checkpoint)
+    tokenizer = load_tokenizer(spm_model, model)
+    translations = translate_ids(
+        model, tokenizer, tokenizer.encode_batch(sources), eval_cfg, desc="translate"
+    )
+    text = "".join(f"{t.best}\n" for t in translations)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(lambda: translate(sys.argv[1:]))
