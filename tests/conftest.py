@@ -67,3 +67,17 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
     prepare(cfg)
     tokenize(cfg)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+    """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
+    tokenized once per session; read-only like `tokenized_smoke`."""
+    from pipeline.data.corpus import prepare
+    from pipeline.data.tokenizer import tokenize
+
+    root = tmp_path_factory.mktemp("tokenized_multi30k")
+    cfg = redirect_paths(config_lib.compose([f"data.raw_dir={multi30k_dir}"]), root)
+    prepare(cfg)
+    tokenize(cfg)
+    return cfg

@@ -12,6 +12,7 @@ characters are in the vocabulary (all of them with character_coverage=1.0).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -31,7 +32,6 @@ from pipeline.data.corpus import (
 from pipeline.errors import DataError
 
 MODEL_FILE = "spm.model"
-VOCAB_FILE = "spm.vocab"
 SPLITS_DIR = "splits"
 MANIFEST_FILE = "manifest.json"  # sizes + SHA-256 of every saved file, checked on load
 COLUMNS = ("src_ids", "tgt_ids", "src_len", "tgt_len", "src_text", "tgt_text")
@@ -71,22 +71,33 @@ class Tokenizer:
         return self.processor.encode(list(texts), out_type=int, num_threads=1)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`, skipping pad/bos/eos (an unknown piece decodes as ' ⁇ ')."""
-        return self.processor.decode([int(i) for i in ids if int(i) not in self._special])
+        """Text of `ids`, skipping pad/bos/eos; an unknown piece reads '⁇'.
+
+        Whitespace is re-normalised (sentencepiece pads '⁇' with spaces); for text without
+        unknowns this changes nothing, since `prepare` wrote it normalised.
+        """
+        pieces = [int(i) for i in ids if int(i) not in self._special]
+        return " ".join(self.processor.decode(pieces).split())
 
     def piece(self, token_id: int) -> str:
         return self.processor.id_to_piece(int(token_id))
 
 
 def train_tokenizer(
-    sentences: Iterable[str], tok: TokenizerConfig, model_prefix: Path, seed: int
+    sentences: Iterable[str], tok: TokenizerConfig, model_path: Path, seed: int
 ) -> Path:
-    """Train the joint model on `sentences`; writes `{model_prefix}.model` and `.vocab`."""
+    """Train the joint model on `sentences`; writes `model_path` and the `.vocab` beside it.
+
+    The model is serialised in memory (`model_writer`), not via `model_prefix`, because
+    sentencepiece records `model_prefix` (a temp path here) inside the model file, which would
+    make identical trainings differ in their bytes.
+    """
     spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences),
-            model_prefix=str(model_prefix),
+            model_writer=model,
             model_type=tok.model_type,
             vocab_size=tok.vocab_size,
             character_coverage=tok.character_coverage,
@@ -109,7 +120,13 @@ def train_tokenizer(
             f"sentencepiece training failed: {str(err).strip()}; check data.tokenizer "
             "(e.g. data.tokenizer.vocab_size larger than the training text allows)"
         ) from None
-    return Path(f"{model_prefix}.model")
+    model_path.write_bytes(model.getvalue())
+    processor = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = (
+        f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(len(processor))
+    )
+    model_path.with_suffix(".vocab").write_text("".join(vocab), encoding="utf-8")
+    return model_path
 
 
 def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
@@ -155,7 +172,7 @@ def tokenize(cfg: Config) -> dict:
         model_path = train_tokenizer(
             (line for side in (train.src, train.tgt) for line in side),
             data.tokenizer,
-            staging / Path(MODEL_FILE).stem,
+            staging / MODEL_FILE,
             cfg.seed,
         )
         tokenizer = Tokenizer.load(model_path)

@@ -1,0 +1,250 @@
+"""The joint sentencepiece model and the tokenize stage, on the real Multi30k splits."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+from pipeline.config import RAW_DIR_ENV
+from pipeline.data.corpus import prepared_path
+from pipeline.data.tokenizer import (
+    COLUMNS,
+    MODEL_FILE,
+    SPLITS_DIR,
+    Tokenizer,
+    load_tokenized,
+    tokenize,
+)
+from pipeline.errors import DataError
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text("utf-8").split("\n")[:-1]
+
+
+def copy_of(cfg, tmp_path: Path):
+    """A private copy of a session config's outputs that a test may change or break."""
+    cfg = copy.deepcopy(cfg)
+    for name in ("prepared", "tokenized"):
+        target = tmp_path / name
+        shutil.copytree(getattr(cfg.paths, name), target)
+        setattr(cfg.paths, name, str(target))
+    cfg.paths.metrics_dir = str(tmp_path / "metrics")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def full(tokenized_multi30k):
+    cfg = tokenized_multi30k
+    return cfg, Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+
+
+def test_round_trip_on_the_real_val_split(full):
+    cfg, tok = full
+    for split in (cfg.data.val_split, *cfg.data.test_splits):
+        for lang in (cfg.data.src_lang, cfg.data.tgt_lang):
+            text = lines(prepared_path(cfg, split, lang))
+            encoded = tok.encode_batch(text)
+            assert [tok.decode(ids) for ids in encoded] == text  # character_coverage = 1.0
+            assert not any(tok.unk_id in ids for ids in encoded)
+            assert encoded[:50] == [tok.encode(t) for t in text[:50]]
+
+
+def test_special_ids_come_from_config_and_decode_skips_them(full):
+    cfg, tok = full
+    want = cfg.data.tokenizer
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (
+        want.pad_id,
+        want.unk_id,
+        want.bos_id,
+        want.eos_id,
+    )
+    assert tok.vocab_size == want.vocab_size
+    assert [tok.piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    text = "Zwei Hunde spielen im Schnee."
+    ids = tok.encode(text)
+    assert tok.bos_id not in ids and tok.eos_id not in ids
+    assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id, tok.pad_id]) == text
+    assert tok.decode(tok.encode("Ein Mann 日本")) == "Ein Mann ⁇"  # unseen characters -> unk
+
+
+def test_model_is_trained_on_the_training_split_only(full, tmp_path):
+    """An independent training run on train.{src} then train.{tgt} gives the same pieces."""
+    cfg, _ = full
+    tok_cfg = cfg.data.tokenizer
+    train_text = [
+        line
+        for lang in (cfg.data.src_lang, cfg.data.tgt_lang)
+        for line in lines(prepared_path(cfg, cfg.data.train_split, lang))
+    ]
+    spm.set_random_generator_seed(cfg.seed)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(train_text),
+        model_writer=model,
+        model_type=tok_cfg.model_type,
+        vocab_size=tok_cfg.vocab_size,
+        character_coverage=tok_cfg.character_coverage,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        pad_piece="<pad>",
+        normalization_rule_name="identity",
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        num_threads=1,
+        minloglevel=2,
+    )
+    independent = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    stage = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE).processor
+    assert len(independent) == len(stage)
+    assert all(
+        independent.id_to_piece(i) == stage.id_to_piece(i)
+        and independent.get_score(i) == stage.get_score(i)
+        for i in range(len(stage))
+    )
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_training_is_deterministic(tokenized_smoke, tmp_path, model_type):
+    models = []
+    for run in ("a", "b"):
+        cfg = copy.deepcopy(tokenized_smoke)
+        cfg.data.tokenizer.model_type = model_type
+        cfg.paths.tokenized = str(tmp_path / run / "tokenized")
+        cfg.paths.metrics_dir = str(tmp_path / run / "metrics")
+        tokenize(cfg)
+        models.append(Path(cfg.paths.tokenized, MODEL_FILE).read_bytes())
+        ids = load_tokenized(cfg.paths.tokenized)["val"]["src_ids"][:]
+        models.append(ids)
+    assert models[0] == models[2] and models[1] == models[3]
+
+
+def test_saved_splits_follow_the_contract(tokenized_smoke):
+    cfg = tokenized_smoke
+    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+    splits = load_tokenized(cfg.paths.tokenized)
+    assert list(splits) == [cfg.data.train_split, cfg.data.val_split, *cfg.data.test_splits]
+    metrics = json.loads(Path(cfg.paths.metrics_dir, "tokenize.json").read_text())
+    assert metrics["vocab_size"] == tok.vocab_size == cfg.data.tokenizer.vocab_size
+    for name, table in splits.items():
+        assert set(COLUMNS) == set(table.column_names)
+        rows = table[:]
+        assert rows["src_text"] == lines(prepared_path(cfg, name, cfg.data.src_lang))
+        assert rows["tgt_text"] == lines(prepared_path(cfg, name, cfg.data.tgt_lang))
+        assert rows["src_ids"] == [tok.encode(t) for t in rows["src_text"]]
+        assert rows["tgt_ids"] == [tok.encode(t) for t in rows["tgt_text"]]
+        assert rows["src_len"] == [len(ids) for ids in rows["src_ids"]]
+        assert rows["tgt_len"] == [len(ids) for ids in rows["tgt_ids"]]
+        stats = metrics["splits"][name]
+        assert stats["sentences"] == len(table)
+        assert stats["src_tokens"] == sum(rows["src_len"])
+        unknown = sum(ids.count(tok.unk_id) for ids in rows["tgt_ids"])
+        assert stats["tgt_unk_rate"] == pytest.approx(unknown / sum(rows["tgt_len"]))
+    assert metrics["splits"]["train"]["src_unk_rate"] == 0.0  # every training char is covered
+
+
+def test_lower_character_coverage_only_adds_unknowns(tokenized_smoke, tmp_path):
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.data.tokenizer.character_coverage = 0.995
+    cfg.paths.tokenized = str(tmp_path / "tokenized")
+    cfg.paths.metrics_dir = str(tmp_path / "metrics")
+    tokenize(cfg)
+    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+    text = lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
+    encoded = tok.encode_batch(text)
+    with_unk = [i for i, ids in enumerate(encoded) if tok.unk_id in ids]
+    assert with_unk, "coverage < 1 should leave rare characters out of the vocabulary"
+    assert all(tok.decode(ids) == t for ids, t in zip(encoded, text) if tok.unk_id not in ids)
+
+
+# ---- a damaged cache is detected -----------------------------------------------------------
+
+
+def arrow_file(tokenized: Path, split: str) -> Path:
+    return sorted((tokenized / SPLITS_DIR / split).glob("*.arrow"))[0]
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda root: truncate(arrow_file(root, "train")), "train"),
+        (lambda root: flip_byte(arrow_file(root, "val")), "val"),
+        (lambda root: (root / SPLITS_DIR / "val" / "state.json").unlink(), "state.json"),
+        (lambda root: (root / "manifest.json").unlink(), "manifest.json"),
+        (lambda root: (root / "manifest.json").write_text("{"), "manifest.json"),
+    ],
+    ids=["truncated-arrow", "flipped-byte", "missing-state", "missing-manifest", "bad-manifest"],
+)
+def test_damaged_tokenized_cache_is_detected(tokenized_smoke, tmp_path, damage, named):
+    root = tmp_path / "tokenized"
+    shutil.copytree(tokenized_smoke.paths.tokenized, root)
+    load_tokenized(root)  # intact copy loads
+    damage(root)
+    with pytest.raises(DataError) as err:
+        load_tokenized(root)
+    assert str(root) in str(err.value) and named in str(err.value)
+    assert "dvc repro tokenize" in str(err.value)
+
+
+def test_failed_tokenize_keeps_previous_output(tokenized_smoke, tmp_path):
+    cfg = copy_of(tokenized_smoke, tmp_path)
+    tokenize(cfg)
+    before = {p: p.read_bytes() for p in Path(cfg.paths.tokenized).rglob("*") if p.is_file()}
+    cfg.data.tokenizer.vocab_size = 500_000  # more pieces than the text allows
+    with pytest.raises(DataError, match="data.tokenizer"):
+        tokenize(cfg)
+    after = {p: p.read_bytes() for p in Path(cfg.paths.tokenized).rglob("*") if p.is_file()}
+    assert after == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    Path(cfg.paths.prepared, "val.de").unlink()
+    with pytest.raises(DataError, match=r"val\.de.*dvc repro prepare"):
+        tokenize(cfg)
+
+
+def test_tokenize_stage_cli(tokenized_smoke, tmp_path, multi30k_dir):
+    repo = Path(__file__).resolve().parent.parent
+    params = subprocess.run(
+        [sys.executable, "-m", "pipeline.config", "experiment=smoke"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (tmp_path / "params.yaml").write_text(params)
+    shutil.copytree(tokenized_smoke.paths.prepared, tmp_path / "data" / "prepared")
+    env = {**os.environ, RAW_DIR_ENV: str(multi30k_dir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.stages.tokenize"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    tokenized = tmp_path / "data" / "tokenized"
+    assert len(load_tokenized(tokenized)["train"]) == 2000
+    model = Path(tokenized_smoke.paths.tokenized, MODEL_FILE).read_bytes()
+    assert (tokenized / MODEL_FILE).read_bytes() == model  # same input, same bytes
+    assert json.loads((tmp_path / "metrics" / "tokenize.json").read_text())["vocab_size"] == 1000
