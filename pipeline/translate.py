@@ -20,7 +20,9 @@ from pathlib import Path
 from pipeline import config as config_lib
 from pipeline.cli import main
 from pipeline.data.corpus import normalize, read_lines
+from pipeline.data.tokenizer import MODEL_FILE
 from pipeline.errors import DataError
+from pipeline.evaluation import MODEL_CHECKPOINT
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,24 +52,17 @@ def _positive_int(text: str) -> int:
 
 
 def translate(argv: list[str] | None = None) -> None:
-    from pipeline.evaluation.evaluate import (
-        load_model,
-        load_tokenizer,
-        model_checkpoint_path,
-        tokenizer_path,
-        translate_ids,
-    )
-
     args = parse_args(argv)
     cfg = config_lib.load(args.params)
-    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
+    default_checkpoint = Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
+    checkpoint = args.checkpoint or default_checkpoint
     if not checkpoint.is_file():
         raise DataError(
             f"checkpoint {checkpoint} not found: train and evaluate with `dvc repro evaluate` "
-            f"(it runs `dvc repro train` first and writes {model_checkpoint_path(cfg)}), "
+            f"(it runs `dvc repro train` first and writes {default_checkpoint}), "
             f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
         )
-    spm_model = args.tokenizer or tokenizer_path(cfg)
+    spm_model = args.tokenizer or Path(cfg.paths.tokenized) / MODEL_FILE
     if not spm_model.is_file():
         raise DataError(
             f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
@@ -82,6 +77,9 @@ def translate(argv: list[str] | None = None) -> None:
         if lines and lines[-1] == "":
             lines.pop()
     sources = [normalize(line) for line in lines]
+
+    # torch and the model code load only now: a usage error above answers at once.
+    from pipeline.evaluation.evaluate import load_model, load_tokenizer, translate_ids
 
     model = load_model(checkpoint)
     tokenizer = load_tokenizer(spm_model, model)

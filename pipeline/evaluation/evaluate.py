@@ -37,15 +37,13 @@ from pipeline.data.corpus import (
 )
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import DataError
-from pipeline.evaluation import plots
+from pipeline.evaluation import MODEL_CHECKPOINT, plots
 from pipeline.evaluation.scoring import METRICS, score
 
 log = logging.getLogger(__name__)
 
-MODEL_CHECKPOINT = "model.ckpt"  # in eval_dir: the (averaged) weights that were evaluated
 EVAL_METRICS_FILE = "eval.json"  # in metrics_dir
 ATTENTION_DIR = "attention"  # in plots_dir
-LEARNING_CURVES = "learning_curves.png"  # in eval_dir, from the checkpoint's history
 TRAIN_HINT = "run `dvc repro train` (or `python -m pipeline.stages.train`) first"
 # What model.ckpt keeps of a training checkpoint (optimizer and loop states are dropped).
 CHECKPOINT_KEYS = (
@@ -54,7 +52,6 @@ CHECKPOINT_KEYS = (
     "pytorch-lightning_version",
     "global_step",
     "epoch",
-    "history",
 )
 
 
@@ -84,7 +81,7 @@ def source_checkpoints(cfg: Config) -> list[Path]:
 
 def write_model_checkpoint(sources: Sequence[Path], target: Path) -> dict:
     """Save the average of `sources` (or the single one) as a slim Lightning checkpoint:
-    hyperparameters and history of the first (newest/best) source, no optimizer state."""
+    the hyperparameters of the first (newest/best) source, no optimizer state."""
     from pipeline.training.checkpoints import average_checkpoints, read_checkpoint
 
     first = read_checkpoint(sources[0])
@@ -298,7 +295,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
 
     eval.json: `{split: {bleu, bleu_lc, chrf, ter, sentences}, ..., "signatures": {metric:
     sacrebleu signature}, "checkpoints_averaged": n}`. Writes `eval_dir/` atomically
-    (model.ckpt, `{split}.hyp`, `{split}.nbest` when eval.nbest > 1, learning_curves.png) and
+    (model.ckpt, `{split}.hyp`, `{split}.nbest` when eval.nbest > 1) and
     `plots_dir/attention/{split}_{index}.png`. Logs to `wandb_run` when given (a sweep
     trial's run, left open), else to a new W&B run of job type "eval".
     """
@@ -310,7 +307,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
     src_ids: dict[str, list[list[int]]] = {}
     translations: dict[str, list[Translation]] = {}
     with atomic_directory(cfg.paths.eval_dir) as staging:
-        history = write_model_checkpoint(sources, staging / MODEL_CHECKPOINT).get("history")
+        write_model_checkpoint(sources, staging / MODEL_CHECKPOINT)
         model = load_model(staging / MODEL_CHECKPOINT)
         tokenizer = load_tokenizer(tokenizer_path(cfg), model)
         for split, corpus in corpora.items():
@@ -330,9 +327,6 @@ def run(cfg: Config, wandb_run=None) -> dict:
                 split,
                 *(scores[k] for k in ("bleu", "chrf", "ter")),
             )
-        curves = None
-        if any(key in record for record in history or [] for key in plots.CURVE_KEYS):
-            curves = plots.plot_learning_curves(history, staging / LEARNING_CURVES)
     results["signatures"] = signatures
     results["checkpoints_averaged"] = len(sources)
     write_json_atomic(Path(cfg.paths.metrics_dir) / EVAL_METRICS_FILE, results)
@@ -361,12 +355,11 @@ def run(cfg: Config, wandb_run=None) -> dict:
         (shown, i, corpus.src[i], corpus.tgt[i], shown_translations[i].best)
         for i in sample_indices(cfg.eval.samples, len(corpus.src))
     ]
-    curves_path = Path(cfg.paths.eval_dir) / LEARNING_CURVES if curves else None
-    log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps, curves_path)
+    log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps)
     return results
 
 
-def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps, curves_path) -> None:
+def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
     """Scores, a table of sample translations and the heatmaps, as one W&B step."""
     import wandb
 
@@ -389,8 +382,6 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps, curves_pat
             payload["eval/attention"] = [
                 wandb.Image(str(path), caption=caption) for path, caption in heatmaps
             ]
-        if curves_path is not None:
-            payload["eval/learning_curves"] = wandb.Image(str(curves_path))
         run.log(payload)
     finally:
         if own_run:
