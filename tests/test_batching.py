@@ -1,0 +1,146 @@
+"""TokenBatchSampler and eval batching on the real Multi30k training split (joint BPE 8000)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from torch.utils.data import DataLoader
+
+from pipeline.data.batching import TokenBatchSampler, eval_batches, split_to_multiple
+from pipeline.data.tokenizer import load_tokenized
+from pipeline.errors import DataError
+
+MAX_TOKENS = 4096
+
+
+@pytest.fixture(scope="module")
+def lengths(tokenized_multi30k) -> tuple[np.ndarray, np.ndarray]:
+    train = load_tokenized(tokenized_multi30k.paths.tokenized)["train"]
+    return np.array(train["src_len"][:]), np.array(train["tgt_len"][:])
+
+
+def make(lengths, **kwargs) -> TokenBatchSampler:
+    src, tgt = lengths
+    options = {"max_tokens": MAX_TOKENS, "seed": 1234} | kwargs
+    return TokenBatchSampler(src, tgt, options.pop("max_tokens"), **options)
+
+
+def padded(batch, src, tgt) -> int:
+    """Independent statement of the budget: padded source + padded target with bos/eos."""
+    return len(batch) * (max(src[i] for i in batch) + max(tgt[i] + 1 for i in batch))
+
+
+def test_no_batch_over_budget_and_padding_is_small(lengths):
+    src, tgt = lengths
+    sampler = make(lengths)
+    batches = list(sampler)
+    assert all(padded(b, src, tgt) <= MAX_TOKENS for b in batches)
+    real = int(src.sum() + (tgt + 1).sum())
+    total = sum(padded(b, src, tgt) for b in batches)
+    padding = 1 - real / total
+    print(f"padding {padding:.2%} of {total} tokens in {len(batches)} batches")
+    assert padding < 0.05
+    # Batches are full: the mean batch uses most of the budget.
+    assert total / len(batches) > 0.95 * MAX_TOKENS
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2, 3])
+def test_each_example_exactly_once_per_epoch_over_ranks(lengths, num_replicas):
+    src, tgt = lengths
+    for epoch in (0, 1):
+        per_rank = []
+        for rank in range(num_replicas):
+            sampler = make(lengths, num_replicas=num_replicas, rank=rank)
+            sampler.set_epoch(epoch)
+            per_rank.append(list(sampler))
+            assert len(per_rank[-1]) == len(sampler)
+        assert len({len(batches) for batches in per_rank}) == 1  # equal batch counts
+        seen = [i for batches in per_rank for batch in batches for i in batch]
+        assert sorted(seen) == list(range(len(src)))  # all, once: disjoint and complete
+        assert all(padded(b, src, tgt) <= MAX_TOKENS for bs in per_rank for b in bs)
+
+
+def test_split_to_multiple_splits_the_largest_batches():
+    batches = [[0, 1, 2, 3], [4], [5, 6], [7, 8, 9, 10, 11]]
+    result = split_to_multiple(batches, 3)  # 4 batches -> 6: the 5-batch, then the 4-batch
+    assert result == [[0, 1], [2, 3], [4], [5, 6], [7, 8], [9, 10, 11]]
+    with pytest.raises(DataError, match="only 2 training examples"):
+        split_to_multiple([[0], [1]], 3)
+
+
+def test_batch_order_is_shuffled_per_epoch_from_the_seed(lengths):
+    sampler = make(lengths)
+    epoch0 = list(sampler)
+    assert list(sampler) == epoch0  # same epoch, same order
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert epoch1 != epoch0
+    assert sorted(map(tuple, epoch1)) == sorted(map(tuple, epoch0))  # same partition
+    assert list(make(lengths, seed=1234)) == epoch0
+    assert list(make(lengths, seed=99)) != epoch0
+
+
+def test_lightning_set_epoch_reaches_the_batch_sampler(lengths):
+    """Lightning only calls set_epoch on loader.sampler and loader.batch_sampler.sampler."""
+    sampler = make(lengths)
+    loader = DataLoader(range(len(lengths[0])), batch_sampler=sampler)
+    _set_sampler_epoch(loader, 3)
+    assert sampler.epoch == 3
+    assert list(sampler) == sampler.epoch_batches(3)
+
+
+@pytest.mark.parametrize(("num_replicas", "rank"), [(1, 0), (2, 1)])
+def test_state_dict_resumes_mid_epoch_exactly(lengths, num_replicas, rank):
+    reference = make(lengths, num_replicas=num_replicas, rank=rank)
+    reference.set_epoch(2)
+    full = list(reference)
+    running = make(lengths, num_replicas=num_replicas, rank=rank)
+    running.set_epoch(2)
+    iterator = iter(running)
+    done = [next(iterator) for _ in range(37)]
+    state = running.state_dict()
+    assert state["epoch"] == 2 and state["consumed"] == 37
+    resumed = make(lengths, num_replicas=num_replicas, rank=rank)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # what Lightning does after loading: same epoch, position kept
+    assert done + list(resumed) == full
+    # After a finished epoch the next pass starts from the top (of the new epoch).
+    resumed.set_epoch(3)
+    assert list(resumed) == resumed.epoch_batches(3)
+
+
+def test_changed_layout_restarts_the_epoch_with_a_warning(lengths):
+    sampler = make(lengths)
+    iterator = iter(sampler)
+    next(iterator)
+    state = sampler.state_dict()
+    other = make(lengths, max_tokens=2048)
+    with pytest.warns(UserWarning, match="restarting epoch 0"):
+        other.load_state_dict(state)
+    assert list(other) == other.epoch_batches(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(lengths).load_state_dict(state)  # same layout: silent
+
+
+def test_example_over_budget_is_named(lengths):
+    src, tgt = lengths
+    src = src.copy()
+    src[123] = 5000
+    with pytest.raises(DataError, match=r"training example 123 alone needs 5\d+ padded tokens"):
+        TokenBatchSampler(src, tgt, MAX_TOKENS, seed=0)
+
+
+def test_eval_batches_cover_every_example_in_length_order(lengths):
+    src, _ = lengths
+    budget = 2048
+    batches = eval_batches(src, budget)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(src)))
+    assert [src[i] for i in flat] == sorted(src)
+    assert all(len(b) * max(src[i] for i in b) <= budget for b in batches)
+    # An example longer than the budget still gets evaluated, alone.
+    assert eval_batches([3, 50, 4], 20) == [[0, 2], [1]]
