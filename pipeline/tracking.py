@@ -1,0 +1,218 @@
+"""Weights & Biases runs: offline by default, online when asked, never a crash for lack of a
+network.
+
+Every run carries the full resolved config, a job type (train, eval, sweep, report), a group
+(the experiment or study) and the config's tags. Files live under `cfg.paths.wandb_dir`
+(W&B's own layout: `<wandb_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`); upload an
+offline run later with `wandb sync <that folder>`.
+
+The mode is `logger.wandb.mode` unless the environment sets `WANDB_MODE` (W&B's documented
+switch, so `WANDB_MODE=online dvc exp run` works without editing the config): an explicit
+`wandb.init(mode=...)` would override the environment, hence the one environment read here.
+If an online start fails (no API key, no network, `logger.wandb.init_timeout` passed) the run
+starts offline with a warning.
+
+`read_offline_run` reads a run's `.wandb` file back (config, history, summary) with W&B's own
+protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from pipeline.config import Config, to_dict
+
+MODE_ENV = "WANDB_MODE"
+_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
+def resolve_mode(configured: str) -> str:
+    """`WANDB_MODE` from the environment if set, else the configured mode."""
+    mode = os.environ.get(MODE_ENV) or configured
+    return _MODE_ALIASES.get(mode, mode)
+
+
+def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: str | None = None):
+    """Start a W&B run for `cfg` (see the module docstring for mode and fallback)."""
+    import wandb
+
+    settings = cfg.logger.wandb
+    directory = Path(cfg.paths.wandb_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    init_args: dict[str, Any] = {
+        "project": settings.project,
+        "entity": settings.entity,
+        "group": group or settings.group or cfg.experiment_name,
+        "job_type": job_type,
+        "name": name,
+        "tags": list(settings.tags),
+        "config": to_dict(cfg),
+        "dir": str(directory),
+        "settings": wandb.Settings(init_timeout=settings.init_timeout),
+    }
+    mode = resolve_mode(settings.mode)
+    if mode == "online":
+        try:
+            return wandb.init(mode="online", **init_args)
+        except Exception as err:  # no API key, no network, timeout: W&B raises several types
+            warnings.warn(
+                f"W&B online start failed ({type(err).__name__}: {err}); logging offline under "
+                f"{directory} instead (upload later with `wandb sync`)",
+                stacklevel=2,
+            )
+            mode = "offline"
+    return wandb.init(mode=mode, **init_args)
+
+
+class PipelineWandbLogger(WandbLogger):
+    """Lightning's WandbLogger whose run comes from `start_wandb_run` (mode, fallback, config,
+    tags, group), created lazily on global rank zero only: one W&B run per training, also
+    under DDP. A failed fit finishes the run as failed; `finish()` ends a successful one after
+    the caller has added its summary."""
+
+    def __init__(
+        self, cfg: Config, job_type: str, name: str | None = None, group: str | None = None
+    ):
+        super().__init__(project=cfg.logger.wandb.project, save_dir=cfg.paths.wandb_dir)
+        self._start = (cfg, job_type, name, group)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        if self._experiment is None:
+            self._experiment = start_wandb_run(*self._start)
+            # Lightning's x axis: every metric is plotted against the optimizer step.
+            self._experiment.define_metric("trainer/global_step")
+            self._experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+        return self._experiment
+
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if status != "success":
+            self.finish(exit_code=1)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._experiment is not None:
+            self._experiment.finish(exit_code=exit_code)
+
+
+def wandb_logger(
+    cfg: Config, job_type: str, name: str | None = None, group: str | None = None
+) -> PipelineWandbLogger:
+    """The Lightning logger for a training run (see `PipelineWandbLogger`)."""
+    return PipelineWandbLogger(cfg, job_type, name=name, group=group)
+
+
+# ---------------------------------------------------------------------- reading offline runs
+
+# A .wandb file is a LevelDB-style log: a 7-byte header, then 32 KiB blocks of records, each
+# with a 7-byte header (CRC-32 seeded with the type byte, length, type); a record that does not
+# fit a block continues in the next (FIRST, MIDDLE..., LAST).
+_FILE_HEADER = struct.Struct("<4sHB")
+_RECORD_HEADER = struct.Struct("<IHB")
+_FILE_IDENT, _FILE_MAGIC = b":W&B", 0xBEE1
+_BLOCK = 32768
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def offline_run_dirs(wandb_dir: str | os.PathLike) -> list[Path]:
+    """The offline run folders under a `paths.wandb_dir`, oldest first."""
+    return sorted((Path(wandb_dir) / "wandb").glob("offline-run-*"))
+
+
+def _records(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    ident, magic, _version = _FILE_HEADER.unpack_from(data, 0)
+    if ident != _FILE_IDENT or magic != _FILE_MAGIC:
+        raise ValueError(f"{path}: not a W&B run file")
+    records, pending, pos = [], b"", _FILE_HEADER.size
+    while pos + _RECORD_HEADER.size <= len(data):
+        left_in_block = _BLOCK - pos % _BLOCK
+        if left_in_block < _RECORD_HEADER.size:  # block trailer padding
+            pos += left_in_block
+            continue
+        checksum, length, kind = _RECORD_HEADER.unpack_from(data, pos)
+        payload = data[pos + _RECORD_HEADER.size : pos + _RECORD_HEADER.size + length]
+        if kind == 0 or len(payload) < length:  # zero padding, or a run still being written
+            break
+        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) != checksum:
+            raise ValueError(f"{path}: checksum mismatch at byte {pos}")
+        pos += _RECORD_HEADER.size + length
+        if kind == _FULL:
+            records.append(payload)
+        elif kind == _FIRST:
+            pending = payload
+        elif kind == _MIDDLE:
+            pending += payload
+        elif kind == _LAST:
+            records.append(pending + payload)
+    return records
+
+
+def _set_item(target: dict, item) -> None:
+    keys = [item.key] if item.key else list(item.nested_key)
+    for key in keys[:-1]:
+        target = target.setdefault(key, {})
+    target[keys[-1]] = json.loads(item.value_json)
+
+
+def read_offline_run(run_dir: str | os.PathLike, wait_s: float = 30.0) -> dict:
+    """An offline run's `run` info (project, group, job_type, tags), `config`, `history`
+    (one dict per logged step) and `summary`, read from its `run-<id>.wandb` file.
+
+    W&B's service writes the file asynchronously, also after `run.finish()` has returned, so
+    this waits up to `wait_s` seconds for the run's exit record; `complete` says if it came.
+    """
+    run_dir = Path(run_dir)
+    files = list(run_dir.glob("run-*.wandb"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"{run_dir}: expected one run-*.wandb file, found {len(files)}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = _parse_run_file(files[0])
+        if result["complete"] or time.monotonic() > deadline:
+            return result
+        time.sleep(0.1)
+
+
+def _parse_run_file(path: Path) -> dict:
+    from wandb.proto import wandb_internal_pb2
+
+    result: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
+    result["complete"] = False
+    for payload in _records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            result["run"] = {"id": run.run_id, "project": run.project, "group": run.run_group,
+                             "job_type": run.job_type, "name": run.display_name,
+                             "tags": list(run.tags)}  # fmt: skip
+            for item in run.config.update:
+                _set_item(result["config"], item)
+        elif kind == "config":
+            for item in record.config.update:
+                _set_item(result["config"], item)
+        elif kind == "history":
+            row: dict[str, Any] = {}
+            for item in record.history.item:
+                _set_item(row, item)
+            result["history"].append(row)
+        elif kind == "summary":
+            for item in record.summary.update:
+                _set_item(result["summary"], item)
+        elif kind == "exit":
+            result["complete"] = True
+    result["config"].pop("_wandb", None)  # W&B's own bookkeeping
+    return result

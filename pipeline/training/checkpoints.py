@@ -1,0 +1,228 @@
+"""Checkpoints: atomic saving, resume discovery, selection and averaging.
+
+Layout of `<train_dir>/checkpoints/`:
+
+    last.ckpt                                the newest state (what a resumed run continues from)
+    step-0000500.ckpt ...                    the last `train.save_top_k` validations, by step
+    best-step-0000500-bleu-12.3456.ckpt ...  the best `train.save_top_k` by val/bleu
+                                             (`best-step-...-loss-2.3456` when val_bleu is off)
+    progress.json                            the step and file of the newest save
+
+Every file is written to a temporary name beside its target, fsynced and renamed over it
+(`os.replace` is atomic on POSIX), so a killed process leaves either the old or the new file,
+never half of one. `progress.json` records that checkpoints were written: a run directory that
+recorded progress but holds no readable checkpoint is an error, not a silent fresh start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from pipeline.errors import DataError
+
+CHECKPOINT_DIR = "checkpoints"
+LAST_NAME = "last.ckpt"
+PROGRESS_NAME = "progress.json"
+STEP_TEMPLATE = "step-{step:07d}"  # ModelCheckpoint filename templates (".ckpt" is appended)
+BEST_TEMPLATES = {
+    "val/bleu": "best-step-{step:07d}-bleu-{val/bleu:.4f}",
+    "val/loss": "best-step-{step:07d}-loss-{val/loss:.4f}",
+}
+_STEP_FILE = re.compile(r"^step-(?P<step>\d+)\.ckpt$")
+_BEST_FILE = re.compile(
+    r"^best-step-(?P<step>\d+)-(?P<metric>bleu|loss)-(?P<score>-?[\d.]+)\.ckpt$"
+)
+_REQUIRED_KEYS = ("state_dict", "global_step", "hyper_parameters")
+
+
+def checkpoint_dir(train_dir: str | os.PathLike) -> Path:
+    return Path(train_dir) / CHECKPOINT_DIR
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made crash-safe (temp file + fsync + `os.replace`), and
+    recording each save in `progress.json` beside the checkpoints."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options=None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        path = Path(path)
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        progress = {"step": int(checkpoint.get("global_step", 0)), "file": path.name}
+        atomic_write(path.parent / PROGRESS_NAME, lambda f: f.write(json.dumps(progress).encode()))
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """Load a checkpoint on the CPU; a truncated or foreign file raises DataError naming it."""
+    path = Path(path)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise DataError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err})") from None
+    missing = [
+        key for key in _REQUIRED_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint
+    ]
+    if missing:
+        raise DataError(f"{path}: not a training checkpoint (missing {', '.join(missing)})")
+    return checkpoint
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.ckpt") if not p.name.startswith("."))
+
+
+def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint a resumed run continues from, or None for a fresh directory.
+
+    `last.ckpt` when it is readable; otherwise (with a warning) the newest readable checkpoint
+    by step. A directory whose files or `progress.json` show that training ran but that holds
+    no readable checkpoint raises DataError: resuming would silently start over.
+    """
+    directory = checkpoint_dir(train_dir)
+    files = _checkpoint_files(directory) if directory.is_dir() else []
+    progress_file = directory / PROGRESS_NAME
+    last = directory / LAST_NAME
+    problems = []
+    if last in files:
+        try:
+            read_checkpoint(last)
+            return last
+        except DataError as err:
+            problems.append(str(err))
+    candidates = []
+    for path in files:
+        if path == last:
+            continue
+        try:
+            candidates.append((int(read_checkpoint(path)["global_step"]), path))
+        except DataError as err:
+            problems.append(str(err))
+    if candidates:
+        step, path = max(candidates)
+        warnings.warn(
+            f"{last} is missing or unreadable; resuming from {path} (step {step}) instead. "
+            + " ".join(problems),
+            stacklevel=2,
+        )
+        return path
+    if problems or progress_file.exists():
+        recorded = progress_file.read_text(encoding="utf-8") if progress_file.exists() else ""
+        raise DataError(
+            f"{directory}: training progress was recorded ({recorded.strip() or 'checkpoint files'}"
+            f") but no readable checkpoint is left. {' '.join(problems)} Restore a checkpoint "
+            "there, or start over: delete the directory or set train.resume=false."
+        )
+    return None
+
+
+def remove_checkpoints(train_dir: str | os.PathLike) -> list[Path]:
+    """Delete the checkpoints (and progress record) of a previous run; returns what it removed."""
+    directory = checkpoint_dir(train_dir)
+    if not directory.is_dir():
+        return []
+    removed = [*_checkpoint_files(directory), directory / PROGRESS_NAME]
+    removed = [p for p in removed if p.exists()]
+    for path in removed:
+        path.unlink()
+    return removed
+
+
+def select_checkpoints(train_dir: str | os.PathLike, n: int, by: str = "last") -> list[Path]:
+    """The checkpoints to average: the `n` newest (`by="last"`, by step) or the `n` best
+    (`by="best"`, by the validation score in the file name). Newest/best first.
+    Fewer than `n` available gives a warning and all of them; none is a DataError."""
+    if by not in ("last", "best"):
+        raise ValueError(f"by must be 'last' or 'best', got {by!r}")
+    directory = checkpoint_dir(train_dir)
+    ranked: list[tuple[tuple, Path]] = []
+    for path in _checkpoint_files(directory) if directory.is_dir() else []:
+        if by == "last" and (match := _STEP_FILE.match(path.name)):
+            ranked.append(((int(match["step"]),), path))
+        elif by == "best" and (match := _BEST_FILE.match(path.name)):
+            score = float(match["score"])
+            better = score if match["metric"] == "bleu" else -score  # loss: lower is better
+            ranked.append(((better, int(match["step"])), path))
+    if not ranked:
+        raise DataError(
+            f"{directory}: no {'step-*' if by == 'last' else 'best-*'}.ckpt checkpoints to "
+            "select; run the train stage first (or check paths.train_dir)"
+        )
+    ranked.sort(key=lambda item: item[0], reverse=True)
+    if len(ranked) < n:
+        warnings.warn(
+            f"{directory}: asked for the {by} {n} checkpoints, only {len(ranked)} exist; "
+            "using all of them (raise train.save_top_k to keep more)",
+            stacklevel=2,
+        )
+    return [path for _, path in ranked[:n]]
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' floating-point tensors (summed in float64,
+    returned in their own dtype); other tensors (integer buffers) are taken from the last path.
+    Keys are the LightningModule's (`model.*`)."""
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    first = Path(paths[0])
+    sums: dict[str, torch.Tensor] = {}
+    averaged: dict[str, torch.Tensor] = {}
+    for path in paths:
+        state = read_checkpoint(path)["state_dict"]
+        if averaged and state.keys() != averaged.keys():
+            differing = ", ".join(sorted(set(state) ^ set(averaged))[:5])
+            raise DataError(
+                f"{path}: its parameters differ from those of {first} ({differing}); "
+                "only checkpoints of one model can be averaged"
+            )
+        for key, tensor in state.items():
+            averaged[key] = tensor
+            if not tensor.is_floating_point():
+                continue
+            if key in sums and sums[key].shape != tensor.shape:
+                raise DataError(
+                    f"{path}: {key} has shape {tuple(tensor.shape)} but "
+                    f"{tuple(sums[key].shape)} in {first}; only checkpoints of one model "
+                    "can be averaged"
+                )
+            sums[key] = sums[key] + tensor.double() if key in sums else tensor.double()
+    for key, total in sums.items():
+        averaged[key] = (total / len(paths)).to(averaged[key].dtype)
+    return averaged

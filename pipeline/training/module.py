@@ -1,0 +1,347 @@
+"""The training objective and its bookkeeping: sections 5.3 (optimizer, schedule), 5.4
+(label smoothing) and the metrics every run reports.
+
+    loss  = sum_t [(1 - eps) * -log p(y_t) + eps * (1/V) sum_v -log p(v)] / #tokens   (5.4)
+    lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)                 (5.3, eq. 3)
+
+Padding positions of the target carry no loss. Metrics are token-weighted torchmetrics
+aggregates, so they are exact across batches and reduced across DDP ranks on `compute()`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from sacrebleu.metrics.bleu import BLEU, MAX_NGRAM_ORDER
+from torch import Tensor
+from torchmetrics import MeanMetric, Metric
+
+from pipeline.config import Config, from_dict, to_dict
+from pipeline.errors import PipelineError
+from pipeline.model.transformer import Transformer
+
+# sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
+BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
+
+
+class DivergedError(PipelineError):
+    """The training loss became NaN or infinite."""
+
+
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Section 5.4: cross-entropy against q = (1 - eps) * onehot(y) + eps / V (the smoothing
+    mass spread uniformly over the whole vocabulary, as `F.cross_entropy(label_smoothing=eps)`).
+
+    logits (B, T, V), target (B, T) -> (smoothed loss, nll), each summed over non-pad tokens.
+    Written with logsumexp so no (B, T, V) log-probabilities or one-hot targets are built:
+        -log p(y)             = logsumexp(z) - z_y
+        (1/V) sum_v -log p(v) = logsumexp(z) - mean_v z_v
+    """
+    logits = logits.float()  # the softmax in fp32 also under bf16 autocast
+    log_partition = torch.logsumexp(logits, dim=-1)  # (B, T)
+    nll = log_partition - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform_ce = log_partition - logits.mean(dim=-1)  # (B, T)
+    loss = (1.0 - epsilon) * nll + epsilon * uniform_ce
+    is_token = target.ne(pad_id)
+    return loss.masked_fill(~is_token, 0.0).sum(), nll.masked_fill(~is_token, 0.0).sum()
+
+
+def inverse_sqrt_rate(step: int, *, d_model: int, warmup_steps: int, factor: float) -> float:
+    """Section 5.3, equation (3): linear warmup, then decay with the inverse square root of
+    the step. `step` counts optimizer steps from 1."""
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+class CorpusBleu(Metric):
+    """Corpus BLEU exactly as `sacrebleu.corpus_bleu` computes it (13a tokenisation, exp
+    smoothing), accumulated as sacrebleu's sufficient statistics so that it sums over batches
+    and DDP ranks."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._bleu = BLEU()
+        self.add_state("stats", default=torch.zeros(BLEU_STATS, dtype=torch.float64),
+                       dist_reduce_fx="sum")  # fmt: skip
+
+    def update(self, hypotheses: Sequence[str], references: Sequence[str]) -> None:
+        if len(hypotheses) != len(references):
+            raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        if not hypotheses:
+            return
+        per_sentence = self._bleu._extract_corpus_statistics(list(hypotheses), [list(references)])
+        self.stats += torch.tensor(per_sentence, dtype=torch.float64).sum(0).to(self.stats.device)
+
+    def compute(self) -> Tensor:
+        stats = [int(x) for x in self.stats.tolist()]
+        score = self._bleu._compute_score_from_stats(stats).score
+        return torch.tensor(score, dtype=torch.float32)
+
+
+def _rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+              "python": random.getstate()}  # fmt: skip
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class TranslationModule(L.LightningModule):
+    """The Transformer trained with label-smoothed cross-entropy, Adam and the warmup schedule.
+
+    `config` is a `Config` (or the dict `to_dict` made of one: how `load_from_checkpoint`
+    rebuilds the module from the saved hyperparameters `config` and `vocab_size`).
+    """
+
+    def __init__(self, config: Config | dict, vocab_size: int) -> None:
+        super().__init__()
+        cfg = from_dict(config) if isinstance(config, dict) else config
+        # logger=False: W&B gets the full config once, from `pipeline.tracking`.
+        self.save_hyperparameters({"config": to_dict(cfg), "vocab_size": vocab_size},
+                                  logger=False)  # fmt: skip
+        self.cfg = cfg
+        special = cfg.data.tokenizer
+        self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
+        self.model = Transformer(cfg.model, vocab_size, self.pad_id)
+        # A compiled forward is kept off the module tree so state_dict keys stay `model.*`.
+        self._forward = torch.compile(self.model) if cfg.train.compile else self.model
+
+        # nan_strategy="disable": no host sync per update; divergence is tracked separately.
+        self.train_loss = MeanMetric(nan_strategy="disable")
+        self.train_nll = MeanMetric(nan_strategy="disable")
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.val_nll = MeanMetric(nan_strategy="disable")
+        self.val_bleu = CorpusBleu()
+
+        # Validation references and the detokenizer, attached by `attach_references`.
+        self.tokenizer = None
+        self.val_references: Sequence[str] | None = None
+
+        # Learning curves and val results so far; saved in checkpoints (a resumed run keeps them).
+        self.history: list[dict] = []
+        self._first_nonfinite_step: Tensor | None = None  # device scalar; -1 while all finite
+        self._window_tokens = 0  # target tokens since the last train log (this rank)
+        self._window_seconds = 0.0
+        self._window_start: float | None = None
+        self.total_train_tokens = 0  # this rank, this process
+        self.total_train_seconds = 0.0
+        self._rng_to_restore: dict | None = None
+        self._last_step = 0
+        self._step_lr = 0.0
+        self.throughput = 0.0
+
+    # ------------------------------------------------------------------ set-up
+
+    def attach_references(self, tokenizer, val_references: Sequence[str]) -> None:
+        """What val/bleu needs: a tokenizer to detokenize hypotheses, and the validation
+        split's reference sentences indexed by the batches' `ids`."""
+        self.tokenizer = tokenizer
+        self.val_references = val_references
+
+    def configure_optimizers(self):
+        t = self.cfg.train
+        # LambdaLR multiplies the base lr (1.0) by the whole rate of equation (3).
+        optimizer = torch.optim.Adam(
+            self.parameters(),
+            lr=1.0,
+            betas=tuple(t.adam_betas),
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
+        )
+        d_model, warmup, factor = self.cfg.model.d_model, t.warmup_steps, t.lr_factor
+
+        def rate(scheduler_steps: int) -> float:  # LambdaLR counts from 0, the paper from 1
+            return inverse_sqrt_rate(
+                scheduler_steps + 1, d_model=d_model, warmup_steps=warmup, factor=factor
+            )
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # ------------------------------------------------------------------ training
+
+    def _loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
+        logits = self._forward(batch["src"], batch["tgt_in"])  # (B, T, V)
+        loss_sum, nll_sum = label_smoothed_nll(
+            logits, batch["tgt_out"], epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id
+        )
+        return loss_sum, nll_sum, int(batch["num_tgt_tokens"])
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        self._step_lr = self.trainer.optimizers[0].param_groups[0]["lr"]  # the lr of this step
+        loss_sum, nll_sum, num_tokens = self._loss(batch)
+        loss = loss_sum / num_tokens
+        self.train_loss.update(loss.detach(), weight=num_tokens)
+        self.train_nll.update(nll_sum.detach() / num_tokens, weight=num_tokens)
+        self._track_nonfinite(loss.detach())
+        self._window_tokens += num_tokens
+        self.total_train_tokens += num_tokens
+        return loss
+
+    def _track_nonfinite(self, loss: Tensor) -> None:
+        """Remember the first step whose loss was NaN/inf, on the device (no host sync)."""
+        if self._first_nonfinite_step is None:
+            self._first_nonfinite_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+        step = self.trainer.global_step + 1  # the optimizer step this batch contributes to
+        first_bad = ~torch.isfinite(loss) & self._first_nonfinite_step.lt(0)
+        self._first_nonfinite_step = torch.where(
+            first_bad, torch.full_like(self._first_nonfinite_step, step), self._first_nonfinite_step
+        )
+
+    def check_finite(self) -> None:
+        """Raise `DivergedError` naming the step if any rank saw a NaN/inf loss (one sync)."""
+        if self._first_nonfinite_step is None:
+            return
+        bad_steps = self.all_gather(self._first_nonfinite_step).reshape(-1)
+        if bad_steps.max().item() < 0:
+            return
+        step = int(bad_steps[bad_steps.ge(0)].min().item())
+        last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none yet"
+        raise DivergedError(
+            f"training diverged: train/loss became NaN/inf at step {step}. "
+            f"The last good checkpoint is {last}. Lower train.lr_factor, raise "
+            "train.warmup_steps or set train.gradient_clip_val, then run again."
+        )
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:  # resume: continue the random streams exactly
+            _set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
+        self._window_start = time.perf_counter()
+        self._last_step = self.trainer.global_step
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        step = self.trainer.global_step
+        stepped, self._last_step = step != self._last_step, step  # not while accumulating
+        if not stepped or step % self.trainer.log_every_n_steps != 0:
+            return
+        self.check_finite()
+        now = time.perf_counter()
+        seconds = self._window_seconds + now - self._window_start
+        tokens_per_sec = torch.tensor(self._window_tokens / max(seconds, 1e-9), device=self.device)
+        train_loss, train_nll = self.train_loss.compute(), self.train_nll.compute()  # synced
+        lr = self._step_lr
+        self.log_dict(
+            {"train/loss": train_loss, "train/nll_loss": train_nll, "train/ppl": train_nll.exp()},
+            on_step=True,
+            on_epoch=False,
+        )
+        # "step" is the loggers' x axis: optimizer steps done, as in checkpoint names.
+        self.log_dict({"lr": lr, "step": float(step)}, on_step=True, on_epoch=False)
+        # Tokens per second of every rank together.
+        self.log("train/tokens_per_sec", tokens_per_sec, on_step=True, on_epoch=False,
+                 sync_dist=True, reduce_fx="sum")  # fmt: skip
+        self.history.append({"step": step, "train/loss": train_loss.item(), "lr": lr})
+        self.train_loss.reset()
+        self.train_nll.reset()
+        self.total_train_seconds += seconds
+        self._window_tokens, self._window_seconds, self._window_start = 0, 0.0, now
+
+    def on_train_end(self) -> None:
+        self.check_finite()
+        if self._window_start is not None:
+            now = time.perf_counter()
+            self.total_train_seconds += self._window_seconds + now - self._window_start
+            self._window_start = None
+        # Target tokens per second of training (validation excluded), all ranks together.
+        tokens = torch.tensor(float(self.total_train_tokens), device=self.device)
+        tokens = float(self.trainer.strategy.reduce(tokens, reduce_op="sum"))
+        self.throughput = tokens / self.total_train_seconds if self.total_train_seconds else 0.0
+
+    # ------------------------------------------------------------------ validation
+
+    def on_validation_start(self) -> None:
+        if self._window_start is not None:  # validation time is not training time
+            self._window_seconds += time.perf_counter() - self._window_start
+
+    def on_validation_end(self) -> None:
+        if self._window_start is not None:
+            self._window_start = time.perf_counter()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss_sum, nll_sum, num_tokens = self._loss(batch)
+        self.val_loss.update(loss_sum / num_tokens, weight=num_tokens)
+        self.val_nll.update(nll_sum / num_tokens, weight=num_tokens)
+        if self.cfg.train.val_bleu:
+            self._update_bleu(batch)
+
+    def _update_bleu(self, batch: dict) -> None:
+        if self.tokenizer is None or self.val_references is None:
+            raise RuntimeError("val/bleu needs attach_references(tokenizer, references) first")
+        ids = batch["ids"]
+        limit = self.cfg.train.val_bleu_max_sentences
+        keep = ids.lt(limit) if limit is not None else torch.ones_like(ids, dtype=torch.bool)
+        if not bool(keep.any()):
+            return
+        from pipeline.model.decoding import greedy_decode  # TODO top-level once it lands
+
+        e = self.cfg.eval
+        hypotheses = greedy_decode(
+            self.model,
+            batch["src"][keep],
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+            max_len_a=e.max_len_a,
+            max_len_b=e.max_len_b,
+        )
+        texts = [self.tokenizer.decode(tokens) for tokens in hypotheses]
+        references = [self.val_references[i] for i in ids[keep].tolist()]
+        self.val_bleu.update(texts, references)
+
+    def on_validation_epoch_end(self) -> None:
+        # compute() reduces over DDP ranks, so every rank logs the same value.
+        val_loss, val_nll = self.val_loss.compute(), self.val_nll.compute()
+        metrics = {"val/loss": val_loss, "val/nll_loss": val_nll, "val/ppl": val_nll.exp()}
+        if self.cfg.train.val_bleu:
+            metrics["val/bleu"] = self.val_bleu.compute().to(self.device)
+        step = torch.tensor(float(self.trainer.global_step), device=self.device)
+        self.log_dict({**metrics, "step": step}, on_step=False, on_epoch=True)
+        for metric in (self.val_loss, self.val_nll, self.val_bleu):
+            metric.reset()
+        if not self.trainer.sanity_checking:
+            record = {key: float(value) for key, value in metrics.items()}
+            self.history.append({"step": self.trainer.global_step, **record})
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_finite()  # raising here keeps the previous (good) checkpoint on disk
+        checkpoint["history"] = self.history
+        checkpoint["rng_states"] = _rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.history = list(checkpoint.get("history", []))
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    # ------------------------------------------------------------------ summaries
+
+    def val_records(self) -> list[dict]:
+        return [r for r in self.history if "val/loss" in r]
+
+    def best_val(self) -> dict | None:
+        """The validation with the best val/bleu (or lowest val/loss without BLEU)."""
+        records = self.val_records()
+        if not records:
+            return None
+        if self.cfg.train.val_bleu:
+            return max(records, key=lambda r: (r["val/bleu"], -r["step"]))
+        return min(records, key=lambda r: (r["val/loss"], r["step"]))

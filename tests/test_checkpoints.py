@@ -1,0 +1,175 @@
+"""Checkpoints: crash-safe writes, resume discovery, selection for averaging, averaging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from pipeline.errors import DataError
+from pipeline.training.checkpoints import (
+    LAST_NAME,
+    PROGRESS_NAME,
+    AtomicCheckpointIO,
+    average_checkpoints,
+    checkpoint_dir,
+    find_resume_checkpoint,
+    read_checkpoint,
+    remove_checkpoints,
+    select_checkpoints,
+)
+
+
+def _checkpoint(step: int, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "global_step": step,
+        "hyper_parameters": {"vocab_size": 7},
+        "state_dict": {
+            "model.weight": torch.randn(4, 3, generator=generator),
+            "model.half": torch.randn(5, generator=generator).to(torch.bfloat16),
+            "model.counter": torch.tensor([step], dtype=torch.long),
+        },
+    }
+
+
+def _save(path, step: int, seed: int = 0) -> None:
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(step, seed), path)
+
+
+def _truncate(path) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def test_atomic_save_survives_a_kill_mid_write(tmp_path):
+    target = tmp_path / LAST_NAME
+    _save(target, step=1)
+    # A child process writes a large checkpoint over it and is killed while writing.
+    script = (
+        "import sys, torch\n"
+        "from pipeline.training.checkpoints import AtomicCheckpointIO\n"
+        "big = {'global_step': 2, 'hyper_parameters': {}, 'state_dict': "
+        "{'w': torch.zeros(64, 1024, 1024)}}\n"  # 256 MiB: several seconds of writing
+        "AtomicCheckpointIO().save_checkpoint(big, sys.argv[1])\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(target)])
+    temp = target.with_name(f".{target.name}.tmp-{child.pid}")
+    deadline = time.monotonic() + 60
+    while not (temp.exists() and temp.stat().st_size > 0) and time.monotonic() < deadline:
+        assert child.poll() is None, "the child finished before it could be killed"
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert temp.exists(), "the kill should have hit during the write"
+    assert read_checkpoint(target)["global_step"] == 1  # the old file is intact
+    assert json.loads((tmp_path / PROGRESS_NAME).read_text())["step"] == 1
+
+
+def test_save_records_progress(tmp_path):
+    _save(tmp_path / "step-0000005.ckpt", step=5)
+    assert json.loads((tmp_path / PROGRESS_NAME).read_text()) == {
+        "step": 5,
+        "file": "step-0000005.ckpt",
+    }
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_resume_discovery_fresh_and_last(tmp_path):
+    assert find_resume_checkpoint(tmp_path) is None
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / "step-0000010.ckpt", step=10)
+    _save(directory / LAST_NAME, step=10)
+    assert find_resume_checkpoint(tmp_path) == directory / LAST_NAME
+
+
+def test_resume_falls_back_from_a_corrupt_last_checkpoint(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / "step-0000010.ckpt", step=10)
+    _save(directory / "step-0000020.ckpt", step=20)
+    _save(directory / LAST_NAME, step=30)
+    _truncate(directory / LAST_NAME)
+    with pytest.warns(UserWarning, match="resuming from .*step-0000020.ckpt"):
+        assert find_resume_checkpoint(tmp_path) == directory / "step-0000020.ckpt"
+
+
+def test_resume_refuses_a_run_dir_with_progress_but_no_readable_checkpoint(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / LAST_NAME, step=30)
+    _truncate(directory / LAST_NAME)
+    with pytest.raises(DataError, match="last.ckpt: unreadable checkpoint"):
+        find_resume_checkpoint(tmp_path)
+    (directory / LAST_NAME).unlink()  # the files are gone, the progress record is not
+    with pytest.raises(DataError, match="training progress was recorded .*train.resume=false"):
+        find_resume_checkpoint(tmp_path)
+    remove_checkpoints(tmp_path)
+    assert find_resume_checkpoint(tmp_path) is None
+
+
+def test_read_checkpoint_rejects_foreign_files(tmp_path):
+    path = tmp_path / "weights.ckpt"
+    torch.save({"weight": torch.zeros(2)}, path)
+    with pytest.raises(DataError, match="weights.ckpt: not a training checkpoint"):
+        read_checkpoint(path)
+
+
+def test_select_last_and_best(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    for step, bleu in [(100, 10.5), (200, 14.25), (300, 12.0), (400, 13.0)]:
+        _save(directory / f"step-{step:07d}.ckpt", step)
+        _save(directory / f"best-step-{step:07d}-bleu-{bleu:.4f}.ckpt", step)
+    _save(directory / LAST_NAME, 400)
+    last = select_checkpoints(tmp_path, 2, by="last")
+    assert [p.name for p in last] == ["step-0000400.ckpt", "step-0000300.ckpt"]
+    best = select_checkpoints(tmp_path, 3, by="best")
+    assert [p.name for p in best] == [
+        "best-step-0000200-bleu-14.2500.ckpt",
+        "best-step-0000400-bleu-13.0000.ckpt",
+        "best-step-0000300-bleu-12.0000.ckpt",
+    ]
+    with pytest.warns(UserWarning, match="only 4 exist"):
+        assert len(select_checkpoints(tmp_path, 10, by="last")) == 4
+
+
+def test_select_best_by_loss_prefers_lower(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / "best-step-0000100-loss-3.5000.ckpt", 100)
+    _save(directory / "best-step-0000200-loss-2.7500.ckpt", 200)
+    assert select_checkpoints(tmp_path, 1, by="best")[0].name.endswith("loss-2.7500.ckpt")
+
+
+def test_select_without_checkpoints_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="no step-\\*.ckpt checkpoints"):
+        select_checkpoints(tmp_path, 5, by="last")
+
+
+def test_averaging_two_checkpoints_gives_the_mean_of_their_tensors(tmp_path):
+    first, second = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
+    _save(first, step=1, seed=1)
+    _save(second, step=2, seed=2)
+    a, b = _checkpoint(1, seed=1)["state_dict"], _checkpoint(2, seed=2)["state_dict"]
+    averaged = average_checkpoints([first, second])
+    torch.testing.assert_close(
+        averaged["model.weight"], (a["model.weight"] + b["model.weight"]) / 2
+    )
+    assert averaged["model.half"].dtype == torch.bfloat16  # averaged in float64, kept in bf16
+    expected_half = ((a["model.half"].double() + b["model.half"].double()) / 2).to(torch.bfloat16)
+    torch.testing.assert_close(averaged["model.half"], expected_half)
+    assert averaged["model.counter"].tolist() == [2]  # integer buffers: from the last one
+    assert average_checkpoints([first])["model.weight"].equal(a["model.weight"])
+
+
+def test_averaging_refuses_different_models(tmp_path):
+    _save(tmp_path / "a.ckpt", step=1)
+    other = _checkpoint(2)
+    other["state_dict"]["model.extra"] = torch.zeros(1)
+    AtomicCheckpointIO().save_checkpoint(other, tmp_path / "b.ckpt")
+    with pytest.raises(DataError, match="b.ckpt: its parameters differ .*model.extra"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
