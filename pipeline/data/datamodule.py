@@ -17,7 +17,9 @@ batches leave the loader, not in the batch sampler: with `num_workers > 0` the s
 ahead of training by the prefetched batches.
 
 Under DDP the Trainer must be built with `use_distributed_sampler=False` (the batch sampler
-shards by rank itself; Lightning cannot inject a DistributedSampler into it).
+shards by rank itself; Lightning cannot inject a DistributedSampler into it). The evaluation
+loaders are not sharded: every rank sees the whole split, so a metric computed on any rank
+covers every sentence.
 """
 
 from __future__ import annotations
