@@ -278,6 +278,10 @@ class TranslationModule(L.LightningModule):
             self._window_start = time.perf_counter()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
+        # The evaluation loader gives every rank the whole split: each takes its share of the
+        # batches, and the metrics' compute() sums the shares.
+        if batch_idx % self.trainer.world_size != self.trainer.global_rank:
+            return
         loss_sum, nll_sum, num_tokens = self._loss(batch)
         self.val_loss.update(loss_sum / num_tokens, weight=num_tokens)
         self.val_nll.update(nll_sum / num_tokens, weight=num_tokens)

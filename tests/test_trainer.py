@@ -1,0 +1,340 @@
+"""Training runs with the real Lightning Trainer on real Multi30k pairs: overfitting, exact
+resume, DDP on two CPU processes, divergence, accumulation, and the DVC stage."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import Callback
+
+from pipeline import config as config_lib
+from pipeline.data.datamodule import TranslationDataModule
+from pipeline.errors import ConfigError
+from pipeline.tracking import offline_run_dirs, read_offline_run
+from pipeline.training.checkpoints import (
+    LAST_NAME,
+    PROGRESS_NAME,
+    AtomicCheckpointIO,
+    checkpoint_dir,
+    read_checkpoint,
+    select_checkpoints,
+)
+from pipeline.training.module import DivergedError, TranslationModule, inverse_sqrt_rate
+from pipeline.training.trainer import (
+    check_resumable,
+    device_count,
+    resolve_precision,
+    resolve_strategy,
+    run,
+)
+from tests.conftest import redirect_paths
+
+DATA = ["experiment=smoke", "data.max_train_pairs=200"]
+TINY = [
+    "model.d_model=32",
+    "model.heads=2",
+    "model.d_ff=64",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "train.max_tokens=1024",
+    "train.warmup_steps=4",
+    "train.lr_factor=0.5",
+    "train.val_bleu_max_sentences=16",
+    "train.progress_bar=false",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+    """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
+    from pipeline.data.corpus import prepare
+    from pipeline.data.tokenizer import tokenize
+
+    cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", *DATA])
+    cfg = redirect_paths(cfg, tmp_path_factory.mktemp("tokenized_200"))
+    prepare(cfg)
+    tokenize(cfg)
+    return cfg
+
+
+@pytest.fixture
+def train_config(tokenized_200, tmp_path):
+    """A config on the 200-pair data with `overrides`, writing under tmp_path/<name>."""
+
+    def _make(*overrides: str, name: str = "run") -> config_lib.Config:
+        raw_dir = tokenized_200.data.raw_dir
+        cfg = config_lib.compose([f"data.raw_dir={raw_dir}", *DATA, *overrides])
+        cfg = redirect_paths(cfg, tmp_path / name)
+        cfg.paths.prepared = tokenized_200.paths.prepared
+        cfg.paths.tokenized = tokenized_200.paths.tokenized
+        return cfg
+
+    return _make
+
+
+def _train_batches_per_epoch(cfg: config_lib.Config) -> int:
+    datamodule = TranslationDataModule(cfg)
+    datamodule.setup("fit")
+    return len(datamodule.train_dataloader())
+
+
+class RecordBatches(Callback):
+    """The example ids of every training batch, with the epoch they came in."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[int]]] = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self.batches.append((trainer.current_epoch, batch["ids"].tolist()))
+
+
+# ---------------------------------------------------------------------- fast checks
+
+
+def test_hardware_resolution():
+    assert resolve_precision("16-mixed", "gpu") == "16-mixed"
+    assert resolve_precision("auto", "mps") == "32-true"
+    assert resolve_precision("auto", "cpu") in ("bf16-mixed", "32-true")
+    assert resolve_strategy("auto", 1, 1) == "auto"
+    assert resolve_strategy("auto", 2, 1) == "ddp"
+    assert resolve_strategy("auto", 1, 2) == "ddp"
+    assert resolve_strategy("fsdp", 2, 1) == "fsdp"
+    assert device_count(2, "cpu") == 2
+    assert device_count([0, 1, 3], "gpu") == 3
+    assert device_count("auto", "cpu") == 1
+    assert device_count("0,1", "gpu") == 2
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(make_config, tmp_path):
+    trained = make_config("model.heads=4")
+    path = tmp_path / LAST_NAME
+    checkpoint = {"state_dict": {}, "global_step": 10,
+                  "hyper_parameters": {"config": config_lib.to_dict(trained), "vocab_size": 9}}  # fmt: skip
+    AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    check_resumable(path, make_config("model.heads=4", "train.max_steps=99999"))  # longer: fine
+    with pytest.raises(ConfigError, match="'model.heads' is 2 but .*last.ckpt was trained with 4"):
+        check_resumable(path, make_config("model.heads=2"))
+
+
+def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):
+    cfg = make_config()
+    directory = checkpoint_dir(cfg.paths.train_dir)
+    directory.mkdir(parents=True)
+    (directory / PROGRESS_NAME).write_text('{"step": 500, "file": "last.ckpt"}')
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(config_lib.to_dict(cfg)))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.stages.train"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "error: " in result.stderr and "Traceback" not in result.stderr
+    assert '"step": 500' in result.stderr and "train.resume=false" in result.stderr
+
+
+# ---------------------------------------------------------------------- training runs
+
+
+@pytest.mark.slow
+def test_overfits_200_pairs_and_writes_every_output(train_config):
+    cfg = train_config(
+        "model.dropout=0",
+        "train.label_smoothing=0",
+        "train.max_steps=300",
+        "train.warmup_steps=40",
+        "train.lr_factor=0.3",
+        "train.max_tokens=1024",
+        "train.val_check_interval=150",
+        "train.val_bleu_max_sentences=32",
+        "train.log_every_n_steps=10",
+        "train.progress_bar=false",
+    )
+    metrics = run(cfg)
+
+    assert metrics["last"]["train/loss"] < 0.5
+    assert metrics["steps"] == 300
+    assert metrics["num_parameters"] > 0 and metrics["train/tokens_per_sec"] > 0
+    assert metrics["val/bleu"] is not None and metrics["best_step"] in (150, 300)
+    saved = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
+    assert saved == json.loads(json.dumps(metrics))
+
+    # Checkpoints: last + the newest and the best by val/bleu, loadable on their own.
+    names = sorted(p.name for p in checkpoint_dir(cfg.paths.train_dir).glob("*.ckpt"))
+    assert names[-1] == LAST_NAME
+    assert "step-0000150.ckpt" in names and "step-0000300.ckpt" in names
+    assert len([n for n in names if n.startswith("best-step-")]) == 2
+    assert [p.name for p in select_checkpoints(cfg.paths.train_dir, 1, "last")] == [
+        "step-0000300.ckpt"
+    ]
+    module = TranslationModule.load_from_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
+    assert module.cfg == cfg
+
+    # DVCLive learning curves (what `dvc plots` reads) and the PNG.
+    live = Path(cfg.paths.plots_dir) / "train"
+    rows = (live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
+    assert rows[0] == "step\tloss" and rows[1].startswith("10\t") and rows[-1].startswith("300\t")
+    assert (live / "plots" / "metrics" / "val" / "bleu.tsv").exists()
+    assert (live / "learning_curve.png").stat().st_size > 0
+
+    # One offline W&B run with the full config and the training history.
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+    wandb_run = read_offline_run(run_dir)
+    assert wandb_run["complete"]
+    assert wandb_run["config"] == config_lib.to_dict(cfg)
+    assert wandb_run["run"]["job_type"] == "train"
+    logged = [row for row in wandb_run["history"] if "train/loss" in row]
+    assert [row["trainer/global_step"] for row in logged] == list(range(10, 301, 10))
+    assert logged[-1]["train/loss"] == pytest.approx(metrics["last"]["train/loss"])
+    for row in logged:
+        assert row["lr"] == pytest.approx(
+            inverse_sqrt_rate(
+                row["trainer/global_step"], d_model=64, warmup_steps=40, factor=0.3
+            )  # fmt: skip
+        )
+    assert wandb_run["summary"]["best/val/bleu"] == pytest.approx(metrics["val/bleu"])
+
+
+@pytest.mark.slow
+def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config):
+    common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3"]
+    steps = 6
+    interrupted = train_config(*common, f"train.max_steps={steps}", name="interrupted")
+    per_epoch = _train_batches_per_epoch(interrupted)
+    assert steps % per_epoch != 0 and 2 * steps > per_epoch  # stops mid-epoch, then crosses one
+
+    run(interrupted)
+    assert (
+        read_checkpoint(checkpoint_dir(interrupted.paths.train_dir) / LAST_NAME)["global_step"]
+        == steps
+    )
+    resumed_cfg = copy.deepcopy(interrupted)
+    resumed_cfg.train.max_steps = 2 * steps
+    recorder = RecordBatches()
+    resumed = run(resumed_cfg, callbacks=[recorder])
+    assert resumed["resumed_from"].endswith(LAST_NAME)
+
+    straight_cfg = train_config(*common, f"train.max_steps={2 * steps}", name="straight")
+    straight_recorder = RecordBatches()
+    straight = run(straight_cfg, callbacks=[straight_recorder])
+
+    assert recorder.batches == straight_recorder.batches[steps:]  # no batch skipped or repeated
+    assert resumed["steps"] == straight["steps"] == 2 * steps
+    a = read_checkpoint(checkpoint_dir(resumed_cfg.paths.train_dir) / LAST_NAME)
+    b = read_checkpoint(checkpoint_dir(straight_cfg.paths.train_dir) / LAST_NAME)
+    assert a["global_step"] == b["global_step"] == 2 * steps
+    assert a["epoch"] == b["epoch"]
+    for key, tensor in b["state_dict"].items():
+        torch.testing.assert_close(a["state_dict"][key], tensor, atol=1e-6, rtol=0)
+    assert a["lr_schedulers"][0]["_last_lr"] == b["lr_schedulers"][0]["_last_lr"]
+    lr_a = a["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert lr_a == b["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert [r["step"] for r in a["history"]] == [r["step"] for r in b["history"]]
+    assert resumed["val/loss"] == pytest.approx(straight["val/loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
+    train_config,
+):
+    class PoisonWeights(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            if trainer.global_step == 4:  # the batch of optimizer step 5
+                with torch.no_grad():
+                    module.model.output_projection.weight.fill_(float("nan"))
+
+    cfg = train_config(*TINY, "train.max_steps=20", "train.val_check_interval=2",
+                       "train.log_every_n_steps=2", "train.val_bleu=false")  # fmt: skip
+    with pytest.raises(DivergedError, match="NaN/inf at step 5.*last good checkpoint .*last.ckpt"):
+        run(cfg, callbacks=[PoisonWeights()])
+    last = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
+    assert last["global_step"] == 4
+    assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # the W&B run was closed, not left open
+    assert read_offline_run(run_dir)["complete"]
+
+
+@pytest.mark.slow
+def test_accumulation_counts_validation_and_schedule_in_optimizer_steps(train_config):
+    cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=4",
+                       "train.val_check_interval=2", "train.log_every_n_steps=1",
+                       "train.val_bleu=false")  # fmt: skip
+    recorder = RecordBatches()
+    metrics = run(cfg, callbacks=[recorder])
+    assert metrics["steps"] == 4 and len(recorder.batches) == 8  # 2 batches per step
+    history = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["history"]
+    assert [r["step"] for r in history if "val/loss" in r] == [2, 4]
+    logged_lr = [(r["step"], r["lr"]) for r in history if "lr" in r]
+    assert logged_lr == [
+        (s, pytest.approx(inverse_sqrt_rate(s, d_model=32, warmup_steps=4, factor=0.5)))
+        for s in range(1, 5)
+    ]
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from lightning.pytorch.callbacks import Callback
+    from pipeline.config import from_dict
+    from pipeline.training.trainer import run
+
+    class Record(Callback):
+        def __init__(self):
+            self.batches = []
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batches.append((trainer.current_epoch, batch["ids"].tolist()))
+        def on_train_end(self, trainer, module):
+            torch.save({"batches": self.batches, "world_size": trainer.world_size,
+                        "state_dict": module.model.state_dict()},
+                       f"{sys.argv[2]}/rank{trainer.global_rank}.pt")
+
+    with open(sys.argv[1]) as f:
+        cfg = from_dict(json.load(f))
+    run(cfg, callbacks=[Record()])
+    """
+)
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(train_config, tmp_path):
+    cfg = train_config(*TINY, "train.accelerator=cpu", "train.devices=2", "train.max_steps=8",
+                       "train.val_check_interval=4", "train.log_every_n_steps=2")  # fmt: skip
+    (tmp_path / "cfg.json").write_text(json.dumps(config_lib.to_dict(cfg)))
+    (tmp_path / "ddp_run.py").write_text(DDP_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "ddp_run.py", "cfg.json", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+
+    # Epoch 0: disjoint halves that together hold every training pair once.
+    first_epoch = [[i for epoch, ids in r["batches"] if epoch == 0 for i in ids] for r in ranks]
+    assert not set(first_epoch[0]) & set(first_epoch[1])
+    assert sorted(first_epoch[0] + first_epoch[1]) == list(range(200))
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == 8
+    # Identical weights on both ranks after training (DDP averaged every gradient).
+    for key, tensor in ranks[0]["state_dict"].items():
+        assert torch.equal(tensor, ranks[1]["state_dict"][key]), key
+
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # exactly one W&B run
+    wandb_run = read_offline_run(run_dir)
+    assert any("train/loss" in row for row in wandb_run["history"])
+    metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 8
+    assert metrics["val/bleu"] is not None
