@@ -145,10 +145,13 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
 
     def _split_heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
-        # (B, T, parts * d_model) -> parts x (B, h, T, d_k); views, no copy.
+        # (B, T, parts * d_model) -> parts x (B, h, T, d_k), all views. Splitting the last dim
+        # (rather than unbinding a stacked dim) keeps the backward to one concatenation.
         batch, length, _ = x.shape
-        x = x.view(batch, length, parts, self.heads, self.d_k)
-        return x.permute(2, 0, 3, 1, 4).unbind(0)
+        return tuple(
+            part.view(batch, length, self.heads, self.d_k).transpose(1, 2)
+            for part in x.split(self.d_model, dim=-1)
+        )
 
     def forward(
         self,

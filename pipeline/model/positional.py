@@ -11,8 +11,6 @@ decoding ask for the one new position at each step. Positions must stay below
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -62,7 +60,10 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.max_positions = max_positions
         self.table = nn.Embedding(max_positions, d_model)
-        nn.init.normal_(self.table.weight, mean=0.0, std=math.sqrt(1.0 / d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, mean=0.0, std=self.table.embedding_dim**-0.5)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """-> (length, d_model): learned rows for positions offset .. offset + length - 1."""

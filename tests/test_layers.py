@@ -1,0 +1,171 @@
+"""Sections 3.1 and 3.3: layers against torch.nn.TransformerEncoderLayer / DecoderLayer with copied
+weights, and the FFN against its formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.config import ModelConfig
+from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
+from pipeline.model.layers import (
+    DecoderLayer,
+    DecoderLayerCache,
+    EncoderLayer,
+    PositionwiseFeedForward,
+    ResidualNorm,
+)
+
+
+def small_config(**overrides) -> ModelConfig:
+    values = dict(d_model=16, heads=4, d_ff=32, dropout=0.0, encoder_layers=2, decoder_layers=2)
+    return ModelConfig(**{**values, **overrides})
+
+
+def randomize(module: nn.Module) -> None:
+    """Non-trivial biases and LayerNorm affines, so that a mix-up in copying shows."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.dim() == 1:
+                param.normal_(mean=1.0 if name.endswith("norm.weight") else 0.0, std=0.5)
+
+
+def _copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+    theirs.in_proj_weight.copy_(ours.in_proj.weight)
+    theirs.in_proj_bias.copy_(ours.in_proj.bias)
+    theirs.out_proj.weight.copy_(ours.out_proj.weight)
+    theirs.out_proj.bias.copy_(ours.out_proj.bias)
+
+
+def _copy_ffn(ours: PositionwiseFeedForward, theirs: nn.Module) -> None:
+    theirs.linear1.load_state_dict(ours.linear1.state_dict())
+    theirs.linear2.load_state_dict(ours.linear2.state_dict())
+
+
+@torch.no_grad()
+def copy_encoder_layer(ours: EncoderLayer, theirs: nn.TransformerEncoderLayer) -> None:
+    _copy_attention(ours.self_attn, theirs.self_attn)
+    _copy_ffn(ours.ffn, theirs)
+    theirs.norm1.load_state_dict(ours.self_attn_residual.norm.state_dict())
+    theirs.norm2.load_state_dict(ours.ffn_residual.norm.state_dict())
+
+
+@torch.no_grad()
+def copy_decoder_layer(ours: DecoderLayer, theirs: nn.TransformerDecoderLayer) -> None:
+    _copy_attention(ours.self_attn, theirs.self_attn)
+    _copy_attention(ours.cross_attn, theirs.multihead_attn)
+    _copy_ffn(ours.ffn, theirs)
+    theirs.norm1.load_state_dict(ours.self_attn_residual.norm.state_dict())
+    theirs.norm2.load_state_dict(ours.cross_attn_residual.norm.state_dict())
+    theirs.norm3.load_state_dict(ours.ffn_residual.norm.state_dict())
+
+
+def torch_layer_kwargs(cfg: ModelConfig) -> dict:
+    return dict(
+        d_model=cfg.d_model,
+        nhead=cfg.heads,
+        dim_feedforward=cfg.d_ff,
+        dropout=0.0,
+        activation="relu",
+        batch_first=True,
+        norm_first=cfg.norm_first,
+    )
+
+
+def lengths_to_padding(lengths: list[int], max_len: int) -> torch.Tensor:
+    return torch.arange(max_len)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+def test_ffn_is_the_formula():
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(8, 20)
+    x = torch.randn(2, 3, 8)
+    w1, b1, w2, b2 = ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight, ffn.linear2.bias
+    expected = torch.clamp(x @ w1.T + b1, min=0) @ w2.T + b2  # max(0, x W1 + b1) W2 + b2
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_activation_dropout_acts_after_relu_in_training_only():
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(8, 64, activation_dropout=0.5)
+    x = torch.randn(4, 8)
+    hidden = []
+    ffn.linear2.register_forward_pre_hook(lambda module, args: hidden.append(args[0]))
+    ffn.train()(x)
+    ffn.eval()(x)
+    train_hidden, eval_hidden = hidden
+    assert (eval_hidden >= 0).all()
+    zeroed = (train_hidden == 0) & (eval_hidden > 0)
+    assert 0.3 < zeroed.float().sum() / (eval_hidden > 0).sum() < 0.7
+    kept = train_hidden != 0
+    torch.testing.assert_close(train_hidden[kept], 2 * eval_hidden[kept])  # 1 / (1 - p)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_residual_norm_order(norm_first):
+    torch.manual_seed(0)
+    block = ResidualNorm(6, dropout=0.0, norm_first=norm_first)
+    randomize(block)
+    x, y = torch.randn(2, 6), torch.randn(2, 6)
+    norm = block.norm
+    if norm_first:
+        torch.testing.assert_close(block.sublayer_input(x), norm(x))
+        torch.testing.assert_close(block(x, y), x + y)
+    else:
+        torch.testing.assert_close(block.sublayer_input(x), x)
+        torch.testing.assert_close(block(x, y), norm(x + y))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_matches_torch(norm_first):
+    torch.manual_seed(1)
+    cfg = small_config(norm_first=norm_first)
+    ours = EncoderLayer(cfg).eval()
+    randomize(ours)
+    theirs = nn.TransformerEncoderLayer(**torch_layer_kwargs(cfg)).train()  # train: no fast path
+    copy_encoder_layer(ours, theirs)
+    x, pad = torch.randn(3, 7, cfg.d_model), lengths_to_padding([7, 5, 2], 7)
+    out = ours(x, padding_attention_mask(pad))
+    expected = theirs(x, src_key_padding_mask=pad)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_matches_torch(norm_first):
+    torch.manual_seed(2)
+    cfg = small_config(norm_first=norm_first)
+    ours = DecoderLayer(cfg).eval()
+    randomize(ours)
+    theirs = nn.TransformerDecoderLayer(**torch_layer_kwargs(cfg)).train()
+    copy_decoder_layer(ours, theirs)
+    x, memory = torch.randn(3, 5, cfg.d_model), torch.randn(3, 7, cfg.d_model)
+    memory_pad = lengths_to_padding([7, 4, 1], 7)
+    out, weights = ours(x, memory, padding_attention_mask(memory_pad), need_weights=True)
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    expected = theirs(x, memory, tgt_mask=causal, memory_key_padding_mask=memory_pad)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert weights.shape == (3, cfg.heads, 5, 7)
+    assert torch.all(weights[2, :, :, 1:] == 0)  # only one real source token in sentence 2
+
+
+def test_decoder_layer_incremental_equals_full():
+    torch.manual_seed(3)
+    cfg = small_config()
+    layer = DecoderLayer(cfg).eval()
+    x, memory = torch.randn(2, 6, cfg.d_model), torch.randn(2, 4, cfg.d_model)
+    mask = padding_attention_mask(lengths_to_padding([4, 3], 4))
+    full, _ = layer(x, memory, mask)
+    cache = DecoderLayerCache()
+    steps = [layer(x[:, t : t + 1], memory, mask, cache=cache)[0] for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_sublayer_dropout_active_in_training():
+    torch.manual_seed(4)
+    layer = EncoderLayer(small_config(dropout=0.5))
+    x, mask = torch.randn(2, 5, 16), padding_attention_mask(lengths_to_padding([5, 5], 5))
+    layer.train()
+    assert not torch.allclose(layer(x, mask), layer(x, mask))
+    layer.eval()
+    torch.testing.assert_close(layer(x, mask), layer(x, mask))

@@ -1,0 +1,229 @@
+"""Sections 3 and 3.4: the whole model against torch.nn.Transformer with copied weights (the
+oracle), embeddings/tying/initialisation, incremental decoding and cross-attention weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.errors import ConfigError
+from pipeline.model.transformer import DecoderCache, Transformer
+from tests.test_layers import (
+    copy_decoder_layer,
+    copy_encoder_layer,
+    lengths_to_padding,
+    randomize,
+    small_config,
+)
+
+VOCAB, PAD = 50, 0
+
+
+def random_batch(src_lengths, tgt_lengths, seed=0):
+    """Padded src (B, S) and tgt_in (B, T) with tokens in [1, VOCAB), pads after the real tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, VOCAB, (len(src_lengths), max(src_lengths)), generator=gen)
+    tgt = torch.randint(1, VOCAB, (len(tgt_lengths), max(tgt_lengths)), generator=gen)
+    src[lengths_to_padding(src_lengths, src.size(1))] = PAD
+    tgt[lengths_to_padding(tgt_lengths, tgt.size(1))] = PAD
+    return src, tgt
+
+
+class TorchOracle(nn.Module):
+    """torch.nn.Transformer carrying our weights, fed our embeddings + positions, projected with
+    our output matrix: everything between embedding and logits is torch's own implementation."""
+
+    def __init__(self, ours: Transformer) -> None:
+        super().__init__()
+        cfg = ours.cfg
+        self.ours = ours
+        self.core = nn.Transformer(
+            d_model=cfg.d_model,
+            nhead=cfg.heads,
+            num_encoder_layers=cfg.encoder_layers,
+            num_decoder_layers=cfg.decoder_layers,
+            dim_feedforward=cfg.d_ff,
+            dropout=0.0,
+            activation="relu",
+            batch_first=True,
+            norm_first=cfg.norm_first,
+        )
+        for our_layer, their_layer in zip(ours.encoder_layers, self.core.encoder.layers):
+            copy_encoder_layer(our_layer, their_layer)
+        for our_layer, their_layer in zip(ours.decoder_layers, self.core.decoder.layers):
+            copy_decoder_layer(our_layer, their_layer)
+        if cfg.norm_first:
+            self.core.encoder.norm.load_state_dict(ours.encoder_norm.state_dict())
+            self.core.decoder.norm.load_state_dict(ours.decoder_norm.state_dict())
+        else:  # the paper's post-norm stacks end with their last sublayer's LayerNorm
+            self.core.encoder.norm = nn.Identity()
+            self.core.decoder.norm = nn.Identity()
+
+    def forward(self, src, tgt_in, mask_target_padding: bool):
+        ours = self.ours
+        src_pad, tgt_pad = src.eq(PAD), tgt_in.eq(PAD)
+        length = tgt_in.size(1)
+        causal = torch.ones(length, length, dtype=torch.bool).triu(1)  # True = not allowed
+        hidden = self.core(
+            ours.embed(ours.src_embed, src),
+            ours.embed(ours.tgt_embed, tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad if mask_target_padding else None,
+            memory_key_padding_mask=src_pad,
+        )
+        return hidden @ ours.output_projection.weight.T
+
+
+def make_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(small_config(**overrides), VOCAB, PAD).eval()
+    randomize(model)
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_logits_match_torch_transformer(norm_first, positional):
+    model = make_model(norm_first=norm_first, positional=positional, encoder_layers=3)
+    oracle = TorchOracle(model).train()  # train mode, dropout 0: torch's general (non-fast) path
+    for seed in range(3):
+        src, tgt_in = random_batch([9, 4, 1, 7], [6, 6, 2, 3], seed=seed)
+        logits = model(src, tgt_in)
+        assert logits.shape == (4, 6, VOCAB)
+        # Without target padding masks: every position agrees.
+        expected = oracle(src, tgt_in, mask_target_padding=False)
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+        # With torch's target key-padding mask: every real position agrees (the causal mask
+        # already hides the trailing padding from them, which is why we need no such mask).
+        expected = oracle(src, tgt_in, mask_target_padding=True)
+        real = tgt_in.ne(PAD)
+        torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_match_torch_transformer():
+    model = make_model()
+    oracle = TorchOracle(model).train()
+    src, tgt_in = random_batch([5, 3], [4, 2])
+    model(src, tgt_in).square().mean().backward()
+    ours = model.src_embed.weight.grad.clone()
+    model.zero_grad()
+    oracle(src, tgt_in, mask_target_padding=False).square().mean().backward()
+    torch.testing.assert_close(ours, model.src_embed.weight.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_fused_and_explicit_attention_models_agree():
+    fused = make_model()
+    explicit = Transformer(small_config(fused_attention=False), VOCAB, PAD).eval()
+    explicit.load_state_dict(fused.state_dict())
+    src, tgt_in = random_batch([6, 2, 4], [5, 1, 3])
+    torch.testing.assert_close(fused(src, tgt_in), explicit(src, tgt_in), atol=1e-5, rtol=1e-5)
+
+
+def test_embeddings_are_scaled_and_positioned():
+    model = make_model(dropout=0.0)
+    tokens = torch.tensor([[5, 7, PAD]])
+    expected = model.src_embed.weight[tokens] * math.sqrt(16) + model.positional.table[:3]
+    torch.testing.assert_close(model.embed(model.src_embed, tokens), expected)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = Transformer(small_config(), VOCAB, PAD)
+    matrix = model.src_embed.weight
+    assert model.tgt_embed.weight is matrix and model.output_projection.weight is matrix
+    untied = Transformer(small_config(tie_embeddings=False), VOCAB, PAD)
+    assert model.num_parameters() == untied.num_parameters() - 2 * VOCAB * 16
+    assert untied.tgt_embed.weight is not untied.src_embed.weight
+    state = model.state_dict()
+    assert "positional.table" not in state  # sinusoids are recomputed, not stored
+    fresh = Transformer(small_config(), VOCAB, PAD)
+    fresh.load_state_dict(state)
+    assert fresh.output_projection.weight is fresh.src_embed.weight
+
+
+def test_num_parameters_counts_the_architecture():
+    d, ff, V, n = 16, 32, VOCAB, 2
+    attention = 4 * d * d + 4 * d
+    ffn = 2 * d * ff + ff + d
+    norm = 2 * d
+    encoder = n * (attention + ffn + 2 * norm)
+    decoder = n * (2 * attention + ffn + 3 * norm)
+    model = Transformer(small_config(), V, PAD)
+    assert model.num_parameters() == V * d + encoder + decoder
+    pre_norm = Transformer(small_config(norm_first=True), V, PAD)
+    assert pre_norm.num_parameters() == V * d + encoder + decoder + 2 * norm
+
+
+def test_initialisation():
+    torch.manual_seed(0)
+    cfg = small_config(d_model=64, d_ff=128, tie_embeddings=False)
+    model = Transformer(cfg, 2000, PAD)
+    emb = model.src_embed.weight
+    assert torch.all(emb[PAD] == 0)
+    assert emb[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    assert model.output_projection.weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
+    w1 = model.encoder_layers[0].ffn.linear1.weight  # xavier: U(+-sqrt(6 / (fan_in + fan_out)))
+    bound = math.sqrt(6 / (64 + 128))
+    assert w1.abs().max() <= bound and w1.abs().max() > 0.95 * bound
+    assert torch.all(model.encoder_layers[0].ffn.linear1.bias == 0)
+
+
+def test_max_positions_error_names_the_key():
+    model = Transformer(small_config(max_positions=8), VOCAB, PAD)
+    src, tgt_in = random_batch([9], [3])
+    with pytest.raises(ConfigError, match="model.max_positions"):
+        model(src, tgt_in)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_equals_full_decoding(norm_first):
+    model = make_model(norm_first=norm_first)
+    src, tgt_in = random_batch([6, 3], [7, 7], seed=1)
+    memory, src_pad = model.encode(src)
+    full = model.decode(tgt_in, memory, src_pad)
+    cache = DecoderCache()
+    steps = [model.decode(tgt_in[:, : t + 1], memory, src_pad, cache) for t in range(7)]
+    assert all(step.shape == (2, 1, VOCAB) for step in steps)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 7
+
+
+def test_cache_reorders_beams():
+    model = make_model()
+    src, tgt_in = random_batch([5], [4], seed=2)
+    memory, src_pad = model.encode(src.expand(2, -1))  # one sentence, two beams
+    prefixes = torch.stack([tgt_in[0], tgt_in[0].flip(0)])  # (2, 4), different hypotheses
+    cache = DecoderCache()
+    model.decode(prefixes[:, :3], memory, src_pad, cache)
+    cache.reorder_beams(torch.tensor([1, 1]))  # both beams now continue hypothesis 1
+    continued = torch.cat([prefixes[[1, 1], :3], tgt_in[:, 3:].expand(2, -1)], dim=1)
+    last = model.decode(continued, memory, src_pad, cache)  # (2, 1, V)
+    expected = model.decode(continued, memory, src_pad)[:, -1:]
+    torch.testing.assert_close(last, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_weights():
+    model = make_model()
+    src, tgt_in = random_batch([6, 4], [5, 3], seed=3)
+    src, tgt_in = src[1:], tgt_in[1:]  # (1, 6) with 2 pads, (1, 5)
+    weights = model.cross_attention_weights(src, tgt_in)
+    assert weights.shape == (2, 4, 5, 6)  # (layers, heads, T, S)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+    assert torch.all(weights[..., 4:] == 0)
+    # The weights are the ones the forward pass uses: recompute layer 0 with torch's MHA.
+    memory, src_pad = model.encode(src)
+    layer = model.decoder_layers[0]
+    x = model.embed(model.tgt_embed, tgt_in)
+    y, _ = layer.self_attn(x, causal=True)
+    x = layer.self_attn_residual(x, y)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True)
+    from tests.test_layers import _copy_attention
+
+    with torch.no_grad():
+        _copy_attention(layer.cross_attn, mha)
+    _, expected = mha(x, memory, memory, key_padding_mask=src_pad, average_attn_weights=False)
+    torch.testing.assert_close(weights[0], expected[0], atol=1e-5, rtol=1e-5)
