@@ -94,7 +94,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint on the CPU; a truncated or foreign file raises DataError naming it."""
     path = Path(path)
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
         raise DataError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err})") from None
     missing = [

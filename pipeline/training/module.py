@@ -23,6 +23,7 @@ from torchmetrics import MeanMetric, Metric
 
 from pipeline.config import Config, from_dict, to_dict
 from pipeline.errors import PipelineError
+from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import Transformer
 
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
@@ -87,8 +88,15 @@ class CorpusBleu(Metric):
 
 
 def _rng_states() -> dict:
-    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-              "python": random.getstate()}  # fmt: skip
+    """The random streams dropout and data code draw from, as plain types and tensors (so
+    checkpoints load with `torch.load(weights_only=True)`)."""
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss,
+                  cached_gaussian],
+        "python": random.getstate(),
+    }  # fmt: skip
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -96,7 +104,9 @@ def _rng_states() -> dict:
 
 def _set_rng_states(states: dict) -> None:
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
+    kind, keys, position, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss,
+                         cached_gaussian))  # fmt: skip
     random.setstate(states["python"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -223,11 +233,16 @@ class TranslationModule(L.LightningModule):
         )
 
     def on_train_start(self) -> None:
-        if self._rng_to_restore is not None:  # resume: continue the random streams exactly
-            _set_rng_states(self._rng_to_restore)
-            self._rng_to_restore = None
         self._window_start = time.perf_counter()
         self._last_step = self.trainer.global_step
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # Resume: continue the random streams (dropout) exactly where the checkpoint left
+        # them. Not earlier: starting a DataLoader iterator draws a seed from the global RNG,
+        # and the resumed run starts one (mid-epoch) where the uninterrupted run did not.
+        if self._rng_to_restore is not None:
+            _set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         step = self.trainer.global_step
@@ -296,8 +311,6 @@ class TranslationModule(L.LightningModule):
         keep = ids.lt(limit) if limit is not None else torch.ones_like(ids, dtype=torch.bool)
         if not bool(keep.any()):
             return
-        from pipeline.model.decoding import greedy_decode  # TODO top-level once it lands
-
         e = self.cfg.eval
         hypotheses = greedy_decode(
             self.model,
