@@ -81,3 +81,24 @@ def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_lib.Config:
     prepare(cfg)
     tokenize(cfg)
     return cfg
+
+
+# ---- evaluation fixtures (owner: evaluation agent) -----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_lib.Config:
+    """`tokenized_smoke` trained once per session by `trainer.run` (experiment=smoke: 40 steps,
+    step checkpoints at 20 and 40); paths.train_dir etc. in a session tmp dir. Read-only:
+    `copy.deepcopy` it and point eval_dir/metrics_dir/plots_dir/wandb_dir elsewhere to write."""
+    import copy
+
+    from pipeline.training.trainer import run
+
+    cfg = copy.deepcopy(tokenized_smoke)
+    root = tmp_path_factory.mktemp("trained_smoke")
+    for name in ("train_dir", "eval_dir", "metrics_dir", "plots_dir", "wandb_dir"):
+        setattr(cfg.paths, name, str(root / name))
+    cfg.train.progress_bar = False
+    run(cfg)
+    return cfg

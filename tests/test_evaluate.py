@@ -5,9 +5,12 @@ W&B offline files."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image
 import pytest
 import torch
 
@@ -17,13 +20,13 @@ from pipeline.evaluation import evaluate
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 
 
-# Where a run writes; prepared + tokenized stay those of the shared (read-only) smoke data.
-RUN_OUTPUTS = ("train_dir", "eval_dir", "metrics_dir", "plots_dir", "wandb_dir")
+# Where evaluate writes; data and checkpoints stay those of the shared (read-only) fixture.
+RUN_OUTPUTS = ("eval_dir", "metrics_dir", "plots_dir", "wandb_dir")
 
 
-def eval_config(tokenized_smoke, root: Path, *overrides: tuple[str, object]):
-    """A private copy of the smoke config whose outputs go under `root`."""
-    cfg = copy.deepcopy(tokenized_smoke)
+def eval_config(base, root: Path, *overrides: tuple[str, object]):
+    """A private copy of a fixture's config whose evaluation outputs go under `root`."""
+    cfg = copy.deepcopy(base)
     for name in RUN_OUTPUTS:
         setattr(cfg.paths, name, str(root / name))
     for key, value in overrides:
@@ -96,6 +99,7 @@ def test_wandb_metric_names(make_config):
 
 def test_missing_prepared_split_is_named(tokenized_smoke, tmp_path):
     cfg = eval_config(tokenized_smoke, tmp_path, ("splits", ["val", "test_2017_flickr"]))
+    cfg.paths.train_dir = str(tmp_path / "train")
     with pytest.raises(
         DataError, match="'test_2017_flickr' has no prepared text.*data.test_splits"
     ):
@@ -104,9 +108,182 @@ def test_missing_prepared_split_is_named(tokenized_smoke, tmp_path):
 
 def test_missing_checkpoints_say_to_train(tokenized_smoke, tmp_path):
     cfg = eval_config(tokenized_smoke, tmp_path)
+    cfg.paths.train_dir = str(tmp_path / "train")
     with pytest.raises(DataError, match="train"):
         evaluate.run(cfg)
     cfg.eval.checkpoint = str(tmp_path / "nowhere.ckpt")
     with pytest.raises(DataError, match="eval.checkpoint=.*nowhere.ckpt: file not found"):
         evaluate.run(cfg)
     assert not Path(cfg.paths.eval_dir).exists()  # nothing half-written
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def read_text_lines(path) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def sacrebleu_cli(ref: Path, hyp: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [str(SACREBLEU_CLI), str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "ter"]
+        + ["-w", "4", "-f", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    names = {"BLEU": "bleu", "chrF2": "chrf", "TER": "ter"}
+    return {names[entry["name"]]: entry["score"] for entry in json.loads(out)}
+
+
+def averaged_state(paths) -> dict[str, torch.Tensor]:
+    """The reference average, computed here from the raw checkpoint files."""
+    states = [torch.load(p, map_location="cpu", weights_only=False)["state_dict"] for p in paths]
+    return {
+        key: torch.stack([s[key].double() for s in states]).mean(0).to(states[0][key].dtype)
+        if states[0][key].is_floating_point()
+        else states[0][key]
+        for key in states[0]
+    }
+
+
+@pytest.mark.slow
+def test_evaluate_end_to_end(trained_smoke, tmp_path):
+    from pipeline.tracking import offline_run_dirs, read_offline_run
+
+    # 40 steps of training leave a model whose beams end at once (eos is its likeliest first
+    # token after "."): beam 1, i.e. greedy, still writes non-empty lines to compare.
+    cfg = eval_config(
+        trained_smoke, tmp_path, ("average", 2), ("average_by", "last"), ("beam_size", 1)
+    )
+    assert cfg.eval.splits == ["val", "test_2016_flickr"]
+    results = evaluate.run(cfg)
+
+    # eval.json, keyed by split, is what run() returns; numbers flat per split for DVC.
+    written = json.loads((Path(cfg.paths.metrics_dir) / "eval.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    assert written["checkpoints_averaged"] == 2
+    assert (
+        "tok:13a" in written["signatures"]["bleu"] and "case:lc" in written["signatures"]["bleu_lc"]
+    )
+    eval_dir, prepared = Path(cfg.paths.eval_dir), Path(cfg.paths.prepared)
+    for split in cfg.eval.splits:
+        metrics = written[split]
+        assert set(metrics) == {"bleu", "bleu_lc", "chrf", "ter", "sentences"}
+        hypotheses = read_text_lines(eval_dir / f"{split}.hyp")
+        sources = read_text_lines(prepared / f"{split}.en")
+        assert len(hypotheses) == len(sources) == metrics["sentences"]  # one line per source
+        assert sum(bool(h) for h in hypotheses) > len(hypotheses) // 2  # it did translate
+        # The scores are the sacrebleu command line's on the same files.
+        cli = sacrebleu_cli(prepared / f"{split}.de", eval_dir / f"{split}.hyp")
+        assert {key: round(metrics[key], 4) for key in cli} == cli
+    assert not (eval_dir / "val.nbest").exists()  # nbest=1
+
+    # Averaging: model.ckpt holds the mean of the two newest step checkpoints.
+    checkpoint_dir = Path(cfg.paths.train_dir) / "checkpoints"
+    newest = sorted(checkpoint_dir.glob("step-*.ckpt"))[-2:]
+    assert len(newest) == 2
+    saved = torch.load(eval_dir / "model.ckpt", map_location="cpu", weights_only=False)
+    assert sorted(saved["averaged_from"]) == sorted(str(p) for p in newest)
+    assert "optimizer_states" not in saved
+    expected = averaged_state(newest)
+    assert saved["state_dict"].keys() == expected.keys()
+    for key, tensor in expected.items():
+        torch.testing.assert_close(saved["state_dict"][key], tensor, rtol=0, atol=1e-6)
+    single = torch.load(newest[-1], map_location="cpu", weights_only=False)["state_dict"]
+    assert any(not torch.equal(single[k], expected[k]) for k in expected)  # really averaged
+
+    # Heatmaps: eval.heatmaps PNGs of the benchmark split, a layers x heads grid each.
+    model = evaluate.load_model(eval_dir / "model.ckpt")
+    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model)
+    pngs = sorted((Path(cfg.paths.plots_dir) / "attention").glob("*.png"))
+    indices = evaluate.sample_indices(cfg.eval.heatmaps, 1000)
+    assert [p.name for p in pngs] == [f"test_2016_flickr_{i:04d}.png" for i in indices]
+    test_sources = read_text_lines(prepared / "test_2016_flickr.en")
+    test_hyps = read_text_lines(eval_dir / "test_2016_flickr.hyp")
+    test_refs = read_text_lines(prepared / "test_2016_flickr.de")
+    for i, png in zip(indices, pngs):
+        src_ids = tokenizer.encode(test_sources[i])
+        (translation,) = evaluate.translate_ids(model, tokenizer, [src_ids], cfg.eval)
+        assert translation.best == test_hyps[i]
+        hyp_ids = translation.tokens[0]  # the generated pieces (re-encoding may merge them)
+        title = f"test_2016_flickr #{i}: {test_sources[i]}"
+        redrawn = tmp_path / "redrawn.png"
+        weights = evaluate.attention_heatmap(model, tokenizer, src_ids, hyp_ids, redrawn, title)
+        layers, heads = cfg.model.decoder_layers, cfg.model.heads
+        assert weights.shape == (layers, heads, len(hyp_ids) + 1, len(src_ids))
+        assert (weights >= 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+        # Padding the source must not move any weight onto the pad keys.
+        padded = torch.tensor([src_ids + [tokenizer.pad_id] * 3])
+        tgt_in = torch.tensor([[tokenizer.bos_id, *hyp_ids]])
+        padded_weights = model.cross_attention_weights(padded, tgt_in)
+        assert padded_weights[..., len(src_ids) :].abs().max() == 0
+        torch.testing.assert_close(padded_weights[..., : len(src_ids)], weights)
+        # The stage's PNG is exactly this drawing of these weights.
+        assert (matplotlib.image.imread(png) == matplotlib.image.imread(redrawn)).all()
+
+    # W&B offline run: scores under the contract's names, samples table, heatmap images.
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+    run = read_offline_run(run_dir)
+    assert run["run"]["job_type"] == "eval"
+    summary = run["summary"]
+    assert summary["test/bleu"] == pytest.approx(written["test_2016_flickr"]["bleu"])
+    assert summary["eval/val/chrf"] == pytest.approx(written["val"]["chrf"])
+    (logged,) = [row for row in run["history"] if "eval/samples" in row]
+    assert logged["eval/samples"]["nrows"] == min(cfg.eval.samples, 1000)
+    for png in pngs:
+        image = logged[f"eval/attention/{png.stem}"]
+        assert image["_type"] == "image-file" and image["caption"].startswith("test_2016_flickr #")
+        logged_png = matplotlib.image.imread(run_dir / "files" / image["path"])
+        assert (logged_png == matplotlib.image.imread(png)).all()
+    table = json.loads((run_dir / "files" / logged["eval/samples"]["path"]).read_text())
+    assert table["columns"] == ["split", "index", "source", "reference", "hypothesis"]
+    for split, i, source, reference, hypothesis in table["data"]:
+        assert split == "test_2016_flickr"
+        assert (source, reference, hypothesis) == (test_sources[i], test_refs[i], test_hyps[i])
+
+
+@pytest.mark.slow
+def test_evaluate_one_checkpoint_with_nbest_into_a_given_run(trained_smoke, tmp_path):
+    """eval.checkpoint, no averaging, n-best lists, a sweep trial's W&B run left open."""
+    from pipeline.tracking import offline_run_dirs, read_offline_run, start_wandb_run
+
+    best = sorted((Path(trained_smoke.paths.train_dir) / "checkpoints").glob("best-*.ckpt"))[-1]
+    cfg = eval_config(
+        trained_smoke,
+        tmp_path,
+        ("checkpoint", str(best)),
+        ("splits", ["val"]),
+        ("nbest", 2),
+        ("heatmaps", 1),
+        ("samples", 3),
+    )
+    run = start_wandb_run(cfg, job_type="trial")
+    results = evaluate.run(cfg, wandb_run=run)
+    run.log({"after_eval": 1.0})  # still open: the trial finishes it
+    run.finish()
+
+    assert results["checkpoints_averaged"] == 1 and set(results) >= {"val"}
+    assert "test_2016_flickr" not in results
+    eval_dir = Path(cfg.paths.eval_dir)
+    saved = torch.load(eval_dir / "model.ckpt", map_location="cpu", weights_only=False)
+    original = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+    assert all(torch.equal(saved["state_dict"][k], v) for k, v in original.items())
+
+    hypotheses = read_text_lines(eval_dir / "val.hyp")
+    nbest = [line.split("\t") for line in read_text_lines(eval_dir / "val.nbest")]
+    assert len(nbest) == 2 * len(hypotheses)  # beam 2 always yields 2 finished hypotheses
+    for k, hypothesis in enumerate(hypotheses):
+        (i1, s1, t1), (i2, s2, _) = nbest[2 * k], nbest[2 * k + 1]
+        assert int(i1) == int(i2) == k and t1 == hypothesis
+        assert float(s1) >= float(s2)  # best first
+    assert [p.name for p in (Path(cfg.paths.plots_dir) / "attention").glob("*.png")] == [
+        "val_0000.png"
+    ]
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+    logged = read_offline_run(run_dir)
+    assert logged["run"]["job_type"] == "trial"
+    assert logged["summary"]["eval/val/bleu"] == pytest.approx(results["val"]["bleu"])
+    assert "test/bleu" not in logged["summary"]
+    assert logged["summary"]["after_eval"] == 1.0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
+import pytest
+import torch
 from omegaconf import OmegaConf
 
 from pipeline.config import to_dict
@@ -67,3 +70,89 @@ def test_bad_beam_is_a_usage_error(tmp_path):
     result = run_translate("--beam", "0")
     assert result.returncode == 2
     assert "--beam: must be >= 1" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def smoke_model(trained_smoke, tmp_path_factory) -> tuple[Path, Path]:
+    """params.yaml of the trained smoke run and the model.ckpt evaluate would write."""
+    from pipeline.evaluation.evaluate import source_checkpoints, write_model_checkpoint
+
+    root = tmp_path_factory.mktemp("translate")
+    checkpoint = root / "model.ckpt"
+    write_model_checkpoint(source_checkpoints(trained_smoke), checkpoint)
+    return write_params(trained_smoke, root / "params.yaml"), checkpoint
+
+
+def in_process_translations(cfg, checkpoint: Path, sentences: list[str], beam: int) -> list[str]:
+    """The evaluate stage's decoding of the same sentences (prepare's normalisation applied)."""
+    import dataclasses
+
+    from pipeline.data.corpus import normalize
+    from pipeline.evaluation import evaluate
+
+    model = evaluate.load_model(checkpoint)
+    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model)
+    eval_cfg = dataclasses.replace(cfg.eval, beam_size=beam, nbest=1)
+    src_ids = tokenizer.encode_batch([normalize(s) for s in sentences])
+    return [t.best for t in evaluate.translate_ids(model, tokenizer, src_ids, eval_cfg)]
+
+
+@pytest.mark.slow
+def test_translate_stdin_matches_the_evaluate_stage(trained_smoke, smoke_model):
+    params, checkpoint = smoke_model
+    val = (Path(trained_smoke.paths.prepared) / "val.en").read_text(encoding="utf-8")
+    sentences = val.split("\n")[:6]
+    # Messy input: extra spaces, a tab, NFD umlaut; and an empty line that must stay a line.
+    messy = ["  " + sentences[0] + "  ", sentences[1].replace(" ", " \t ", 1), "", *sentences[2:]]
+    messy.append(unicodedata.normalize("NFD", "A man in a café."))
+    # Beam 1: the 40-step smoke model's wider beams end at once (empty lines prove little).
+    result = run_translate(
+        "--params", str(params), "--checkpoint", str(checkpoint), "--beam", "1",
+        stdin="\n".join(messy) + "\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == len(messy)  # one line out per line in
+    outputs = lines[:-1]
+    assert outputs[2] == "" and all(o for k, o in enumerate(outputs) if k != 2)
+    expected = in_process_translations(trained_smoke, checkpoint, [m for m in messy if m], beam=1)
+    assert [o for k, o in enumerate(outputs) if k != 2] == expected
+    # Normalisation made the messy lines translate like the clean ones.
+    clean = in_process_translations(trained_smoke, checkpoint, sentences[:2], beam=1)
+    assert outputs[:2] == clean
+
+
+@pytest.mark.slow
+def test_translate_files_with_beam_one_is_greedy(trained_smoke, smoke_model, tmp_path):
+    from pipeline.data.tokenizer import Tokenizer
+    from pipeline.evaluation import evaluate
+    from pipeline.model.decoding import greedy_decode
+
+    params, checkpoint = smoke_model
+    test = (Path(trained_smoke.paths.prepared) / "test_2016_flickr.en").read_text(encoding="utf-8")
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(test.split("\n")[:8]) + "\n", encoding="utf-8")
+    output = tmp_path / "out" / "translated.de"
+    result = run_translate(
+        "--params", str(params), "--checkpoint", str(checkpoint),
+        "--input", str(source), "--output", str(output), "--beam", "1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    translated = output.read_text(encoding="utf-8").split("\n")[:-1]
+
+    model = evaluate.load_model(checkpoint)
+    tokenizer = Tokenizer.load(evaluate.tokenizer_path(trained_smoke))
+    eval_cfg = trained_smoke.eval
+    greedy = []
+    for line in source.read_text(encoding="utf-8").split("\n")[:-1]:
+        ids = greedy_decode(
+            model,
+            torch.tensor([tokenizer.encode(line)]),
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            max_len_a=eval_cfg.max_len_a,
+            max_len_b=eval_cfg.max_len_b,
+        )[0]
+        greedy.append(tokenizer.decode(ids))
+    assert translated == greedy

@@ -10,9 +10,10 @@ Lightning checkpoint without optimizer state, which is also the model `pipeline.
 uses by default. Hypotheses are the detokenized 1-best (nbest lists beside them when
 `eval.nbest > 1`), scored against the prepared reference text, never against subwords.
 
-W&B (job_type "eval") gets the scores under `{split}/{metric}` plus `test/{metric}` for the
-benchmark split (the first of `data.test_splits`), a table of sample translations and the
-cross-attention heatmaps, which are also written to `plots_dir/attention/` for `dvc plots`.
+W&B (job_type "eval", or a sweep trial's run) gets the scores as `eval/{split}/{metric}` (apart
+from training's greedy `val/bleu`) plus `test/{metric}` for the benchmark split (the first of
+`data.test_splits`), a table of sample translations and the cross-attention heatmaps, which
+are also written to `plots_dir/attention/` for `dvc plots`.
 """
 
 from __future__ import annotations
@@ -102,9 +103,14 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
     if not checkpoint.is_file():
         raise DataError(f"{checkpoint}: checkpoint not found; {TRAIN_HINT}")
     try:
-        module = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu")
-    except (OSError, RuntimeError, EOFError, KeyError, ValueError) as err:
-        raise DataError(f"{checkpoint}: cannot load the model ({err}); {TRAIN_HINT}") from None
+        # weights_only=False: training checkpoints also pickle RNG states (numpy arrays).
+        module = TranslationModule.load_from_checkpoint(
+            checkpoint, map_location="cpu", weights_only=False
+        )
+    except Exception as err:  # torch/pickle/Lightning raise many types for a foreign file
+        raise DataError(
+            f"{checkpoint}: cannot load the model ({type(err).__name__}: {err}); {TRAIN_HINT}"
+        ) from None
     return module.model.float().eval()
 
 
@@ -378,10 +384,8 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
         for row in samples:
             table.add_data(*row)
         payload = {**metrics, "eval/samples": table}
-        if heatmaps:
-            payload["eval/attention"] = [
-                wandb.Image(str(path), caption=caption) for path, caption in heatmaps
-            ]
+        for path, caption in heatmaps:  # one key each: the grids differ in size
+            payload[f"eval/attention/{path.stem}"] = wandb.Image(str(path), caption=caption)
         run.log(payload)
     finally:
         if own_run:
