@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
@@ -18,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from pipeline import config as config_lib
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
+from pipeline.model.decoding import greedy_decode
 from pipeline.tracking import offline_run_dirs, read_offline_run
 from pipeline.training.checkpoints import (
     LAST_NAME,
@@ -179,6 +181,21 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     module = TranslationModule.load_from_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     assert module.cfg == cfg
 
+    # val/bleu is sacreBLEU of greedy translations of the first 32 val sentences, here
+    # decoded one at a time (no batching, padding or reordering).
+    datamodule = TranslationDataModule(cfg)
+    datamodule.setup("fit")
+    val = datamodule.split(cfg.data.val_split)
+    module.eval()
+    hypotheses = []
+    with torch.no_grad():
+        for src_ids in val.src_ids[:32]:
+            (tokens,) = greedy_decode(module.model, torch.tensor([src_ids]), bos_id=2, eos_id=3,
+                                      max_len_a=cfg.eval.max_len_a, max_len_b=cfg.eval.max_len_b)  # fmt: skip
+            hypotheses.append(datamodule.tokenizer.decode(tokens))
+    expected_bleu = sacrebleu.corpus_bleu(hypotheses, [val.tgt_text[:32]]).score
+    assert metrics["last"]["val/bleu"] == pytest.approx(expected_bleu, abs=1e-4)
+
     # DVCLive learning curves (what `dvc plots` reads) and the PNG.
     live = Path(cfg.paths.plots_dir) / "train"
     rows = (live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
@@ -242,7 +259,6 @@ def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config):
     assert resumed["val/loss"] == pytest.approx(straight["val/loss"], abs=1e-6)
 
 
-@pytest.mark.slow
 def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
     train_config,
 ):
@@ -263,13 +279,14 @@ def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpo
     assert read_offline_run(run_dir)["complete"]
 
 
-@pytest.mark.slow
 def test_accumulation_counts_validation_and_schedule_in_optimizer_steps(train_config):
+    # Under bf16 autocast as well: the loss is computed in fp32 (see label_smoothed_nll).
     cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=4",
                        "train.val_check_interval=2", "train.log_every_n_steps=1",
-                       "train.val_bleu=false")  # fmt: skip
+                       "train.val_bleu_max_sentences=4", "train.precision=bf16-mixed")  # fmt: skip
     recorder = RecordBatches()
     metrics = run(cfg, callbacks=[recorder])
+    assert metrics["precision"] == "bf16-mixed" and metrics["val/bleu"] is not None
     assert metrics["steps"] == 4 and len(recorder.batches) == 8  # 2 batches per step
     history = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["history"]
     assert [r["step"] for r in history if "val/loss" in r] == [2, 4]

@@ -19,9 +19,11 @@ import numpy as np
 import torch
 from sacrebleu.metrics.bleu import BLEU, MAX_NGRAM_ORDER
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 from torchmetrics import MeanMetric, Metric
 
 from pipeline.config import Config, from_dict, to_dict
+from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import Transformer
@@ -142,6 +144,7 @@ class TranslationModule(L.LightningModule):
         # Validation references and the detokenizer, attached by `attach_references`.
         self.tokenizer = None
         self.val_references: Sequence[str] | None = None
+        self._bleu_sources: list[tuple[int, Tensor]] = []  # (sentence id, source ids)
 
         # Learning curves and val results so far; saved in checkpoints (a resumed run keeps them).
         self.history: list[dict] = []
@@ -292,6 +295,9 @@ class TranslationModule(L.LightningModule):
         if self._window_start is not None:
             self._window_start = time.perf_counter()
 
+    def on_validation_epoch_start(self) -> None:
+        self._bleu_sources = []
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         # The evaluation loader gives every rank the whole split: each takes its share of the
         # batches, and the metrics' compute() sums the shares.
@@ -301,34 +307,44 @@ class TranslationModule(L.LightningModule):
         self.val_loss.update(loss_sum / num_tokens, weight=num_tokens)
         self.val_nll.update(nll_sum / num_tokens, weight=num_tokens)
         if self.cfg.train.val_bleu:
-            self._update_bleu(batch)
+            self._collect_bleu_sources(batch)
 
-    def _update_bleu(self, batch: dict) -> None:
+    def _collect_bleu_sources(self, batch: dict) -> None:
+        """Keep the sources of the first val_bleu_max_sentences sentences (all without a
+        limit) for one batched greedy decode at the end of validation: decoding costs one
+        model call per output position, so few large batches beat one per loader batch."""
+        limit = self.cfg.train.val_bleu_max_sentences
+        is_source = batch["src"].ne(self.pad_id)
+        for row, sentence_id in enumerate(batch["ids"].tolist()):
+            if limit is None or sentence_id < limit:
+                self._bleu_sources.append((sentence_id, batch["src"][row][is_source[row]]))
+
+    def _update_bleu(self) -> None:
         if self.tokenizer is None or self.val_references is None:
             raise RuntimeError("val/bleu needs attach_references(tokenizer, references) first")
-        ids = batch["ids"]
-        limit = self.cfg.train.val_bleu_max_sentences
-        keep = ids.lt(limit) if limit is not None else torch.ones_like(ids, dtype=torch.bool)
-        if not bool(keep.any()):
-            return
-        e = self.cfg.eval
-        hypotheses = greedy_decode(
-            self.model,
-            batch["src"][keep],
-            bos_id=self.bos_id,
-            eos_id=self.eos_id,
-            max_len_a=e.max_len_a,
-            max_len_b=e.max_len_b,
-        )
-        texts = [self.tokenizer.decode(tokens) for tokens in hypotheses]
-        references = [self.val_references[i] for i in ids[keep].tolist()]
-        self.val_bleu.update(texts, references)
+        sources, e = self._bleu_sources, self.cfg.eval
+        for indices in eval_batches([len(src) for _, src in sources], e.max_tokens):
+            src = pad_sequence([sources[i][1] for i in indices], batch_first=True,
+                               padding_value=self.pad_id)  # fmt: skip
+            hypotheses = greedy_decode(
+                self.model,
+                src,
+                bos_id=self.bos_id,
+                eos_id=self.eos_id,
+                max_len_a=e.max_len_a,
+                max_len_b=e.max_len_b,
+            )
+            texts = [self.tokenizer.decode(tokens) for tokens in hypotheses]
+            references = [self.val_references[sources[i][0]] for i in indices]
+            self.val_bleu.update(texts, references)
+        self._bleu_sources = []
 
     def on_validation_epoch_end(self) -> None:
         # compute() reduces over DDP ranks, so every rank logs the same value.
         val_loss, val_nll = self.val_loss.compute(), self.val_nll.compute()
         metrics = {"val/loss": val_loss, "val/nll_loss": val_nll, "val/ppl": val_nll.exp()}
         if self.cfg.train.val_bleu:
+            self._update_bleu()
             metrics["val/bleu"] = self.val_bleu.compute().to(self.device)
         step = torch.tensor(float(self.trainer.global_step), device=self.device)
         self.log_dict({**metrics, "step": step}, on_step=False, on_epoch=True)
