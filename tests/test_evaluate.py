@@ -287,3 +287,24 @@ def test_evaluate_one_checkpoint_with_nbest_into_a_given_run(trained_smoke, tmp_
     assert logged["summary"]["eval/val/bleu"] == pytest.approx(results["val"]["bleu"])
     assert "test/bleu" not in logged["summary"]
     assert logged["summary"]["after_eval"] == 1.0
+
+
+def test_stage_reports_a_user_error_without_traceback(tokenized_smoke, tmp_path):
+    from omegaconf import OmegaConf
+
+    from pipeline.config import to_dict
+
+    cfg = eval_config(tokenized_smoke, tmp_path)
+    cfg.paths.train_dir = str(tmp_path / "never_trained")
+    (tmp_path / "params.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.stages.evaluate"],
+        cwd=tmp_path,  # the stage reads ./params.yaml, as under `dvc repro`
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    assert "never_trained" in result.stderr and "train" in result.stderr
+    assert not (tmp_path / "metrics_dir" / "eval.json").exists()
