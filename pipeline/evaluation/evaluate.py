@@ -178,10 +178,12 @@ def translate_ids(
 ) -> list[Translation]:
     """Beam-search every source (subword ids, no bos/eos), batched by `eval.max_tokens`.
 
-    Sources longer than the model's `max_positions` are cut there (with a warning).
-    Returns one Translation per source, in input order.
+    Sources longer than the model's `max_positions` are cut there (with a warning). Batches
+    go to the model's device. Returns one Translation per source, in input order.
     """
     from pipeline.model.decoding import beam_search
+
+    device = next(model.parameters()).device
 
     limit = model.cfg.max_positions
     too_long = sum(len(ids) > limit for ids in src_ids)
@@ -192,7 +194,7 @@ def translate_ids(
     batches = length_batches([len(ids) for ids in src_ids], eval_cfg.max_tokens)
     with torch.inference_mode():
         for batch in tqdm(batches, desc=desc, unit="batch", leave=False):
-            src = pad_batch([src_ids[i] for i in batch], tokenizer.pad_id)
+            src = pad_batch([src_ids[i] for i in batch], tokenizer.pad_id).to(device)
             nbest_lists = beam_search(
                 model,
                 src,
@@ -244,10 +246,11 @@ def attention_heatmap(
     so the y labels are the hypothesis pieces and </s>. Returns the (layers, heads, T, S)
     weights that were drawn.
     """
-    src = torch.as_tensor([list(src_ids)], dtype=torch.long)
-    tgt_in = torch.as_tensor([[tokenizer.bos_id, *hyp_ids]], dtype=torch.long)
+    device = next(model.parameters()).device
+    src = torch.as_tensor([list(src_ids)], dtype=torch.long, device=device)
+    tgt_in = torch.as_tensor([[tokenizer.bos_id, *hyp_ids]], dtype=torch.long, device=device)
     with torch.inference_mode():
-        weights = model.cross_attention_weights(src, tgt_in)
+        weights = model.cross_attention_weights(src, tgt_in).cpu()
     src_labels = [tokenizer.piece(i) for i in src_ids]
     tgt_labels = [tokenizer.piece(i) for i in [*hyp_ids, tokenizer.eos_id]]
     plots.plot_attention(weights, src_labels, tgt_labels, path, title=title)
