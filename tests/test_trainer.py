@@ -14,7 +14,7 @@ import pytest
 import sacrebleu
 import torch
 import yaml
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 
 from pipeline import config as config_lib
 from pipeline.data.datamodule import TranslationDataModule
@@ -31,6 +31,7 @@ from pipeline.training.checkpoints import (
 )
 from pipeline.training.module import DivergedError, TranslationModule, inverse_sqrt_rate
 from pipeline.training.trainer import (
+    build_callbacks,
     check_resumable,
     device_count,
     resolve_precision,
@@ -113,6 +114,18 @@ def test_hardware_resolution():
     assert device_count([0, 1, 3], "gpu") == 3
     assert device_count("auto", "cpu") == 1
     assert device_count("0,1", "gpu") == 2
+
+
+def test_callbacks_rank_checkpoints_and_stop_early_by_the_monitored_metric(make_config):
+    by_bleu = build_callbacks(make_config("train.early_stopping_patience=3", "train.save_top_k=4"))
+    last_k, best_k, early = by_bleu
+    assert (last_k.monitor, last_k.mode, last_k.save_top_k, last_k.save_last) == (
+        "step", "max", 4, True)  # fmt: skip
+    assert (best_k.monitor, best_k.mode, best_k.save_top_k) == ("val/bleu", "max", 4)
+    assert isinstance(early, EarlyStopping)
+    assert (early.monitor, early.patience, early.mode) == ("val/bleu", 3, "max")
+    by_loss = build_callbacks(make_config("train.val_bleu=false"))
+    assert [(c.monitor, c.mode) for c in by_loss] == [("step", "max"), ("val/loss", "min")]
 
 
 def test_resume_refuses_a_checkpoint_of_another_model(make_config, tmp_path):
@@ -279,6 +292,7 @@ def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpo
     assert read_offline_run(run_dir)["complete"]
 
 
+@pytest.mark.slow
 def test_accumulation_counts_validation_and_schedule_in_optimizer_steps(train_config):
     # Under bf16 autocast as well: the loss is computed in fp32 (see label_smoothed_nll).
     cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=4",
@@ -301,7 +315,7 @@ DDP_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.callbacks import Callback, EarlyStopping
     from pipeline.config import from_dict
     from pipeline.training.trainer import run
 
