@@ -70,12 +70,7 @@ def translate(argv: list[str] | None = None) -> None:
         )
     eval_cfg = dataclasses.replace(cfg.eval, nbest=1, beam_size=args.beam or cfg.eval.beam_size)
 
-    if args.input is not None:
-        lines = read_lines(args.input)
-    else:
-        lines = sys.stdin.read().split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+    lines = read_lines(args.input) if args.input is not None else read_stdin_lines()
     sources = [normalize(line) for line in lines]
 
     # torch and the model code load only now: a usage error above answers at once.
@@ -90,9 +85,25 @@ def translate(argv: list[str] | None = None) -> None:
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    else:  # UTF-8 whatever the locale says
+        sys.stdout.buffer.write(text.encode("utf-8"))
         sys.stdout.flush()
+
+
+def read_stdin_lines() -> list[str]:
+    """Lines of standard input, decoded as UTF-8 (like the corpus files), split at "\\n"."""
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"<stdin>:{line}: invalid UTF-8 at byte offset {err.start}; send UTF-8 text"
+        ) from None
+    lines = text.removeprefix("\ufeff").split("\n")  # a byte-order mark is not text
+    if lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 if __name__ == "__main__":

@@ -66,6 +66,28 @@ def test_missing_params_file(tmp_path):
     assert "absent.yaml not found" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_invalid_utf8_on_stdin_names_the_line(make_config, tmp_path):
+    cfg = make_config()
+    params = write_params(cfg, tmp_path / "params.yaml")
+    for path in (tmp_path / "model.ckpt", tmp_path / "spm.model"):
+        path.write_bytes(b"placeholder: input is read before either is loaded")
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.translate", "--params", str(params)]
+        + [
+            "--checkpoint",
+            str(tmp_path / "model.ckpt"),
+            "--tokenizer",
+            str(tmp_path / "spm.model"),
+        ],
+        input=b"A dog.\nA \xff cat.\n",
+        capture_output=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert b"<stdin>:2: invalid UTF-8" in result.stderr and b"Traceback" not in result.stderr
+
+
 def test_bad_beam_is_a_usage_error(tmp_path):
     result = run_translate("--beam", "0")
     assert result.returncode == 2
