@@ -146,3 +146,5 @@ def test_module_saves_its_config_and_rebuilds_from_hyperparameters(make_config):
     rebuilt = TranslationModule(**module.hparams)
     assert rebuilt.cfg == cfg
     assert rebuilt.model.num_parameters() == module.model.num_parameters()
+    # Checkpoints hold the Transformer once, under `model.` (what averaging and eval load).
+    assert module.state_dict().keys() == {f"model.{k}" for k in module.model.state_dict()}

@@ -131,8 +131,9 @@ class TranslationModule(L.LightningModule):
         special = cfg.data.tokenizer
         self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
         self.model = Transformer(cfg.model, vocab_size, self.pad_id)
-        # A compiled forward is kept off the module tree so state_dict keys stay `model.*`.
-        self._forward = torch.compile(self.model) if cfg.train.compile else self.model
+        # train.compile: a compiled forward function (not a module, so the state_dict keys
+        # stay `model.*`); the plain module otherwise.
+        self._forward = torch.compile(self.model.forward) if cfg.train.compile else None
 
         # nan_strategy="disable": no host sync per update; divergence is tracked separately.
         self.train_loss = MeanMetric(nan_strategy="disable")
@@ -193,7 +194,8 @@ class TranslationModule(L.LightningModule):
     # ------------------------------------------------------------------ training
 
     def _loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
-        logits = self._forward(batch["src"], batch["tgt_in"])  # (B, T, V)
+        forward = self._forward or self.model
+        logits = forward(batch["src"], batch["tgt_in"])  # (B, T, V)
         loss_sum, nll_sum = label_smoothed_nll(
             logits, batch["tgt_out"], epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id
         )
