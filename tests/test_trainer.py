@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,19 @@ TINY = [
     "train.val_bleu_max_sentences=16",
     "train.progress_bar=false",
 ]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread here and in the processes the tests start: the cores are shared,
+    and OpenMP with more threads than free cores slows these small models down 10-40x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +163,7 @@ def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.stages.train"],
         cwd=tmp_path,
+        env=ONE_THREAD_ENV,
         capture_output=True,
         text=True,
         timeout=300,
@@ -234,7 +249,6 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     assert wandb_run["summary"]["best/val/bleu"] == pytest.approx(metrics["val/bleu"])
 
 
-@pytest.mark.slow
 def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config):
     common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3"]
     steps = 6
@@ -345,6 +359,7 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     result = subprocess.run(
         [sys.executable, "ddp_run.py", "cfg.json", str(tmp_path)],
         cwd=tmp_path,
+        env=ONE_THREAD_ENV,
         capture_output=True,
         text=True,
         timeout=900,
