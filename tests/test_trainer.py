@@ -21,7 +21,7 @@ from pipeline import config as config_lib
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
 from pipeline.model.decoding import greedy_decode
-from pipeline.tracking import offline_run_dirs, read_offline_run
+from pipeline.tracking import offline_run_dirs, read_offline_run, start_wandb_run
 from pipeline.training.checkpoints import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -307,13 +307,20 @@ def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpo
 
 
 @pytest.mark.slow
-def test_accumulation_counts_validation_and_schedule_in_optimizer_steps(train_config):
+def test_accumulation_bf16_and_a_callers_wandb_run(train_config):
     # Under bf16 autocast as well: the loss is computed in fp32 (see label_smoothed_nll).
     cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=4",
                        "train.val_check_interval=2", "train.log_every_n_steps=1",
                        "train.val_bleu_max_sentences=4", "train.precision=bf16-mixed")  # fmt: skip
     recorder = RecordBatches()
-    metrics = run(cfg, callbacks=[recorder])
+    trial_run = start_wandb_run(cfg, job_type="trial", name="t-0001", group="study")
+    metrics = run(cfg, callbacks=[recorder], wandb_run=trial_run)
+    trial_run.log({"test/bleu": 1.0})  # the caller's run is still open after training
+    trial_run.finish()
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # training logged into it
+    logged = read_offline_run(run_dir)
+    assert logged["run"]["job_type"] == "trial"
+    assert {"train/loss", "val/loss", "test/bleu"} <= {k for row in logged["history"] for k in row}
     assert metrics["precision"] == "bf16-mixed" and metrics["val/bleu"] is not None
     assert metrics["steps"] == 4 and len(recorder.batches) == 8  # 2 batches per step
     history = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["history"]

@@ -264,12 +264,14 @@ def run(
     job_type: str = "train",
     run_name: str | None = None,
     group: str | None = None,
+    wandb_run=None,
 ) -> dict:
     """Train per `cfg` (resuming its own checkpoint when `train.resume`), write
     `<metrics_dir>/train.json` and the learning curves, and return the summary metrics.
 
     `callbacks` are added to the Trainer's (an Optuna pruning callback, for instance);
-    `job_type`, `run_name` and `group` label the W&B run.
+    `job_type`, `run_name` and `group` label the W&B run this starts, unless `wandb_run` is
+    given: then training logs into that run and its owner finishes it.
     """
     started = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -280,7 +282,7 @@ def run(
     module = TranslationModule(cfg, datamodule.vocab_size)
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
-    wandb = wandb_logger(cfg, job_type, name=run_name, group=group)
+    wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
     dvclive = DVCLiveLogger(
         dir=str(Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR),
         resume=ckpt_path is not None,
