@@ -153,6 +153,8 @@ def trial_config(spec: StudySpec, params: dict[str, Any], trial_dir: Path) -> co
         f"paths.eval_dir={trial_dir / 'eval'}",
         f"paths.metrics_dir={trial_dir / 'metrics'}",
         f"paths.plots_dir={trial_dir / 'plots'}",
+        # Offline W&B runs of the whole study side by side: `wandb sync <dir>/wandb/*`.
+        f"paths.wandb_dir={trial_dir.parent.parent / 'wandb'}",
     ]
     return config_lib.compose(overrides)
 
@@ -410,7 +412,7 @@ def _record(trial, cfg, directory, train_metrics, eval_metrics) -> None:
         "val_ppl": train_metrics.get("val/ppl"),
         "test_bleu": test.get("bleu"),
         "test_chrf": test.get("chrf"),
-        "parameters": train_metrics.get("parameters"),
+        "parameters": train_metrics.get("num_parameters"),
         "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
         "hypotheses": str((Path(cfg.paths.eval_dir) / f"{test_split}.hyp").resolve()),
         "config": config_lib.to_dict(cfg),

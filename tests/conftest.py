@@ -9,6 +9,12 @@ import pytest
 
 from pipeline import config as config_lib
 
+# One intra-op thread for the tests and every process they start: with torch's default of one
+# thread per core, two processes on this 2-core machine (DDP ranks, sweep workers, pytest beside
+# a stage) oversubscribe the cores and run 10-40x slower. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 

@@ -37,6 +37,7 @@ from pipeline.training.trainer import (
     device_count,
     resolve_precision,
     resolve_strategy,
+    resume_checkpoint,
     run,
 )
 from tests.conftest import redirect_paths
@@ -151,6 +152,42 @@ def test_resume_refuses_a_checkpoint_of_another_model(make_config, tmp_path):
     check_resumable(path, make_config("model.heads=4", "train.max_steps=99999"))  # longer: fine
     with pytest.raises(ConfigError, match="'model.heads' is 2 but .*last.ckpt was trained with 4"):
         check_resumable(path, make_config("model.heads=2"))
+
+
+def _fake_run(cfg, global_step: int) -> Path:
+    """A checkpoint of `cfg` at `global_step` in its train_dir, as training leaves it."""
+    path = checkpoint_dir(cfg.paths.train_dir) / LAST_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {"state_dict": {}, "global_step": global_step,
+                  "hyper_parameters": {"config": config_lib.to_dict(cfg), "vocab_size": 9}}  # fmt: skip
+    AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("trained_step", "overrides", "expected"),
+    [
+        (5, [], "resume"),  # interrupted: continue
+        (10, ["train.max_steps=20"], "resume"),  # finished, asked for more: extend
+        (10, [], "anew"),  # finished, re-run (code changed, dvc repro -f): train anew
+        (10, ["model.heads=2"], "anew"),  # finished, another experiment: train anew
+        (5, ["model.heads=2"], "error"),  # interrupted, another model: keep it, say so
+    ],
+)
+def test_resume_decision(make_config, trained_step, overrides, expected):
+    trained = make_config("model.heads=4", "train.max_steps=10")
+    path = _fake_run(trained, trained_step)
+    current = make_config("model.heads=4", "train.max_steps=10", *overrides)
+    if expected == "error":
+        with pytest.raises(ConfigError, match="'model.heads' is 2"):
+            resume_checkpoint(current)
+        assert path.exists()
+    elif expected == "resume":
+        assert resume_checkpoint(current) == path
+    else:
+        with pytest.warns(UserWarning, match="training anew"):
+            assert resume_checkpoint(current) is None
+        assert not path.exists()
 
 
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):

@@ -235,23 +235,50 @@ def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
 
 
 def resume_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint to continue from (train.resume), after removing a previous run's
-    checkpoints when starting over (train.resume=false)."""
+    """The checkpoint to continue from, or None to train anew (clearing a finished run).
+
+    With `train.resume`, a run continues its own checkpoint when that checkpoint is short of
+    `train.max_steps` and was trained with the same model, data and batching (an interrupted
+    run, or a longer run extending a finished one). A finished run (trained to its own
+    `max_steps`; DVC has cached its outputs) is cleared and trained anew, as `dvc repro` after a
+    code change or `dvc exp run -S model.heads=8` expect. A different config over an
+    *unfinished* run is a ConfigError naming the key: its checkpoints exist nowhere else.
+    """
     train_dir = Path(cfg.paths.train_dir)
     if not cfg.train.resume:
-        if rank_zero_only.rank == 0:
-            removed = remove_checkpoints(train_dir)
-            if removed:
-                warnings.warn(
-                    f"train.resume=false: removed {len(removed)} checkpoint files of a previous "
-                    f"run from {checkpoint_dir(train_dir)}",
-                    stacklevel=2,
-                )
+        _start_over(train_dir, "train.resume=false")
         return None
     path = find_resume_checkpoint(train_dir)
-    if path is not None:
-        check_resumable(path, cfg)
+    if path is None:
+        return None
+    checkpoint = read_checkpoint(path)
+    step = int(checkpoint["global_step"])
+    trained_to = _subtree(checkpoint["hyper_parameters"]["config"], "train.max_steps")
+    finished = step >= trained_to
+    if finished:
+        try:
+            check_resumable(path, cfg)
+        except ConfigError as err:
+            _start_over(train_dir, f"the finished run there differs: {err}")
+            return None
+        if step >= cfg.train.max_steps:
+            _start_over(train_dir, f"its run already reached step {step} (train.max_steps)")
+            return None
+        return path  # a longer run extends the finished one
+    check_resumable(path, cfg)  # an interrupted run: refuse to discard it silently
     return path
+
+
+def _start_over(train_dir: Path, why: str) -> None:
+    if rank_zero_only.rank != 0:
+        return
+    removed = remove_checkpoints(train_dir)
+    if removed:
+        warnings.warn(
+            f"training anew in {checkpoint_dir(train_dir)}: {why}; removed {len(removed)} "
+            "checkpoint files of the previous run (`dvc checkout` restores a run DVC recorded)",
+            stacklevel=3,
+        )
 
 
 # ---------------------------------------------------------------------- the run

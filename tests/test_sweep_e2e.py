@@ -1,0 +1,69 @@
+"""The smoke study end to end through the real CLIs: `python -m pipeline.sweep` trains and
+evaluates four trials (real Lightning, sacreBLEU, SQLite storage, W&B offline), then
+`python -m pipeline.report` writes the table and charts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from pipeline import tracking
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_cli(*args: str) -> str:
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    result = subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    results = tmp_path / "results"
+    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results))
+
+    storage = f"sqlite:///{results / 'smoke' / 'study.db'}"
+    study = optuna.load_study(study_name="smoke", storage=storage)
+    assert len(study.trials) == 4
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    for trial in study.trials:
+        attrs = trial.user_attrs
+        assert {"val_bleu", "test_bleu", "test_chrf", "parameters", "checkpoint_dir"} <= set(attrs)
+        assert os.path.exists(attrs["hypotheses"])
+    points = {(t.params["variant"], t.params["seed"]) for t in study.trials}
+    assert points == {("base", 1), ("base", 2), ("heads_1", 1), ("heads_1", 2)}
+
+    # One offline W&B run per trial, all in the study's group, job_type trial.
+    runs = [
+        tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
+    ]
+    trial_runs = [r for r in runs if r["run"]["job_type"] == "trial"]
+    assert len(trial_runs) == 4
+    assert {r["run"]["group"] for r in trial_runs} == {"smoke"}
+    assert all(any("train/loss" in row for row in r["history"]) for r in trial_runs)
+    assert {r["config"]["model"]["heads"] for r in trial_runs} == {1, 4}
+
+    # Re-running the finished study's command runs nothing new.
+    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results))
+    assert len(optuna.load_study(study_name="smoke", storage=storage).trials) == 4
+
+    run_cli("pipeline.report", "smoke", "--results-dir", str(results))
+    report = (results / "smoke" / "report.md").read_text()
+    assert "| base |" in report and "| heads_1 | model.heads=1 |" in report
+    for chart in ("bleu_per_variant", "param_importances", "parallel_coordinates"):
+        assert matplotlib.image.imread(results / "smoke" / f"{chart}.png").shape[0] > 100
+    summary = [
+        tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
+    ]
+    assert sum(r["run"]["job_type"] == "report" for r in summary) == 1
