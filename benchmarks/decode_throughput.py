@@ -1,0 +1,185 @@
+"""Decoding throughput: beam search on the real test set (test_2016_flickr sources) with our
+incremental-decoding cache, ours re-decoding the whole prefix at every step, and Hugging Face
+Marian's `generate`, all with the same sizes and untrained weights.
+
+    python -m benchmarks.decode_throughput [--sentences 1000] [--repeats 3] [overrides]
+
+Same work for every system. Untrained weights stop at random lengths, so a system's speed
+would depend on where its random eos falls. Instead every system decodes exactly the same
+number of steps: eos is banned until the length limit, and the limit is one number per batch,
+L = floor(eval.max_len_a * S_max + eval.max_len_b) (the project's rule, applied to the
+batch's longest source, capped by model.max_positions - 1). Ours gets max_len_a=0,
+max_len_b=L and a model wrapper that puts eos at -1e9 in the logits (a finite value, so the
+forced eos at the limit still finishes the hypotheses); Marian gets min_new_tokens =
+max_new_tokens = L + 1 (its MinNewTokensLength processor bans eos the same way). Both run L + 1
+decoder steps for every sentence and beam. The batches are the project's evaluation batches
+(`pipeline.data.batching.eval_batches`, eval.max_tokens source tokens, sorted by length),
+identical for all systems; beam size and length penalty come from conf/eval.
+
+Our beam search normally also stops each sentence at its own a * src_len + b, which saves work
+the fixed per-batch limit does not count; this benchmark measures the cost per decoding step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from benchmarks.common import (
+    DTYPES,
+    add_dtype_arg,
+    add_model_args,
+    add_timing_args,
+    autocast,
+    base_parser,
+    bench_config,
+    chosen_dtypes,
+    environment,
+    marian_model,
+    median,
+    model_summary,
+    pad_batch,
+    print_json,
+    print_table,
+    resolve_device,
+    time_interleaved,
+    tokenized_corpus,
+)
+from pipeline.data.batching import eval_batches
+from pipeline.model.decoding import beam_search
+from pipeline.model.transformer import Transformer
+
+SYSTEMS = ("cached", "uncached", "marian")
+BANNED_LOGIT = -1e9  # eos logit before the length limit: never among the top 2k candidates
+
+
+class EosBanned(nn.Module):
+    """Our model with the eos logit pushed to BANNED_LOGIT (the peer's min_new_tokens)."""
+
+    def __init__(self, model: Transformer, eos_id: int) -> None:
+        super().__init__()
+        self.model, self.eos_id = model, eos_id
+        self.pad_id, self.cfg = model.pad_id, model.cfg
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.encode(src)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache=None) -> Tensor:
+        logits = self.model.decode(tgt_in, memory, src_pad_mask, cache)
+        logits[..., self.eos_id] = BANNED_LOGIT
+        return logits
+
+
+def decode_steps(src_lens: list[int], a: float, b: int, max_positions: int) -> int:
+    """L of the module docstring: the project's length rule on the batch's longest source."""
+    return min(int(np.floor(a * max(src_lens) + b)), max_positions - 1)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = base_parser(__doc__.splitlines()[0])
+    add_model_args(parser)
+    add_timing_args(parser, repeats=3, warmup=1)
+    add_dtype_arg(parser)
+    parser.add_argument("--split", default=None, help="default: the config's first test split")
+    parser.add_argument(
+        "--sentences",
+        type=int,
+        default=1000,
+        help="a seeded random sample of this many sentences (all when >= the split size)",
+    )
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = bench_config(args)
+    device = resolve_device(args.device)
+    split = args.split or cfg.data.test_splits[0]
+    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
+        sources = splits[split]["src_ids"]
+    if args.sentences < len(sources):
+        chosen = np.random.default_rng(cfg.seed).choice(len(sources), args.sentences, False)
+        sources = [sources[i] for i in sorted(chosen)]
+    e, pad, bos, eos = cfg.eval, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    vocab = tokenizer.vocab_size
+    batches = []
+    for indices in eval_batches([len(s) for s in sources], e.max_tokens):
+        rows = [sources[i] for i in indices]
+        steps = decode_steps([len(r) for r in rows], e.max_len_a, e.max_len_b,
+                             cfg.model.max_positions)  # fmt: skip
+        batches.append((pad_batch(rows, pad).to(device), steps))
+
+    torch.manual_seed(cfg.seed)
+    ours = EosBanned(Transformer(cfg.model, vocab, pad), eos).to(device).eval()
+    marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
+    marian = marian.to(device).eval()
+
+    def ours_fn(use_cache: bool):
+        def decode_all() -> None:
+            for src, steps in batches:
+                beam_search(ours, src, bos_id=bos, eos_id=eos, beam_size=e.beam_size,
+                            length_penalty=e.length_penalty, max_len_a=0.0, max_len_b=steps,
+                            use_cache=use_cache)  # fmt: skip
+
+        return decode_all
+
+    @torch.no_grad()
+    def marian_fn() -> None:
+        for src, steps in batches:
+            marian.generate(input_ids=src, attention_mask=src.ne(pad), num_beams=e.beam_size,
+                            length_penalty=e.length_penalty, max_new_tokens=steps + 1,
+                            min_new_tokens=steps + 1, do_sample=False, early_stopping=False)  # fmt: skip
+
+    every = {"cached": ours_fn(True), "uncached": ours_fn(False), "marian": marian_fn}
+    systems = {name: every[name] for name in SYSTEMS if name in args.systems}
+    results = {}
+    for dtype_name in chosen_dtypes(args, device):
+        with autocast(device, DTYPES[dtype_name]):
+            seconds = time_interleaved(systems, repeats=args.repeats, warmup=args.warmup,
+                                       device=device, progress=f"decode {dtype_name}")  # fmt: skip
+        total = {name: median(times) for name, times in seconds.items()}
+        per_s = {name: len(sources) / s for name, s in total.items()}
+        results[dtype_name] = {
+            "seconds": total,
+            "sentences_per_s": per_s,
+            "ratio": {
+                f"cached_vs_{name}": per_s["cached"] / per_s[name]
+                for name in ("uncached", "marian")
+                if "cached" in per_s and name in per_s
+            },
+        }
+
+    steps_total = sum(steps + 1 for _, steps in batches)
+    print(
+        f"{split}: {len(sources)} sentences in {len(batches)} batches (eval.max_tokens="
+        f"{e.max_tokens}), beam {e.beam_size}, {steps_total} decoder steps per system; "
+        f"vocab {vocab}; {environment(device)}"
+    )
+    table = []
+    for dtype_name, r in results.items():
+        for name in systems:
+            ratio = r["sentences_per_s"].get("cached", math.nan) / r["sentences_per_s"][name]
+            table.append([dtype_name, name, r["seconds"][name], r["sentences_per_s"][name], ratio])
+    print_table(["dtype", "system", "seconds", "sentences/s", "cached / system"], table)
+    payload = {
+        "benchmark": "decode_throughput",
+        "split": split,
+        "sentences": len(sources),
+        "batches": len(batches),
+        "decoder_steps": steps_total,
+        "beam_size": e.beam_size,
+        "model": model_summary(cfg.model, vocab),
+        "repeats": args.repeats,
+        "results": results,
+        "env": environment(device),
+    }
+    print_json(payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Training throughput: one optimizer step of our Transformer against two peers of the same
+sizes, on the same real Multi30k batch, in float32 and under bf16 autocast.
+
+    python -m benchmarks.train_throughput [--repeats 20] [--dtype float32 bfloat16] [overrides]
+
+Systems (all untrained, in training mode, dropout as configured):
+  ours    pipeline.model.transformer.Transformer(ModelConfig)
+  torch   torch.nn.Transformer (batch_first, post-norm, ReLU) inside the same embedding
+          (shared, x sqrt(d_model)), sinusoidal positions and tied output layer as ours.
+          nn.Transformer always adds a final LayerNorm to each stack (two more than ours).
+  marian  Hugging Face MarianMTModel built from a MarianConfig of the same sizes (see
+          `benchmarks.common.marian_model`); SDPA attention.
+A step is: zero grads, forward, the project's label-smoothed cross-entropy
+(`pipeline.training.module.label_smoothed_nll`, the same for all), backward, Adam step
+(betas/eps from conf/train). The batch is the median-length batch of the project's
+`TokenBatchSampler` over the real training split, with a token budget chosen to give about
+`--target-tokens` target tokens.
+
+Reported per dtype: target tokens (non-pad tokens of tgt_out, eos included) per second, the
+median over interleaved rounds; our ratio to each peer; and our model FLOP/s as a fraction of
+a large `torch.matmul` timed in the same run and dtype. Model FLOPs are counted analytically on
+the padded batch (the work the kernels are given): every matmul of the attention projections,
+attention scores and weighted values (causal self-attention counted in full), FFN and output
+projection, 2 FLOPs per multiply-add, x3 for forward + backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from benchmarks.common import (
+    DTYPES,
+    add_dtype_arg,
+    add_model_args,
+    add_timing_args,
+    autocast,
+    base_parser,
+    bench_config,
+    chosen_dtypes,
+    environment,
+    marian_model,
+    matmul_peak_flops,
+    median,
+    model_summary,
+    pad_batch,
+    print_json,
+    print_table,
+    resolve_device,
+    time_interleaved,
+    tokenized_corpus,
+)
+from pipeline.config import Config, ModelConfig
+from pipeline.data.batching import TokenBatchSampler
+from pipeline.model.positional import SinusoidalPositionalEncoding
+from pipeline.model.transformer import Transformer
+
+SYSTEMS = ("ours", "torch", "marian")
+
+
+class TorchSeq2Seq(nn.Module):
+    """`torch.nn.Transformer` with our embedding, positions and output layer around it."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
+        super().__init__()
+        self.pad_id = pad_id
+        self.scale = cfg.d_model**0.5
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
+        self.positional = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.transformer = nn.Transformer(
+            d_model=cfg.d_model,
+            nhead=cfg.heads,
+            num_encoder_layers=cfg.encoder_layers,
+            num_decoder_layers=cfg.decoder_layers,
+            dim_feedforward=cfg.d_ff,
+            dropout=cfg.dropout,
+            activation="relu",
+            batch_first=True,
+            norm_first=cfg.norm_first,
+        )
+        # nn.Transformer's one `dropout` also drops attention weights and FFN activations;
+        # give those sites our config's own rates so every system drops the same things.
+        for layer in (*self.transformer.encoder.layers, *self.transformer.decoder.layers):
+            layer.dropout = nn.Dropout(cfg.activation_dropout)  # inside the FFN, after ReLU
+            for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attention is not None:
+                    attention.dropout = cfg.attention_dropout
+        self.output = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.output.weight = self.embed.weight
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        return self.dropout(self.embed(tokens) * self.scale + self.positional(tokens.size(1)))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        src_pad = src.eq(self.pad_id)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), src.device)
+        hidden = self.transformer(
+            self._embed(src),
+            self._embed(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        return self.output(hidden)
+
+
+def training_flops(model: ModelConfig, vocab: int, batch: int, src_len: int, tgt_len: int) -> int:
+    """Matmul FLOPs of one training step (forward x3) on a (batch, src_len) / (batch, tgt_len)
+    padded batch; see the module docstring for what is counted."""
+    d, ff = model.d_model, model.d_ff
+    src_tokens, tgt_tokens = batch * src_len, batch * tgt_len
+    attention_core = 2 * 2 * d  # scores Q K^T and weights @ V, per (query, key) pair
+    encoder = model.encoder_layers * (
+        2 * src_tokens * (4 * d * d + 2 * d * ff)  # Q, K, V, O projections; FFN
+        + batch * src_len * src_len * attention_core
+    )
+    decoder = model.decoder_layers * (
+        2 * tgt_tokens * (4 * d * d)  # self-attention projections
+        + batch * tgt_len * tgt_len * attention_core
+        + 2 * tgt_tokens * (2 * d * d)
+        + 2 * src_tokens * (2 * d * d)  # cross: Q, O; K, V
+        + batch * tgt_len * src_len * attention_core
+        + 2 * tgt_tokens * (2 * d * ff)  # FFN
+    )
+    output = 2 * tgt_tokens * d * vocab
+    return 3 * (encoder + decoder + output)
+
+
+def median_batch(train, target_tokens: int, seed: int) -> list[int]:
+    """Example indices of the middle (median-length) batch of the project's token batching,
+    with a budget that gives about `target_tokens` target tokens (tgt + eos)."""
+    src_lens, tgt_lens = np.asarray(train["src_len"]), np.asarray(train["tgt_len"])
+    per_pair = src_lens.mean() + tgt_lens.mean() + 1
+    budget = int(round(target_tokens * per_pair / (tgt_lens.mean() + 1)))
+    sampler = TokenBatchSampler(src_lens, tgt_lens, budget, seed=seed, shuffle=False)
+    return sampler.batches[len(sampler.batches) // 2]
+
+
+def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch.device):
+    torch.manual_seed(cfg.seed)
+    ours = Transformer(cfg.model, vocab, tokens["pad_id"])
+    peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"])
+    marian = marian_model(cfg.model, vocab, tokens)
+    forwards = {
+        "ours": (ours, lambda src, tgt_in: ours(src, tgt_in)),
+        "torch": (peer, lambda src, tgt_in: peer(src, tgt_in)),
+        "marian": (
+            marian,
+            lambda src, tgt_in: (
+                marian(
+                    input_ids=src, attention_mask=src.ne(tokens["pad_id"]), decoder_input_ids=tgt_in
+                ).logits
+            ),
+        ),
+    }
+    for module, _ in forwards.values():
+        module.to(device).train()
+    return forwards
+
+
+def training_step_fn(
+    module: nn.Module, forward, batch: dict, cfg: Config, pad_id: int, device, dtype
+):
+    """One optimizer step as the training module takes it (loss inside autocast, as Lightning's
+    bf16-mixed does; the loss itself is computed in float32)."""
+    from pipeline.training.module import label_smoothed_nll
+
+    t = cfg.train
+    optimizer = torch.optim.Adam(
+        module.parameters(), lr=1e-4, betas=tuple(t.adam_betas), eps=t.adam_eps
+    )
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device, dtype):
+            logits = forward(batch["src"], batch["tgt_in"])
+            loss, _ = label_smoothed_nll(
+                logits, batch["tgt_out"], epsilon=t.label_smoothing, pad_id=pad_id
+            )
+        (loss / batch["num_tgt_tokens"]).backward()
+        optimizer.step()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = base_parser(__doc__.splitlines()[0])
+    add_model_args(parser)
+    add_timing_args(parser, repeats=20, warmup=3)
+    parser.add_argument("--target-tokens", type=int, default=3000)
+    add_dtype_arg(parser)
+    parser.add_argument("--peak-size", type=int, default=None,
+                        help="matmul size for the peak (default 2048 on CPU, 8192 on GPU)")  # fmt: skip
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = bench_config(args)
+    device = resolve_device(args.device)
+    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
+        train = splits[cfg.data.train_split]
+        indices = median_batch(train, args.target_tokens, cfg.seed)
+        rows = train.select(indices)
+        src_rows, tgt_rows = rows["src_ids"], rows["tgt_ids"]
+    pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    tokens = {"pad_id": pad, "bos_id": bos, "eos_id": eos}
+    batch = {
+        "src": pad_batch(src_rows, pad).to(device),
+        "tgt_in": pad_batch(tgt_rows, pad, prefix=bos).to(device),
+        "tgt_out": pad_batch(tgt_rows, pad, suffix=eos).to(device),
+    }
+    batch["num_tgt_tokens"] = int(batch["tgt_out"].ne(pad).sum())
+    (num_sentences, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+    vocab = tokenizer.vocab_size
+    flops = training_flops(cfg.model, vocab, num_sentences, src_len, tgt_len)
+    padded = batch["src"].numel() + batch["tgt_out"].numel()
+    real = int(batch["src"].ne(pad).sum()) + batch["num_tgt_tokens"]
+
+    systems = build_systems(cfg, vocab, tokens, device)
+    peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
+    results = {}
+    for dtype_name in chosen_dtypes(args, device):
+        dtype = DTYPES[dtype_name]
+        steps = {
+            name: training_step_fn(module, forward, batch, cfg, pad, device, dtype)
+            for name, (module, forward) in systems.items()
+        }
+        seconds = time_interleaved(
+            steps, repeats=args.repeats, warmup=args.warmup, device=device,
+            progress=f"train {dtype_name}",
+        )  # fmt: skip
+        peak = matmul_peak_flops(device, dtype, peak_size, repeats=max(3, args.repeats // 4))
+        step_s = {name: median(times) for name, times in seconds.items()}
+        tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
+        achieved = flops / step_s["ours"]
+        results[dtype_name] = {
+            "step_ms": {name: 1000 * s for name, s in step_s.items()},
+            "tgt_tokens_per_s": tokens_per_s,
+            "ratio": {
+                peer: tokens_per_s["ours"] / tokens_per_s[peer]
+                for peer in SYSTEMS
+                if peer != "ours"
+            },
+            "model_flops_per_step": flops,
+            "achieved_flops_per_s": achieved,
+            "matmul_peak_flops_per_s": peak,
+            "fraction_of_matmul_peak": achieved / peak,
+        }
+
+    header = ["dtype", "system", "step ms", "tgt tok/s", "ours / system", "GFLOP/s", "of peak"]
+    table = []
+    for dtype_name, r in results.items():
+        for name in SYSTEMS:
+            achieved = r["model_flops_per_step"] / (r["step_ms"][name] / 1000)
+            table.append([
+                dtype_name, name, r["step_ms"][name], r["tgt_tokens_per_s"][name],
+                1.0 if name == "ours" else r["ratio"][name],
+                achieved / 1e9, f"{achieved / r['matmul_peak_flops_per_s']:.1%}",
+            ])  # fmt: skip
+    print(
+        f"batch: {num_sentences} sentences, src {num_sentences}x{src_len}, tgt {num_sentences}x"
+        f"{tgt_len}, {batch['num_tgt_tokens']} target tokens, padding {1 - real / padded:.1%}; "
+        f"vocab {vocab}; {flops / 1e9:.1f} GFLOP per step; {environment(device)}"
+    )
+    print(f"matmul peak ({peak_size}^3): " + ", ".join(
+        f"{d} {r['matmul_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s" for d, r in results.items()))  # fmt: skip
+    print_table(header, table)
+    payload = {
+        "benchmark": "train_throughput",
+        "model": model_summary(cfg.model, vocab),
+        "batch": {
+            "sentences": num_sentences,
+            "src_len": src_len,
+            "tgt_len": tgt_len,
+            "tgt_tokens": batch["num_tgt_tokens"],
+            "padding_fraction": 1 - real / padded,
+        },
+        "repeats": args.repeats,
+        "results": results,
+        "env": environment(device),
+    }
+    print_json(payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

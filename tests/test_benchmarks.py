@@ -1,0 +1,143 @@
+"""The benchmark scripts run end to end at tiny sizes (one timed round) on the real smoke-tokenized
+corpus and print a JSON line with the expected keys; the pieces their numbers rest on (FLOP
+count, equal decoding work, padding accounting) are checked against independent references."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import batching, decode_throughput, train_throughput
+from benchmarks.common import marian_model, pad_batch
+from pipeline.config import ModelConfig
+from pipeline.data.tokenizer import load_tokenized
+from pipeline.model.decoding import beam_search
+from pipeline.model.transformer import Transformer
+
+TINY_MODEL = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64"]
+ONE_ROUND = ["--repeats", "1", "--warmup", "0", "--device", "cpu"]
+TOKENS = {"pad_id": 0, "bos_id": 2, "eos_id": 3}
+
+
+def last_json_line(capsys) -> dict:
+    lines = capsys.readouterr().out.strip().splitlines()
+    return json.loads(lines[-1])
+
+
+def positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def test_train_throughput_end_to_end(tokenized_smoke, capsys):
+    argv = [
+        "--tokenized", tokenized_smoke.paths.tokenized, *TINY_MODEL, *ONE_ROUND,
+        "--target-tokens", "300", "--peak-size", "256", "--dtype", "float32",
+    ]  # fmt: skip
+    returned = train_throughput.main(argv)
+    printed = last_json_line(capsys)
+    assert printed == json.loads(json.dumps(returned, sort_keys=True))
+    assert printed["benchmark"] == "train_throughput"
+    assert printed["model"]["d_model"] == 32 and printed["model"]["vocab"] == 1000
+    batch = printed["batch"]
+    assert 150 <= batch["tgt_tokens"] <= 600  # about --target-tokens
+    result = printed["results"]["float32"]
+    assert set(result["tgt_tokens_per_s"]) == {"ours", "torch", "marian"}
+    assert set(result["ratio"]) == {"torch", "marian"}
+    for name, per_s in result["tgt_tokens_per_s"].items():
+        assert positive(per_s)
+        assert per_s == pytest.approx(batch["tgt_tokens"] / (result["step_ms"][name] / 1000))
+    assert result["ratio"]["torch"] == pytest.approx(
+        result["tgt_tokens_per_s"]["ours"] / result["tgt_tokens_per_s"]["torch"]
+    )
+    assert positive(result["matmul_peak_flops_per_s"])
+    assert result["fraction_of_matmul_peak"] == pytest.approx(
+        result["achieved_flops_per_s"] / result["matmul_peak_flops_per_s"]
+    )
+
+
+def test_training_flops_match_torch_flop_counter():
+    """The analytic count equals what torch's FlopCounterMode sees in one forward + backward
+    of our model (matmuls, attention incl. its backward), to within a few percent."""
+    cfg = ModelConfig(d_model=64, heads=4, encoder_layers=2, decoder_layers=2, d_ff=128,
+                      dropout=0.0)  # fmt: skip
+    model = Transformer(cfg, vocab_size=500, pad_id=0)
+    src = torch.randint(4, 500, (6, 11))
+    tgt_in = torch.randint(4, 500, (6, 9))
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt_in).sum().backward()
+    expected = train_throughput.training_flops(cfg, 500, batch=6, src_len=11, tgt_len=9)
+    assert counter.get_total_flops() == pytest.approx(expected, rel=0.05)
+
+
+def test_decode_throughput_end_to_end(tokenized_smoke, capsys):
+    argv = [
+        "--tokenized", tokenized_smoke.paths.tokenized, *TINY_MODEL, *ONE_ROUND,
+        "--sentences", "12", "eval.beam_size=2", "eval.max_len_b=3", "eval.max_tokens=64",
+    ]  # fmt: skip
+    decode_throughput.main(argv)
+    printed = last_json_line(capsys)
+    assert printed["benchmark"] == "decode_throughput"
+    assert printed["sentences"] == 12 and printed["beam_size"] == 2
+    assert printed["batches"] >= 2  # eval.max_tokens=64 splits 12 sentences
+    result = printed["results"]["float32"]
+    assert set(result["sentences_per_s"]) == {"cached", "uncached", "marian"}
+    assert all(positive(v) for v in result["sentences_per_s"].values())
+    assert result["ratio"]["cached_vs_uncached"] == pytest.approx(
+        result["sentences_per_s"]["cached"] / result["sentences_per_s"]["uncached"]
+    )
+    # The step count follows the length rule on each batch's longest source.
+    test = load_tokenized(tokenized_smoke.paths.tokenized)["test_2016_flickr"]
+    assert printed["decoder_steps"] >= 2 * (int(1.2 * min(test["src_len"])) + 3 + 1)
+
+
+def test_every_system_decodes_the_same_number_of_steps():
+    """Untrained weights, eos banned until the limit: our beam search (cached and not) returns
+    hypotheses of exactly L tokens, and Marian's generate L + 1 tokens after its start token,
+    so each system runs L + 1 decoder steps."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, d_ff=64)
+    vocab, steps = 50, 7
+    ours = decode_throughput.EosBanned(Transformer(cfg, vocab, 0), eos_id=3).eval()
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], pad_id=0)
+    for use_cache in (True, False):
+        hypotheses = beam_search(ours, src, bos_id=2, eos_id=3, beam_size=3, length_penalty=1.0,
+                                 max_len_a=0.0, max_len_b=steps, use_cache=use_cache)  # fmt: skip
+        assert [len(h[0].tokens) for h in hypotheses] == [steps, steps]
+    marian = marian_model(cfg, vocab, TOKENS).eval()
+    out = marian.generate(input_ids=src, attention_mask=src.ne(0), num_beams=3,
+                          max_new_tokens=steps + 1, min_new_tokens=steps + 1)  # fmt: skip
+    assert out.shape == (2, steps + 2) and not out[:, 1:].eq(3).any()
+
+
+def test_batching_end_to_end(tokenized_smoke, capsys):
+    batching.main(["--tokenized", tokenized_smoke.paths.tokenized, "--max-tokens", "1024"])
+    printed = last_json_line(capsys)
+    assert printed["benchmark"] == "batching"
+    token, fixed = printed["results"]["token_batching"], printed["results"]["fixed_size_random"]
+    examples = printed["examples"]
+    for stats in (token, fixed):
+        assert stats["sentences_per_batch"] * stats["batches"] == pytest.approx(examples)
+    assert token["max_padded_tokens"] <= 1024
+    assert token["padding_fraction"] < fixed["padding_fraction"]
+
+
+def test_padding_accounting_matches_padded_tensors(tokenized_smoke):
+    """batch_stats' padding equals the pad positions of the tensors a batch really becomes
+    (src padded; tgt_in = bos + y padded)."""
+    train = load_tokenized(tokenized_smoke.paths.tokenized)["train"]
+    src_lens, tgt_lens = np.asarray(train["src_len"]), np.asarray(train["tgt_len"])
+    batches = batching.fixed_size_batches(len(train), 37, seed=1)[:5]
+    pads = positions = 0
+    for batch in batches:
+        rows = train.select(batch)
+        src = pad_batch(rows["src_ids"], 0)
+        tgt_in = pad_batch(rows["tgt_ids"], 0, prefix=2)
+        pads += int(src.eq(0).sum() + tgt_in.eq(0).sum())
+        positions += src.numel() + tgt_in.numel()
+    stats = batching.batch_stats(batches, src_lens, tgt_lens)
+    assert stats["padding_fraction"] == pytest.approx(pads / positions)
