@@ -400,7 +400,21 @@ def run_trial(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float
 def _pruning_callback(trial: optuna.Trial, spec: StudySpec):
     from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
-    return PyTorchLightningPruningCallback(trial, monitor=spec.metric)
+    class StepPruningCallback(PyTorchLightningPruningCallback):
+        """optuna-integration reports at `current_epoch`, but we validate every
+        `train.val_check_interval` optimizer steps, often several times within one epoch:
+        report at the global step instead. Under DDP the integration's own path is kept."""
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            score = trainer.callback_metrics.get(self.monitor)
+            if self.is_ddp_backend or trainer.sanity_checking or score is None:
+                return super().on_validation_end(trainer, pl_module)
+            step = trainer.global_step
+            self._trial.report(score.item(), step=step)
+            if self._trial.should_prune():
+                raise optuna.TrialPruned(f"trial {self._trial.number} pruned at step {step}")
+
+    return StepPruningCallback(trial, monitor=spec.metric)
 
 
 def _record(trial, cfg, directory, train_metrics, eval_metrics) -> None:

@@ -11,6 +11,7 @@ import sys
 import matplotlib.image
 import optuna
 import pytest
+import yaml
 from optuna.trial import TrialState
 
 from pipeline import tracking
@@ -67,3 +68,43 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
         tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
     ]
     assert sum(r["run"]["job_type"] == "report" for r in summary) == 1
+
+
+def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, monkeypatch):
+    """TPE over heads/dropout with a median pruner: every trial reports val/bleu at each
+    validation through optuna-integration's Lightning callback, and ends complete or pruned."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    spec = {
+        "study": "search_smoke",
+        "kind": "search",
+        "base_experiment": "smoke",
+        "budget": {
+            "train.max_steps": 30,
+            "train.val_check_interval": 10,
+            "eval.splits": ["test_2016_flickr"],
+            "eval.average": 1,
+        },
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "n_trials": 3,
+        "sampler_seed": 7,
+        "space": {
+            "model.heads": {"type": "categorical", "choices": [1, 4]},
+            "model.dropout": {"type": "float", "low": 0.0, "high": 0.3},
+        },
+        "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+    }
+    spec_path = tmp_path / "search_smoke.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    results = tmp_path / "results"
+    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
+    storage = f"sqlite:///{results / 'search_smoke' / 'study.db'}"
+    study = optuna.load_study(study_name="search_smoke", storage=storage)
+    assert len(study.trials) == 3
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    first = study.trials[0]
+    assert first.state == TrialState.COMPLETE  # n_startup_trials: the first is never pruned
+    assert sorted(first.intermediate_values) == [10, 20, 30]  # every validation, by step
+    for trial in study.trials:
+        assert trial.intermediate_values
+        if trial.state == TrialState.PRUNED:
+            assert max(trial.intermediate_values) < 30
