@@ -110,6 +110,10 @@ class TrainConfig:
     devices: Any = "auto"  # int, list or "auto"
     num_nodes: int = 1
     strategy: str = "auto"  # auto picks DDP when more than one device
+    # Seconds a DDP rank waits in a collective for the others before the job fails (a dead or
+    # hung rank ends the job instead of stalling it); keep above the longest one-rank pause
+    # (a checkpoint write, logger.wandb.init_timeout).
+    ddp_timeout: float = 1800.0
     precision: str = "auto"  # auto: bf16-mixed where the hardware has bf16, else 32-true
     num_workers: int = 0
     save_top_k: int = 10  # best checkpoints by val/bleu, kept for averaging
@@ -217,6 +221,7 @@ def validate(cfg: Config) -> Config:
     _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
+    _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
     _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
     _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     _check(

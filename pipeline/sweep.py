@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 
 from pipeline import config as config_lib
 from pipeline.cli import main
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, Preempted
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +335,10 @@ def _run_and_tell(
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
             return
+        except Preempted:
+            # Left RUNNING: its heartbeat stops, so a worker re-enqueues it after the grace
+            # period, as for a killed worker (a FAIL would never be retried).
+            raise
         except Exception:
             study.tell(trial, state=TrialState.FAIL)
             log.exception("trial %d failed", trial.number)

@@ -34,6 +34,7 @@ WORKER = textwrap.dedent(
     import json, os, sys, time
     from pathlib import Path
     from pipeline import sweep
+    from pipeline.errors import Preempted
 
     spec_path, storage, log_path, results, slow_point = sys.argv[1:6]
 
@@ -44,6 +45,8 @@ WORKER = textwrap.dedent(
             log.write(json.dumps({"pid": os.getpid(), "number": trial.number, "point": point}) + "\\n")
         # The slow point's first attempt sleeps long enough to be killed mid-trial.
         retry = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
+        if point == slow_point and retry is None and os.environ.get("PREEMPT_SLOW_POINT"):
+            raise Preempted("training stopped by SIGTERM at step 3: saved last.ckpt")
         time.sleep(60 if point == slow_point and retry is None else 0.3)
         return float(params["seed"])
 
@@ -68,7 +71,7 @@ def write_spec(tmp_path: Path, name: str, variants: int = 3, seeds: int = 2) -> 
 
 
 def start_worker(
-    tmp_path: Path, spec: Path, storage: str, slow_point: str = ""
+    tmp_path: Path, spec: Path, storage: str, slow_point: str = "", env: dict | None = None
 ) -> subprocess.Popen:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -88,6 +91,7 @@ def start_worker(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, so a SIGKILL takes the whole worker
+        env=env,
     )
 
 
@@ -193,6 +197,29 @@ def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
     assert states[TrialState.COMPLETE] == 4
     assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0
     assert states[TrialState.FAIL] == 1  # the killed attempt, retried once
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert retried[0].params == {"variant": "heads_1", "seed": 1}
+
+
+@pytest.mark.slow
+def test_preempted_trial_is_left_for_another_worker_to_rerun(tmp_path):
+    """A trial whose training was preempted (checkpoint saved, `Preempted` raised) is not a
+    failure: the worker stops, and the trial is re-run like a killed worker's."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    spec_path = write_spec(tmp_path, f"preempt-{uuid.uuid4().hex[:8]}", variants=2)
+    env = {**os.environ, "PREEMPT_SLOW_POINT": "1"}
+    victim = start_worker(tmp_path, spec_path, url, slow_point="1-heads_1", env=env)
+    out, _ = victim.communicate(timeout=120)
+    assert victim.returncode != 0 and "Preempted: training stopped by SIGTERM" in out
+    preempted = [t for t in load(spec_path, url).trials if t.params.get("variant") == "heads_1"
+                 and t.params.get("seed") == 1]  # fmt: skip
+    assert [t.state for t in preempted] == [TrialState.RUNNING]  # not FAIL: it will be re-run
+
+    wait_all([start_worker(tmp_path, spec_path, url, slow_point="1-heads_1")], timeout=120)
+    study = load(spec_path, url)
+    states = Counter(t.state for t in study.trials)
+    assert states[TrialState.COMPLETE] == 4 and states[TrialState.RUNNING] == 0
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
     assert retried[0].params == {"variant": "heads_1", "seed": 1}

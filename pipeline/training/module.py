@@ -27,6 +27,7 @@ from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import Transformer
+from pipeline.training.preemption import PreemptionCallback
 
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
 BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
@@ -156,6 +157,8 @@ class TranslationModule(L.LightningModule):
         self.total_train_tokens = 0  # this rank, this process
         self.total_train_seconds = 0.0
         self._rng_to_restore: dict | None = None
+        # Set by `trainer.run`: stops training on a preemption signal at the end of a step.
+        self.preemption: PreemptionCallback | None = None
         self._last_step = 0
         self._step_lr = 0.0
         self.throughput = 0.0
@@ -252,8 +255,12 @@ class TranslationModule(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         step = self.trainer.global_step
         stepped, self._last_step = step != self._last_step, step  # not while accumulating
-        if not stepped or step % self.trainer.log_every_n_steps != 0:
-            return
+        if stepped and step % self.trainer.log_every_n_steps == 0:
+            self._log_train_window(step)
+        if stepped and self.preemption is not None:  # last: the step's bookkeeping is done
+            self.preemption.at_step_end(self.trainer)
+
+    def _log_train_window(self, step: int) -> None:
         self.check_finite()
         now = time.perf_counter()
         seconds = self._window_seconds + now - self._window_start
@@ -296,6 +303,8 @@ class TranslationModule(L.LightningModule):
     def on_validation_end(self) -> None:
         if self._window_start is not None:
             self._window_start = time.perf_counter()
+        if self.preemption is not None:  # after the checkpoint callbacks saved this step
+            self.preemption.after_validation(self.trainer)
 
     def on_validation_epoch_start(self) -> None:
         self._bleu_sources = []

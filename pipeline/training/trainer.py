@@ -11,14 +11,19 @@
 
 With `train.resume` a run that finds its own checkpoint continues from it: step, epoch,
 optimizer, schedule, random streams and the position in the epoch's batch order.
+SIGTERM/SIGUSR1 save `last.ckpt` at the end of the current step and raise `Preempted` (exit
+code 3; `pipeline.training.preemption`); under DDP a failing rank 0 takes its ranks down, and
+collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank ends the job.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 import warnings
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
@@ -26,13 +31,16 @@ import torch
 from dvclive.lightning import DVCLiveLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pipeline.config import Config, to_dict
 from pipeline.data.datamodule import TranslationDataModule
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
 from pipeline.training.checkpoints import (
     BEST_TEMPLATES,
+    LAST_NAME,
     STEP_TEMPLATE,
     AtomicCheckpointIO,
     checkpoint_dir,
@@ -41,6 +49,7 @@ from pipeline.training.checkpoints import (
     remove_checkpoints,
 )
 from pipeline.training.module import TranslationModule
+from pipeline.training.preemption import PreemptionCallback
 
 METRICS_FILE = "train.json"
 DVCLIVE_SUBDIR = "train"  # under paths.plots_dir
@@ -163,6 +172,16 @@ def build_callbacks(cfg: Config) -> list[Callback]:
     return callbacks
 
 
+def build_strategy(cfg: Config, accelerator: str) -> str | Strategy:
+    """`train.strategy` resolved; plain DDP gets `train.ddp_timeout` for its collectives, so a
+    rank that died or hangs ends the job after that long instead of stalling the others."""
+    t = cfg.train
+    strategy = resolve_strategy(t.strategy, device_count(t.devices, accelerator), t.num_nodes)
+    if strategy == "ddp":
+        return DDPStrategy(timeout=timedelta(seconds=t.ddp_timeout))
+    return strategy
+
+
 def build_trainer(
     cfg: Config, loggers: Sequence, callbacks: Sequence[Callback] = ()
 ) -> tuple[L.Trainer, str]:
@@ -170,7 +189,7 @@ def build_trainer(
     t = cfg.train
     accelerator = resolve_accelerator(t.accelerator)
     precision = resolve_precision(t.precision, accelerator)
-    strategy = resolve_strategy(t.strategy, device_count(t.devices, accelerator), t.num_nodes)
+    strategy = build_strategy(cfg, accelerator)
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=t.devices,
@@ -317,8 +336,26 @@ def run(
         dvcyaml=None,  # dvc.yaml is written by hand
         report=None,
     )
-    trainer, precision = build_trainer(cfg, [wandb, dvclive], callbacks)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    preemption = PreemptionCallback(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
+    module.preemption = preemption
+    trainer, precision = build_trainer(cfg, [wandb, dvclive], [*callbacks, preemption])
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:  # Lightning's handler, in the moment before ours took over
+        raise Preempted(
+            "training stopped by SIGTERM before its first step; run the same command again "
+            f"to resume from {ckpt_path or 'the start'}"
+        ) from None
+    except Preempted:
+        raise  # every rank saved and stopped at the same step
+    except BaseException:
+        # Rank 0 takes the ranks it launched down with it: the others fail on their own when
+        # a peer's connection closes or train.ddp_timeout passes, but a hung rank never would.
+        if trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signal.SIGKILL)
+        raise
+    finally:
+        preemption.restore()
 
     summary = summarize(cfg, trainer, module, precision, ckpt_path, time.perf_counter() - started)
     if trainer.is_global_zero:
