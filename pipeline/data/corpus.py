@@ -39,7 +39,7 @@ import unicodedata
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -502,16 +502,18 @@ def prepare(cfg: Config, cache_dir: Path | None = None) -> dict:
     return stats
 
 
-def read_prepared(cfg: Config) -> dict[str, ParallelText]:
-    """The prepared splits (input of `tokenize`); a missing file says to run `prepare`."""
+def read_prepared(
+    cfg: Config,
+    splits: Sequence[str] | None = None,
+    missing_hint: str = "run `dvc repro prepare` (or `python -m pipeline.stages.prepare`) first",
+) -> dict[str, ParallelText]:
+    """Prepared splits (all of the corpus's by default), every file checked before any is read;
+    a missing one raises DataError naming the files, with `missing_hint` for the fix."""
     result = {}
-    for split in corpus_splits(cfg.data):
+    for split in corpus_splits(cfg.data) if splits is None else splits:
         paths = [prepared_path(cfg, split, lang) for lang in (cfg.data.src_lang, cfg.data.tgt_lang)]
         absent = [str(p) for p in paths if not p.is_file()]
         if absent:
-            raise DataError(
-                f"prepared corpus missing: {', '.join(absent)}; run `dvc repro prepare` "
-                "(or `python -m pipeline.stages.prepare`) first"
-            )
+            raise DataError(f"'{split}' has no prepared text ({', '.join(absent)}): {missing_hint}")
         result[split] = read_pair(split, *paths)
     return result

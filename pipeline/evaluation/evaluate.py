@@ -31,8 +31,7 @@ from pipeline.config import Config, EvalConfig
 from pipeline.data.corpus import (
     ParallelText,
     atomic_directory,
-    prepared_path,
-    read_pair,
+    read_prepared,
     write_json_atomic,
     write_lines,
 )
@@ -286,17 +285,12 @@ def wandb_metrics(results: dict, cfg: Config) -> dict[str, float]:
 
 def read_references(cfg: Config) -> dict[str, ParallelText]:
     """The prepared source/reference text of every `eval.splits` split, checked up front."""
-    corpora = {}
-    for split in cfg.eval.splits:
-        paths = [prepared_path(cfg, split, lang) for lang in (cfg.data.src_lang, cfg.data.tgt_lang)]
-        absent = [str(p) for p in paths if not p.is_file()]
-        if absent:
-            raise DataError(
-                f"eval.splits: '{split}' has no prepared text ({', '.join(absent)}); list it "
-                "in data.test_splits and run `dvc repro prepare`, or remove it from eval.splits"
-            )
-        corpora[split] = read_pair(split, *paths)
-    return corpora
+    return read_prepared(
+        cfg,
+        cfg.eval.splits,
+        missing_hint="list it in data.test_splits and run `dvc repro prepare`, "
+        "or remove it from eval.splits",
+    )
 
 
 def run(cfg: Config, wandb_run=None) -> dict:
