@@ -10,7 +10,13 @@ The mode is `logger.wandb.mode` unless the environment sets `WANDB_MODE` (W&B's 
 switch, so `WANDB_MODE=online dvc exp run` works without editing the config): an explicit
 `wandb.init(mode=...)` would override the environment, hence the one environment read here.
 If an online start fails (no API key, no network, `logger.wandb.init_timeout` passed) the run
-starts offline with a warning.
+starts offline with a warning. An outage costs at most `init_timeout`: the server must first
+answer one HTTP request within it (a refused connection falls back at once, a server that
+accepts but never answers after `init_timeout`), because W&B's own online start spends ~10 s
+more on an account lookup, and a process that once started online spends ~20 s at exit
+probing a silent server for its usage telemetry. That telemetry follows W&B's process-wide
+mode, which is therefore set to the run's: `offline` connects only to the local socket of
+W&B's own service process, `disabled` to nothing at all (tests/test_tracking.py watches).
 
 `read_offline_run` reads a run's `.wandb` file back (config, history, summary) with W&B's own
 protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
@@ -22,6 +28,8 @@ import json
 import os
 import struct
 import time
+import urllib.error
+import urllib.request
 import warnings
 import zlib
 from pathlib import Path
@@ -45,6 +53,7 @@ def resolve_mode(configured: str) -> str:
 def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: str | None = None):
     """Start a W&B run for `cfg` (see the module docstring for mode and fallback)."""
     import wandb
+    from wandb.sdk import wandb_setup
 
     settings = cfg.logger.wandb
     directory = Path(cfg.paths.wandb_dir)
@@ -62,16 +71,36 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     }
     mode = resolve_mode(settings.mode)
     if mode == "online":
-        try:
-            return wandb.init(mode="online", **init_args)
-        except Exception as err:  # no API key, no network, timeout: W&B raises several types
-            warnings.warn(
-                f"W&B online start failed ({type(err).__name__}: {err}); logging offline under "
-                f"{directory} instead (upload later with `wandb sync`)",
-                stacklevel=2,
-            )
-            mode = "offline"
+        base_url = wandb_setup.singleton().settings.base_url  # env, `wandb login --host`
+        failure = no_answer(base_url, settings.init_timeout)
+        if failure is None:
+            try:
+                return wandb.init(mode="online", **init_args)
+            except Exception as err:  # no API key, no network, timeout: W&B raises several
+                failure = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            f"W&B online start failed ({failure}); logging offline under {directory} instead "
+            "(upload later with `wandb sync`)",
+            stacklevel=2,
+        )
+        mode = "offline"
+    # The process-wide mode too: W&B's usage telemetry follows it, not the run's, and would
+    # reach for the server at exit (a DNS lookup; ~20 s when the server is silent).
+    wandb.setup(wandb.Settings(mode=mode))
     return wandb.init(mode=mode, **init_args)
+
+
+def no_answer(url: str, timeout: float) -> str | None:
+    """Why `url` gives no HTTP answer (of any status) within `timeout` seconds; None if it
+    answers."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # an answer, if not a welcome one
+    except (OSError, ValueError) as err:  # refused, unreachable, unresolvable, timed out
+        reason = getattr(err, "reason", None) or err
+        return f"{url} gave no answer within logger.wandb.init_timeout={timeout:g} s: {reason}"
+    return None
 
 
 class PipelineWandbLogger(WandbLogger):

@@ -1,14 +1,28 @@
 """W&B runs: offline files with the full config, the env/config mode rule, online->offline
-fallback, and the reader for offline run files."""
+fallback, and the reader for offline run files; real training against an unreachable server
+(refusing, or silent) and with W&B disabled/offline, watching every connection attempt."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 
+from pipeline import config as config_lib
 from pipeline.config import to_dict
 from pipeline.tracking import offline_run_dirs, read_offline_run, resolve_mode, start_wandb_run
+from tests.conftest import redirect_paths
 
 
 @pytest.fixture
@@ -84,3 +98,199 @@ def test_reader_rejects_other_files(tmp_path):
     (tmp_path / "run-x.wandb").write_bytes(b"not a wandb log")
     with pytest.raises(ValueError, match="not a W&B run file"):
         read_offline_run(tmp_path)
+
+
+# ---------------------------------------------------------------------- outages, real training
+
+# Trains `cfg.json` (argv[1]) with `trainer.run` and writes `result.json` beside it: the metrics,
+# the seconds from run() to the first callback hook (W&B starts before it) and the end time;
+# and, from the last exit handler, `events.json`: every Python-level connect, DNS lookup and
+# process start of the whole run, exit included (audit hooks see them in every library).
+TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import atexit, json, os, sys, time
+    events = []
+    def audit(event, args):
+        if event == "socket.connect":
+            events.append(["connect", str(args[1])])
+        elif event == "socket.getaddrinfo":
+            events.append(["dns", str(args[0])])
+        elif event == "subprocess.Popen":
+            events.append(["spawn", os.path.basename(str(args[0]))])
+    sys.addaudithook(audit)
+    folder = os.path.dirname(os.path.abspath(sys.argv[1]))
+    def save_events():  # registered first, so it runs after the libraries' exit handlers
+        with open(os.path.join(folder, "events.json"), "w") as f:
+            json.dump(events, f)
+    atexit.register(save_events)
+
+    from lightning.pytorch.callbacks import Callback
+    from pipeline.config import from_dict
+    from pipeline.training.trainer import run
+
+    class Started(Callback):
+        def setup(self, trainer, module, stage):
+            self.at = time.monotonic()
+
+    with open(sys.argv[1]) as f:
+        cfg = from_dict(json.load(f))
+    started, began = Started(), time.monotonic()
+    metrics = run(cfg, callbacks=[started])
+    result = {"metrics": metrics, "setup_s": started.at - began, "ended": time.time()}
+    with open(os.path.join(folder, "result.json"), "w") as f:
+        json.dump(result, f)
+    """
+)
+TINY_RUN = [
+    "experiment=smoke",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.d_ff=64",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "train.max_tokens=3000",
+    "train.max_steps=4",
+    "train.val_check_interval=2",
+    "train.val_bleu_max_sentences=4",
+    "train.log_every_n_steps=1",
+    "train.progress_bar=false",
+]
+
+
+def _train(tokenized_smoke, root: Path, env: dict, *overrides: str, strace: bool = False):
+    """Run TRAIN_SCRIPT on the tiny config in a subprocess; (result, stderr, exit delay s,
+    connect() calls strace saw in any process or None)."""
+    cfg = config_lib.compose([f"data.raw_dir={tokenized_smoke.data.raw_dir}", *TINY_RUN,
+                              *overrides])  # fmt: skip
+    cfg = redirect_paths(cfg, root)
+    cfg.paths.prepared = tokenized_smoke.paths.prepared
+    cfg.paths.tokenized = tokenized_smoke.paths.tokenized
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cfg.json").write_text(json.dumps(to_dict(cfg)))
+    (root / "train_run.py").write_text(TRAIN_SCRIPT)
+    command = [sys.executable, "train_run.py", "cfg.json"]
+    if strace:
+        command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", "strace.txt", *command]
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    exited = time.time()
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads((root / "result.json").read_text())
+    outcome["events"] = json.loads((root / "events.json").read_text())
+    connects = None
+    if strace:
+        lines = (root / "strace.txt").read_text().splitlines()
+        connects = [line.split(" ", 1)[1] for line in lines if "connect(" in line]
+    return outcome, result.stderr, exited - outcome["ended"], connects, cfg
+
+
+def _wandb_env(**changes) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **changes}
+    env.pop("WANDB_MODE", None)  # the config's logger.wandb.mode decides unless a test sets it
+    env.pop("WANDB_SILENT", None)  # as users run it (silence skips W&B's ~10 s account lookup)
+    env.update({k: v for k, v in changes.items() if k == "WANDB_MODE"})
+    return env
+
+
+def _history(wandb_dir: str) -> list[dict]:
+    (run_dir,) = offline_run_dirs(wandb_dir)
+    saved = read_offline_run(run_dir)
+    assert saved["complete"]
+    return [{k: v for k, v in row.items() if not k.startswith("_") and "per_sec" not in k}
+            for row in saved["history"]]  # fmt: skip
+
+
+@contextlib.contextmanager
+def silent_server():
+    """A TCP server that accepts connections and never answers (a hung W&B server)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        server.close()
+
+
+def _refusing_url() -> str:
+    """A local port nothing listens on: connections are refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.slow
+def test_unreachable_server_costs_at_most_init_timeout_and_trains_like_offline(
+    tokenized_smoke, tmp_path, no_wandb_account
+):
+    init_timeout = 5.0
+    offline, _, offline_exit, _, offline_cfg = _train(tokenized_smoke, tmp_path / "offline",
+                                                      _wandb_env())  # fmt: skip
+    fake_key = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}  # 40 characters
+    online = ["logger.wandb.mode=online", f"logger.wandb.init_timeout={init_timeout}"]
+    with silent_server() as silent_url:
+        for name, url in [("silent", silent_url), ("refusing", _refusing_url())]:
+            env = _wandb_env(WANDB_BASE_URL=url, **fake_key)
+            outcome, stderr, exit_delay, _, cfg = _train(tokenized_smoke, tmp_path / name, env,
+                                                         *online)  # fmt: skip
+            delay = outcome["setup_s"] - offline["setup_s"]
+            print(f"W&B server {name}: start {delay:+.2f} s, exit {exit_delay:.2f} s vs offline "
+                  f"{offline_exit:.2f} s")  # fmt: skip
+            assert "W&B online start failed" in stderr and url in stderr
+            assert delay < init_timeout + 3  # + noise between two runs on shared cores
+            assert exit_delay < offline_exit + 3
+            # The same training and the same W&B history, kept offline (`wandb sync` later).
+            for key in ("val/loss", "steps", "num_parameters"):
+                assert outcome["metrics"][key] == offline["metrics"][key], key
+            assert outcome["metrics"]["last"] == offline["metrics"]["last"]
+            assert _history(cfg.paths.wandb_dir) == _history(offline_cfg.paths.wandb_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "mode"), [("env", "disabled"), ("config", "disabled"), ("config", "offline")]
+)
+def test_disabled_and_offline_training_open_no_network_connection(
+    tokenized_smoke, tmp_path, where, mode
+):
+    """Every connect() of every process (strace, where installed) and every Python-level
+    connect, DNS lookup and process start (audit hooks): disabled opens no socket at all,
+    offline only the local socket of W&B's own service; neither reaches for the network."""
+    env = _wandb_env(WANDB_MODE=mode) if where == "env" else _wandb_env()
+    # A reachable-looking server, to be sure nothing tries it.
+    env["WANDB_BASE_URL"] = "http://192.0.2.1:8080"  # TEST-NET-1: never routed
+    overrides = [f"logger.wandb.mode={mode}"] if where == "config" else []
+    outcome, _, _, connects, cfg = _train(tokenized_smoke, tmp_path, env, *overrides,
+                                          strace=shutil.which("strace") is not None)  # fmt: skip
+    assert outcome["metrics"]["steps"] == 4
+    events = outcome["events"]
+    assert not [e for e in events if e[0] == "dns"], events
+    if mode == "disabled":
+        assert events == [], events  # no connection, no lookup, no W&B service process
+        assert offline_run_dirs(cfg.paths.wandb_dir) == []
+    else:
+        assert "wandb-core" in [e[1] for e in events if e[0] == "spawn"]  # its local service
+        assert all(e[1].startswith("/") for e in events if e[0] == "connect"), events  # AF_UNIX
+        assert len(offline_run_dirs(cfg.paths.wandb_dir)) == 1
+    if connects is not None:
+        network = [c for c in connects if "AF_INET" in c]
+        local = [c for c in connects if "AF_UNIX" in c and "nscd" not in c]
+        print(f"{where} {mode}: connect() calls {connects}")
+        assert network == []
+        if mode == "disabled":
+            assert local == []  # (glibc's user-name lookups may ask nscd: not W&B, not network)
