@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+from pipeline.errors import ConfigError
 
 
 @pytest.fixture
@@ -171,3 +172,39 @@ class ShardRecorder(RecordingModule):
     def on_train_end(self) -> None:
         ids = [batch for _, batch in self.seen]
         Path(self.out_dir, f"rank{self.global_rank}.json").write_text(json.dumps(ids))
+
+
+def _longest(tokenized_smoke, split_names) -> tuple[int, str, int, str]:
+    """(positions, split, example, side) of the longest sequence, read from the saved
+    `src_len`/`tgt_len` columns (a target needs one more position: bos/eos)."""
+    import datasets
+
+    saved = datasets.load_from_disk(str(Path(tokenized_smoke.paths.tokenized) / "splits"))
+    worst = (0, "", -1, "")
+    for name in split_names:
+        for side, column, extra in (("source", "src_len", 0), ("target", "tgt_len", 1)):
+            for index, length in enumerate(saved[name][column]):
+                if length + extra > worst[0]:
+                    worst = (length + extra, name, index, side)
+    return worst
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_max_positions_shorter_than_the_data_is_refused_naming_split_and_length(
+    tokenized_smoke, positional
+):
+    names = ["train", "val"]
+    positions, split, index, side = _longest(tokenized_smoke, names)
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.model.positional = positional
+    cfg.model.max_positions = positions  # exactly enough
+    dm = TranslationDataModule(cfg)
+    dm.check_max_positions(names)
+    cfg.model.max_positions = positions - 1
+    with pytest.raises(ConfigError) as refused:
+        dm.check_max_positions(names)
+    assert str(refused.value).startswith(
+        f"config key 'model.max_positions'={positions - 1} is shorter than the data: split "
+        f"'{split}' example {index} has a {side} of {positions} positions"
+    )
+    assert f"at least {positions}" in str(refused.value)

@@ -427,3 +427,15 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 8
     assert metrics["val/bleu"] is not None
+
+
+def test_max_positions_shorter_than_the_data_is_refused_before_training(tokenized_smoke, tmp_path):
+    cfg = redirect_paths(copy.deepcopy(tokenized_smoke), tmp_path)
+    cfg.paths.prepared, cfg.paths.tokenized = (tokenized_smoke.paths.prepared,
+                                               tokenized_smoke.paths.tokenized)  # fmt: skip
+    cfg.model.positional, cfg.model.max_positions = "learned", 8
+    with pytest.raises(ConfigError, match=r"'model.max_positions'=8 is shorter than the data: "
+                                          r"split 'train' example \d+ has a (source|target) of"):  # fmt: skip
+        run(cfg)
+    assert not checkpoint_dir(cfg.paths.train_dir).exists()  # nothing trained, nothing saved
+    assert offline_run_dirs(cfg.paths.wandb_dir) == []  # no W&B run started

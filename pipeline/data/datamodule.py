@@ -32,9 +32,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.config import Config
-from pipeline.data.batching import TokenBatchSampler, eval_batches
+from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 
 
 class TokenizedSplit(Dataset):
@@ -143,6 +143,29 @@ class TranslationDataModule(L.LightningDataModule):
                 f"{self.cfg.paths.tokenized}/{MODEL_FILE}: special ids (pad, unk, bos, eos)={got} "
                 f"differ from data.tokenizer {(want.pad_id, want.unk_id, want.bos_id, want.eos_id)}; "
                 "re-run `dvc repro tokenize`"
+            )
+
+    def check_max_positions(self, names: Sequence[str]) -> None:
+        """Refuse a model whose position table cannot hold these splits (a ConfigError before
+        any training, not one at the first batch that is too long): the encoder reads
+        `src_len` positions, the decoder `tgt_len + 1` ([bos] + y, y + [eos])."""
+        limit = self.cfg.model.max_positions
+        worst = None  # (positions, split, example, side)
+        for name in names:
+            split = self.split(name)
+            for side, sequences, extra in (("source", split.src_ids, 0),
+                                           ("target", split.tgt_ids, TARGET_SPECIALS)):  # fmt: skip
+                for index, ids in enumerate(sequences):
+                    if worst is None or len(ids) + extra > worst[0]:
+                        worst = (len(ids) + extra, name, index, side)
+        if worst is not None and worst[0] > limit:
+            positions, name, index, side = worst
+            plus = " (its tokens + bos/eos)" if side == "target" else ""
+            raise ConfigError(
+                f"config key 'model.max_positions'={limit} is shorter than the data: split "
+                f"'{name}' example {index} has a {side} of {positions} positions{plus}. Raise "
+                f"model.max_positions to at least {positions}, or drop long training pairs "
+                "(data.filter.max_words) and re-run `dvc repro tokenize`"
             )
 
     @property
