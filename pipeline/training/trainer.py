@@ -321,12 +321,11 @@ def run(
     """
     started = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = TranslationDataModule(cfg)
-    datamodule.setup("fit")
-    # Refused before anything trains (or a previous run's checkpoints are cleared).
-    datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])
     ckpt_path = resume_checkpoint(cfg)
 
+    datamodule = TranslationDataModule(cfg)
+    datamodule.setup("fit")
+    datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
