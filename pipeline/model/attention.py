@@ -17,7 +17,7 @@ projects the encoder output once and reuses it at every step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -87,26 +87,66 @@ def _combine(attn_mask: Tensor | None, other: Tensor) -> Tensor:
     return other if attn_mask is None else attn_mask & other
 
 
+CACHE_GROWTH = 8  # time steps a self-attention cache's buffers grow by when full
+
+
 @dataclass
 class KeyValueCache:
-    """Keys and values of one attention sublayer kept between decoding steps, (B, h, t, d_k)."""
+    """Keys and values of one attention sublayer kept between decoding steps, (B, h, t, d_k).
+
+    Self-attention appends every step. Rather than a `torch.cat` of the whole history per step
+    (one more full copy on top of beam search's reordering), `keys`/`values` are views of the
+    first t steps of (B, h, capacity, d_k) buffers with spare steps: appending writes the new
+    step only, and reordering gathers the buffers' rows in one pass.
+    Cross-attention stores the projected memory in `keys`/`values` directly (no buffers).
+    """
 
     keys: Tensor | None = None
     values: Tensor | None = None
+    key_buffer: Tensor | None = field(default=None, repr=False)
+    value_buffer: Tensor | None = field(default=None, repr=False)
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Self-attention: add this step's keys/values after the previous ones; return all."""
-        if self.keys is not None:
-            keys = torch.cat([self.keys, keys], dim=2)
-            values = torch.cat([self.values, values], dim=2)
-        self.keys, self.values = keys, values
-        return keys, values
+        self.key_buffer, self.keys = _append_steps(self.key_buffer, self.keys, keys)
+        self.value_buffer, self.values = _append_steps(self.value_buffer, self.values, values)
+        return self.keys, self.values
 
     def index_select(self, indices: Tensor) -> None:
         """Keep/reorder batch rows (beam search reordering, dropping finished sentences)."""
-        if self.keys is not None:
+        if self.keys is None:
+            return
+        if self.key_buffer is None:  # cross-attention's projected memory
             self.keys = self.keys.index_select(0, indices)
             self.values = self.values.index_select(0, indices)
+            return
+        self.key_buffer, self.keys = _gather_rows(self.key_buffer, self.keys, indices)
+        self.value_buffer, self.values = _gather_rows(self.value_buffer, self.values, indices)
+
+
+def _append_steps(
+    buffer: Tensor | None, filled: Tensor | None, new: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Write `new` (B, h, n, d) after the `filled` (B, h, t, d) view of `buffer`, growing the
+    buffer when it is full. Returns (buffer, view of its first t + n steps)."""
+    length = 0 if filled is None else filled.size(2)
+    end = length + new.size(2)
+    if buffer is None or end > buffer.size(2):
+        batch, heads, _, d_k = new.shape
+        grown = new.new_empty(batch, heads, end + CACHE_GROWTH, d_k)
+        if filled is not None:
+            grown[:, :, :length] = filled
+        buffer = grown
+    buffer[:, :, length:end] = new
+    return buffer, buffer[:, :, :end]
+
+
+def _gather_rows(buffer: Tensor, filled: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows `indices` of the buffer, gathered whole: a gather between contiguous tensors
+    copies each row in one block, several times faster than gathering the strided view of
+    the filled steps, which more than pays for the few spare steps copied along."""
+    gathered = buffer.index_select(0, indices)
+    return gathered, gathered[:, :, : filled.size(2)]
 
 
 class MultiHeadAttention(nn.Module):
