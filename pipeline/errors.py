@@ -4,6 +4,9 @@ The CLIs print the message without a traceback (see `pipeline.cli.main`), so the
 message itself must name the file, line or key, and say what to do about it.
 """
 
+import errno
+from pathlib import Path
+
 
 class PipelineError(Exception):
     """A problem the user can fix; the message names the file/line/key and the fix."""
@@ -24,3 +27,32 @@ class Preempted(PipelineError):
     command again resumes from it (see `pipeline.training.preemption`)."""
 
     exit_code = 3
+
+
+class DiskFullError(PipelineError):
+    """No space left while writing an artifact; written atomically, the previous one is kept."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from or while handling, is ENOSPC/EDQUOT
+    (libraries wrap it: torch.save raises a RuntimeError during the failed write's OSError)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _DISK_FULL:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_error(path, previous_existed: bool) -> DiskFullError:
+    """The error for an atomic write of `path` that ran out of space (nothing was replaced)."""
+    path = Path(path)
+    kept = f"the previous {path.name} is intact" if previous_existed else "nothing was written"
+    return DiskFullError(
+        f"{path}: disk full (no space left on device) while writing it; {kept}. Free space "
+        f"on that disk (`df -h {path.parent}`) or point paths.* elsewhere, then run again."
+    )

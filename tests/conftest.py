@@ -44,6 +44,29 @@ def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
 
 
 @pytest.fixture
+def small_disk(tmp_path):
+    """A real 16 MiB tmpfs mounted at tmp_path/disk (needs root; skips where it cannot be
+    mounted), and `fill(free)`, which leaves only `free` bytes of it unused."""
+    import subprocess
+    from types import SimpleNamespace
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+
+    def fill(free: int) -> None:
+        stat = os.statvfs(mount)
+        with open(mount / ".filler", "ab") as filler:
+            filler.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - free))
+
+    yield SimpleNamespace(path=mount, fill=fill)
+    subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+@pytest.fixture
 def make_config(tmp_path, multi30k_dir):
     """Compose conf/ with Hydra overrides, outputs under tmp_path, data from the real corpus."""
 

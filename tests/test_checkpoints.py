@@ -1,7 +1,10 @@
-"""Checkpoints: crash-safe writes, resume discovery, selection for averaging, averaging."""
+"""Checkpoints: crash-safe writes (a kill, a full disk), resume discovery, selection for
+averaging, averaging."""
 
 from __future__ import annotations
 
+import copy
+import errno
 import json
 import os
 import signal
@@ -11,12 +14,15 @@ import time
 
 import pytest
 import torch
+import yaml
 
-from pipeline.errors import DataError
+from pipeline.config import to_dict
+from pipeline.errors import DataError, DiskFullError
 from pipeline.training.checkpoints import (
     LAST_NAME,
     PROGRESS_NAME,
     AtomicCheckpointIO,
+    atomic_write,
     average_checkpoints,
     checkpoint_dir,
     find_resume_checkpoint,
@@ -71,6 +77,86 @@ def test_atomic_save_survives_a_kill_mid_write(tmp_path):
     assert temp.exists(), "the kill should have hit during the write"
     assert read_checkpoint(target)["global_step"] == 1  # the old file is intact
     assert json.loads((tmp_path / PROGRESS_NAME).read_text())["step"] == 1
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(small_disk):
+    directory = checkpoint_dir(small_disk.path)
+    target = directory / LAST_NAME
+    _save(target, step=1)
+    before = {path.name: path.read_bytes() for path in directory.iterdir()}
+    small_disk.fill(free=64 * 1024)
+    big = {"global_step": 2, "hyper_parameters": {}, "state_dict": {"w": torch.zeros(512, 1024)}}
+    with pytest.raises(DiskFullError) as full:  # a real ENOSPC from a real (tmpfs) filesystem
+        AtomicCheckpointIO().save_checkpoint(big, target)
+    assert str(full.value).startswith(
+        f"{target}: disk full (no space left on device) while writing it; the previous "
+        "last.ckpt is intact. Free space"
+    )
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == before  # no temp
+    assert find_resume_checkpoint(small_disk.path) == target
+
+
+def test_disk_full_is_recognised_when_a_library_wraps_it(tmp_path):
+    """torch.save reports a failed write as a RuntimeError raised during the OSError."""
+    existing, new = tmp_path / LAST_NAME, tmp_path / "step-0000002.ckpt"
+    _save(existing, step=1)
+    before = existing.read_bytes()
+
+    def write_then_fail(f) -> None:
+        f.write(b"\0" * 4096)
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from None
+
+    with pytest.raises(DiskFullError, match="last.ckpt: disk full .* the previous last.ckpt is"):
+        atomic_write(existing, write_then_fail)
+    with pytest.raises(DiskFullError, match="step-0000002.ckpt: disk full .*; nothing was written"):
+        atomic_write(new, write_then_fail)
+    assert existing.read_bytes() == before and not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LAST_NAME, PROGRESS_NAME]
+
+    def other_failure(f) -> None:
+        raise RuntimeError("not a full disk")
+
+    with pytest.raises(RuntimeError, match="not a full disk"):  # other errors pass unchanged
+        atomic_write(existing, other_failure)
+
+
+@pytest.mark.slow
+def test_train_stage_on_a_full_disk_exits_2_naming_the_checkpoint_and_resumes_later(
+    tokenized_smoke, tmp_path, small_disk
+):
+    cfg = copy.deepcopy(tokenized_smoke)
+    for name in ("metrics_dir", "plots_dir", "wandb_dir", "eval_dir"):
+        setattr(cfg.paths, name, str(tmp_path / name))
+    cfg.paths.train_dir = str(small_disk.path / "train")
+    cfg.model.d_model, cfg.model.heads, cfg.model.d_ff = 32, 2, 64
+    cfg.model.encoder_layers = cfg.model.decoder_layers = 1
+    cfg.train.max_tokens, cfg.train.max_steps, cfg.train.val_check_interval = 3000, 30, 10
+    cfg.train.val_bleu, cfg.train.progress_bar = False, False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    stage = [sys.executable, "-m", "pipeline.stages.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A checkpoint here is ~0.7 MB; step 10 writes three (step-10, last, best). Room for one
+    # more: at step 20, step-0000020.ckpt fits and the new last.ckpt does not.
+    small_disk.fill(free=3 * 1024 * 1024 + 300 * 1024)
+    result = subprocess.run(stage, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    last = checkpoint_dir(cfg.paths.train_dir) / LAST_NAME
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"error: {last}: disk full (no space left on device) while writing it; the " \
+        "previous last.ckpt is intact" in result.stderr  # fmt: skip
+    assert read_checkpoint(last)["global_step"] == 10
+    assert not [p for p in last.parent.iterdir() if p.name.startswith(".")]  # no temp files
+
+    (small_disk.path / ".filler").unlink()  # space freed: the same command resumes
+    result = subprocess.run(stage, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "metrics_dir" / "train.json").read_text())
+    assert summary["resumed_from"] == str(last) and summary["steps"] == 30
 
 
 def test_save_records_progress(tmp_path):

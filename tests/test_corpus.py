@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import json
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import RAW_DIR_ENV, Config
-from pipeline.data.corpus import normalize, prepare, read_lines
-from pipeline.errors import ConfigError, DataError
+from pipeline.data.corpus import atomic_directory, normalize, prepare, read_lines
+from pipeline.errors import ConfigError, DataError, DiskFullError
 
 SPLITS = ("train", "val", "test_2016_flickr")
 SLICE = 40  # lines per split in the sliced copies
@@ -398,3 +399,17 @@ def test_prepare_stage_cli(tmp_path, multi30k_dir):
         failed.stderr.startswith("error: missing corpus files") and "Traceback" not in failed.stderr
     )
     assert (tmp_path / "data/prepared/train.en").exists()  # the good output survived
+
+
+def test_atomic_directory_on_a_full_disk_keeps_the_previous_output(tmp_path):
+    """ENOSPC while the new output is written (as `datasets` raises it): a DiskFullError that
+    says the previous output is intact, which it is; no staging folder is left behind."""
+    target = tmp_path / "tokenized"
+    with atomic_directory(target) as staging:
+        (staging / "spm.model").write_bytes(b"previous")
+    with pytest.raises(DiskFullError, match="tokenized: disk full .*; the previous tokenized is"):
+        with atomic_directory(target) as staging:
+            (staging / "spm.model").write_bytes(b"new, half")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenized"]
+    assert (target / "spm.model").read_bytes() == b"previous"

@@ -24,7 +24,7 @@ from pipeline.data.tokenizer import (
     load_tokenized,
     tokenize,
 )
-from pipeline.errors import DataError
+from pipeline.errors import DataError, DiskFullError
 
 
 def lines(path: Path) -> list[str]:
@@ -248,3 +248,30 @@ def test_tokenize_stage_cli(tokenized_smoke, tmp_path, multi30k_dir):
     model = Path(tokenized_smoke.paths.tokenized, MODEL_FILE).read_bytes()
     assert (tokenized / MODEL_FILE).read_bytes() == model  # same input, same bytes
     assert json.loads((tmp_path / "metrics" / "tokenize.json").read_text())["vocab_size"] == 1000
+
+
+def test_disk_full_while_tokenizing_keeps_the_previous_output(tokenized_smoke, small_disk):
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.paths.tokenized = str(small_disk.path / "tokenized")
+    cfg.paths.metrics_dir = str(small_disk.path.parent / "metrics")
+    tokenize(cfg)  # the previous output, on the small disk
+
+    def contents() -> dict[str, bytes]:
+        root = Path(cfg.paths.tokenized)
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    before = contents()
+    small_disk.fill(free=256 * 1024)  # the new output (~2 MB) is staged beside the old one
+    with pytest.raises(DiskFullError) as full:  # a real ENOSPC from a real (tmpfs) filesystem
+        tokenize(cfg)
+    assert str(full.value).startswith(
+        f"{cfg.paths.tokenized}: disk full (no space left on device) while writing it; the "
+        "previous tokenized is intact."
+    )
+    assert contents() == before  # byte for byte
+    assert sorted(p.name for p in small_disk.path.iterdir()) == [".filler", "tokenized"]
+    reference = load_tokenized(tokenized_smoke.paths.tokenized)
+    loaded = load_tokenized(cfg.paths.tokenized)  # passes its integrity checks
+    assert {name: len(split) for name, split in loaded.items()} == {
+        name: len(split) for name, split in reference.items()
+    }

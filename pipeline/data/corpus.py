@@ -47,7 +47,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pipeline.config import RAW_DIR_ENV, Config, DataConfig
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import ConfigError, DataError, disk_full_error, is_disk_full
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "transformer-ablations"
 DOWNLOAD_TIMEOUT_S = 60.0  # per network read; a stalled server fails instead of hanging
@@ -425,21 +425,25 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temp folder beside `target`; on success it replaces `target`.
 
     On an exception the temp folder is removed and `target` (a previous good output) is left
-    untouched. The swap is two renames on one filesystem: the old output moves aside, the
-    new one takes its name, then the old one is deleted.
+    untouched; a full disk is a DiskFullError that says so. The swap is two renames on one
+    filesystem: the old output moves aside, the new one takes its name, then the old one is
+    deleted.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     os.chmod(staging, 0o777 & ~_UMASK)
+    previous = None
     try:
         yield staging
-    except BaseException:
+        if target.exists():  # (a new folder: may also find the disk full)
+            previous = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(err):
+            raise disk_full_error(target, previous_existed=target.exists()) from err
         raise
-    previous = None
-    if target.exists():
-        previous = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    if previous is not None:
         os.replace(target, previous / target.name)
     os.replace(staging, target)
     if previous is not None:
@@ -457,6 +461,10 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
             json.dump(payload, handle, indent=2, sort_keys=False)
             handle.write("\n")
         os.replace(tmp, path)
+    except OSError as err:
+        if is_disk_full(err):
+            raise disk_full_error(path, previous_existed=path.exists()) from err
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, disk_full_error, is_disk_full
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_NAME = "last.ckpt"
@@ -60,7 +60,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`."""
+    """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
+
+    A full disk raises DiskFullError naming `path`; the previous file is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -70,6 +72,10 @@ def atomic_write(path: str | os.PathLike, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as err:
+        if is_disk_full(err):
+            raise disk_full_error(path, previous_existed=path.exists()) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
