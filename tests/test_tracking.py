@@ -188,6 +188,7 @@ def _wandb_env(**changes) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **changes}
     env.pop("WANDB_MODE", None)  # the config's logger.wandb.mode decides unless a test sets it
     env.pop("WANDB_SILENT", None)  # as users run it (silence skips W&B's ~10 s account lookup)
+    env.pop("WANDB_SERVICE", None)  # this process's W&B service, if a test started one
     env.update({k: v for k, v in changes.items() if k == "WANDB_MODE"})
     return env
 
