@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -54,6 +55,7 @@ def add_timing_args(parser: argparse.ArgumentParser, repeats: int, warmup: int) 
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (median)")
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (torch default)")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +70,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_config(args: argparse.Namespace) -> Config:
-    """conf/ composed with the positional overrides, then the explicit size flags."""
-    overrides = list(args.overrides)
+    """conf/ composed with the paper's model group (conf/model/base.yaml: dropout 0.1, ...),
+    the positional overrides, then the explicit size flags."""
+    overrides = ["model=base", *args.overrides]
     if hasattr(args, "d_model"):
         overrides += [
             f"model.d_model={args.d_model}",
@@ -85,7 +88,11 @@ def bench_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    """The device of `--device` (auto: cuda when available); applies `--threads`."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = args.device
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -279,6 +286,8 @@ def environment(device: torch.device) -> dict:
         "device": str(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        # libgomp's barrier policy: PASSIVE keeps timings sane when other processes share the cores
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
