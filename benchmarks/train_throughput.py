@@ -10,9 +10,10 @@ Systems (all untrained, in training mode, dropout as configured):
           nn.Transformer always adds a final LayerNorm to each stack (two more than ours).
   marian  Hugging Face MarianMTModel built from a MarianConfig of the same sizes (see
           `benchmarks.common.marian_model`); SDPA attention.
-A step is: zero grads, forward, the project's label-smoothed cross-entropy
-(`pipeline.training.module.label_smoothed_nll`, the same for all), backward, Adam step
-(betas/eps from conf/train). The batch is the median-length batch of the project's
+A step is: zero grads, forward, label-smoothed cross-entropy (ours: as training computes it,
+the output layer fused with the loss, `pipeline.training.loss.output_layer_loss`; the peers:
+what their users write, logits then `F.cross_entropy(label_smoothing=...)`; the same values),
+backward, Adam step (betas/eps from conf/train). The batch is the median-length batch of the project's
 `TokenBatchSampler` over the real training split, with a token budget chosen to give about
 `--target-tokens` target tokens.
 
@@ -31,6 +32,7 @@ import argparse
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from benchmarks.common import (
     DTYPES,
@@ -57,6 +59,7 @@ from pipeline.config import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
+from pipeline.training.loss import output_layer_loss
 
 SYSTEMS = ("ours", "torch", "marian")
 
@@ -147,30 +150,41 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
     ours = Transformer(cfg.model, vocab, tokens["pad_id"])
     peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"])
     marian = marian_model(cfg.model, vocab, tokens)
-    forwards = {
-        "ours": (ours, lambda src, tgt_in: ours(src, tgt_in)),
-        "torch": (peer, lambda src, tgt_in: peer(src, tgt_in)),
-        "marian": (
-            marian,
-            lambda src, tgt_in: (
-                marian(
-                    input_ids=src, attention_mask=src.ne(tokens["pad_id"]), decoder_input_ids=tgt_in
-                ).logits
-            ),
-        ),
+    pad_id, epsilon = tokens["pad_id"], cfg.train.label_smoothing
+
+    def our_loss(batch: dict) -> Tensor:  # as TranslationModule._loss computes it
+        states = ours.teacher_forced_states(batch["src"], batch["tgt_in"])
+        return output_layer_loss(
+            states, ours.output_projection, batch["tgt_out"], epsilon=epsilon, pad_id=pad_id,
+            chunk_rows=cfg.train.loss_chunk_rows,
+        )[0]  # fmt: skip
+
+    def marian_logits(src: Tensor, tgt_in: Tensor) -> Tensor:
+        return marian(input_ids=src, attention_mask=src.ne(pad_id), decoder_input_ids=tgt_in).logits
+
+    systems = {
+        "ours": (ours, our_loss),
+        "torch": (peer, lambda batch: peer_loss(peer, batch, epsilon, pad_id)),
+        "marian": (marian, lambda batch: peer_loss(marian_logits, batch, epsilon, pad_id)),
     }
-    for module, _ in forwards.values():
+    for module, _ in systems.values():
         module.to(device).train()
-    return forwards
+    return systems
 
 
-def training_step_fn(
-    module: nn.Module, forward, batch: dict, cfg: Config, pad_id: int, device, dtype
-):
-    """One optimizer step as the training module takes it (loss inside autocast, as Lightning's
-    bf16-mixed does; the loss itself is computed in float32)."""
-    from pipeline.training.module import label_smoothed_nll
+def peer_loss(forward, batch: dict, epsilon: float, pad_id: int) -> Tensor:
+    """What a user of a peer writes: logits, then PyTorch's own label-smoothed cross-entropy
+    in float32."""
+    logits = forward(batch["src"], batch["tgt_in"])
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), batch["tgt_out"].reshape(-1),
+        ignore_index=pad_id, label_smoothing=epsilon, reduction="sum",
+    )  # fmt: skip
 
+
+def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, device, dtype):
+    """One optimizer step as the training module takes it (forward and loss inside autocast,
+    as Lightning's bf16-mixed does; the softmax of every loss in float32)."""
     t = cfg.train
     optimizer = torch.optim.Adam(
         module.parameters(), lr=1e-4, betas=tuple(t.adam_betas), eps=t.adam_eps
@@ -179,10 +193,7 @@ def training_step_fn(
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with autocast(device, dtype):
-            logits = forward(batch["src"], batch["tgt_in"])
-            loss, _ = label_smoothed_nll(
-                logits, batch["tgt_out"], epsilon=t.label_smoothing, pad_id=pad_id
-            )
+            loss = loss_fn(batch)
         (loss / batch["num_tgt_tokens"]).backward()
         optimizer.step()
 
@@ -229,8 +240,8 @@ def run(args: argparse.Namespace) -> dict:
     for dtype_name in chosen_dtypes(args, device):
         dtype = DTYPES[dtype_name]
         steps = {
-            name: training_step_fn(module, forward, batch, cfg, pad, device, dtype)
-            for name, (module, forward) in systems.items()
+            name: training_step_fn(module, loss_fn, batch, cfg, device, dtype)
+            for name, (module, loss_fn) in systems.items()
         }
         seconds = time_interleaved(
             steps, repeats=args.repeats, warmup=args.warmup, device=device,

@@ -120,6 +120,7 @@ class TrainConfig:
     early_stopping_patience: Optional[int] = None  # validations without val/bleu improving
     resume: bool = True
     compile: bool = False
+    loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
     log_every_n_steps: int = 50
     progress_bar: bool = True
     deterministic: bool = False
@@ -215,6 +216,7 @@ def validate(cfg: Config) -> Config:
         f"must be in [0, 1), got {t.label_smoothing}",
     )
     _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _check(t.loss_chunk_rows > 0, "train.loss_chunk_rows", "must be positive")
     _check(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
     _check(t.lr_factor > 0, "train.lr_factor", "must be positive")
     _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")

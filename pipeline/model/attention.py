@@ -56,7 +56,7 @@ def scaled_dot_product_attention(
     reference (and the only path that can return the weights).
     """
     query_len, key_len = q.size(-2), k.size(-2)
-    if fused and not need_weights:
+    if fused and not need_weights and not _fused_kernel_is_slow(q):
         if causal and query_len == key_len and attn_mask is None:
             # The kernel's own causal mask: no (T, T) mask tensor is built or read.
             return F.scaled_dot_product_attention(
@@ -75,12 +75,19 @@ def scaled_dot_product_attention(
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)  # fp32 under bf16
     if attn_mask is not None:
         # Fully masked rows are softmax(-inf, ..., -inf) = NaN; like the fused kernel, give them 0.
         weights = weights.masked_fill(~attn_mask, 0.0)
     output = F.dropout(weights, p=dropout_p) @ v  # (B, h, T_q, d_v)
     return output, (weights if need_weights else None)
+
+
+def _fused_kernel_is_slow(q: Tensor) -> bool:
+    """torch's CPU kernel in bf16/fp16 (autocast): its backward runs ~5x slower than the fp32
+    kernel and ~6x slower than the explicit formula with bf16 matmuls (benchmarks/
+    train_throughput.py), so reduced precision on a CPU takes the explicit path."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def _combine(attn_mask: Tensor | None, other: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from pipeline.config import ModelConfig
 from pipeline.model.attention import KeyValueCache, MultiHeadAttention
+from pipeline.model.dropout import Dropout
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -29,7 +30,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)  # W_1, b_1
         self.linear2 = nn.Linear(d_ff, d_model)  # W_2, b_2
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d_model) -> (B, T, d_model)
         return self.linear2(self.activation_dropout(F.relu(self.linear1(x))))
@@ -46,7 +47,7 @@ class ResidualNorm(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def sublayer_input(self, x: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from pipeline.config import ModelConfig
 from pipeline.model.attention import padding_attention_mask
+from pipeline.model.dropout import Dropout
 from pipeline.model.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
 from pipeline.model.positional import LearnedPositionalEmbedding, build_positional
 
@@ -69,7 +70,7 @@ class Transformer(nn.Module):
             else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
         )
         self.positional = build_positional(cfg.positional, cfg.d_model, cfg.max_positions)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm sublayers leave the residual stream un-normalised: normalise the stacks' outputs.
@@ -122,8 +123,18 @@ class Transformer(nn.Module):
         src_pad_mask: Tensor,
         cache: DecoderCache | None = None,
     ) -> Tensor:
+        """`decoder_states` through the pre-softmax linear layer -> logits (B, T_new, vocab)."""
+        return self.output_projection(self.decoder_states(tgt_in, memory, src_pad_mask, cache))
+
+    def decoder_states(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_pad_mask: Tensor,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
         """tgt_in (B, T) target prefix, starting with bos; memory (B, S, d_model) and
-        src_pad_mask (B, S) from `encode` -> logits (B, T_new, vocab).
+        src_pad_mask (B, S) from `encode` -> the decoder stack's output (B, T_new, d_model).
 
         Without a cache every position is decoded (T_new = T). With a `DecoderCache` only the
         positions not yet in it are (T_new = T - cache.length; one per step in greedy/beam
@@ -143,12 +154,17 @@ class Transformer(nn.Module):
             x, _ = layer(x, memory, memory_mask, cache=layer_cache)
         if cache is not None:
             cache.length = tgt_in.size(1)
-        return self.output_projection(self.decoder_norm(x))
+        return self.decoder_norm(x)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) -> logits (B, T, vocab)."""
+        return self.output_projection(self.teacher_forced_states(src, tgt_in))
+
+    def teacher_forced_states(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """`forward` short of the output layer: (B, T, d_model). Training applies the output
+        layer fused with its loss (`pipeline.training.loss.output_layer_loss`)."""
         memory, src_pad_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_pad_mask)
+        return self.decoder_states(tgt_in, memory, src_pad_mask)
 
     @torch.no_grad()
     def cross_attention_weights(self, src: Tensor, tgt_in: Tensor) -> Tensor:

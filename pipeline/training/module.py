@@ -27,6 +27,7 @@ from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import Transformer
+from pipeline.training.loss import output_layer_loss
 from pipeline.training.preemption import PreemptionCallback
 
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
@@ -35,26 +36,6 @@ BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
 
 class DivergedError(PipelineError):
     """The training loss became NaN or infinite."""
-
-
-def label_smoothed_nll(
-    logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int
-) -> tuple[Tensor, Tensor]:
-    """Section 5.4: cross-entropy against q = (1 - eps) * onehot(y) + eps / V (the smoothing
-    mass spread uniformly over the whole vocabulary, as `F.cross_entropy(label_smoothing=eps)`).
-
-    logits (B, T, V), target (B, T) -> (smoothed loss, nll), each summed over non-pad tokens.
-    Written with logsumexp so no (B, T, V) log-probabilities or one-hot targets are built:
-        -log p(y)             = logsumexp(z) - z_y
-        (1/V) sum_v -log p(v) = logsumexp(z) - mean_v z_v
-    """
-    logits = logits.float()  # the softmax in fp32 also under bf16 autocast
-    log_partition = torch.logsumexp(logits, dim=-1)  # (B, T)
-    nll = log_partition - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    uniform_ce = log_partition - logits.mean(dim=-1)  # (B, T)
-    loss = (1.0 - epsilon) * nll + epsilon * uniform_ce
-    is_token = target.ne(pad_id)
-    return loss.masked_fill(~is_token, 0.0).sum(), nll.masked_fill(~is_token, 0.0).sum()
 
 
 def inverse_sqrt_rate(step: int, *, d_model: int, warmup_steps: int, factor: float) -> float:
@@ -134,7 +115,8 @@ class TranslationModule(L.LightningModule):
         self.model = Transformer(cfg.model, vocab_size, self.pad_id)
         # train.compile: a compiled forward function (not a module, so the state_dict keys
         # stay `model.*`); the plain module otherwise.
-        self._forward = torch.compile(self.model.forward) if cfg.train.compile else None
+        compiled = torch.compile(self.model.teacher_forced_states) if cfg.train.compile else None
+        self._forward = compiled
 
         # nan_strategy="disable": no host sync per update; divergence is tracked separately.
         self.train_loss = MeanMetric(nan_strategy="disable")
@@ -197,11 +179,14 @@ class TranslationModule(L.LightningModule):
     # ------------------------------------------------------------------ training
 
     def _loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
-        forward = self._forward or self.model
-        logits = forward(batch["src"], batch["tgt_in"])  # (B, T, V)
-        loss_sum, nll_sum = label_smoothed_nll(
-            logits, batch["tgt_out"], epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id
-        )
+        states = (self._forward or self.model.teacher_forced_states)(
+            batch["src"], batch["tgt_in"]
+        )  # (B, T, d_model)
+        loss_sum, nll_sum = output_layer_loss(
+            states, self.model.output_projection, batch["tgt_out"],
+            epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id,
+            chunk_rows=self.cfg.train.loss_chunk_rows,
+        )  # fmt: skip
         return loss_sum, nll_sum, int(batch["num_tgt_tokens"])
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:

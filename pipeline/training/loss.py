@@ -1,0 +1,150 @@
+"""Section 5.4: the label-smoothed cross-entropy, and the same loss fused with the output layer.
+
+    loss = sum_t [(1 - eps) * -log p(y_t) + eps * (1/V) sum_v -log p(v)]     (summed over non-pad t)
+
+q = (1 - eps) * onehot(y) + eps / V spreads the smoothing mass uniformly over the whole
+vocabulary, as `F.cross_entropy(label_smoothing=eps)` does. With logsumexp no (N, V)
+log-probabilities or one-hot targets are built:
+    -log p(y)             = logsumexp(z) - z_y
+    (1/V) sum_v -log p(v) = logsumexp(z) - mean_v z_v
+and the gradient is  d loss / d z_v = softmax(z)_v - eps / V - (1 - eps) * [v == y].
+
+`output_layer_loss` is what training uses: for a small model with a large vocabulary (Multi30k
+tiny: d_model 128, V 10k) the (N, V) logits, their float32 copy and their gradient are most of a
+step's memory traffic. It computes logits, loss and gradients chunk by chunk of rows, so no
+(N, V) tensor is ever built and each chunk stays in cache (`benchmarks/train_throughput.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class _LabelSmoothedNll(torch.autograd.Function):
+    """`label_smoothed_nll` on (N, V) logits with a hand-written backward: one softmax pass
+    and in-place updates instead of autograd's chain through logsumexp/gather/mean, each of
+    which materialises an (N, V) tensor."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
+        is_token = target.ne(pad_id)
+        loss, nll = _smoothed_and_nll(logits, target, epsilon)
+        ctx.save_for_backward(logits, target, is_token)
+        ctx.epsilon = epsilon
+        return loss.masked_fill(~is_token, 0.0).sum(), nll.masked_fill(~is_token, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
+        logits, target, is_token = ctx.saved_tensors
+        eps, vocab = ctx.epsilon, logits.size(-1)
+        # d nll / d z = softmax - onehot: the nll output's gradient joins with weight grad_nll.
+        weight = is_token.to(logits.dtype).unsqueeze(-1)  # (N, 1); pads get no gradient
+        total = weight * (grad_loss + grad_nll)
+        grad = torch.softmax(logits, dim=-1).mul_(total).sub_(weight * (grad_loss * eps / vocab))
+        onehot = weight * (grad_loss * (1.0 - eps) + grad_nll)
+        grad.scatter_add_(-1, target.unsqueeze(-1), -onehot)
+        return grad, None, None, None
+
+
+def _smoothed_and_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """logits (N, V) float32, target (N,) -> per-row (smoothed loss, nll), both (N,)."""
+    log_partition = torch.logsumexp(logits, dim=-1)
+    nll = log_partition - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    uniform_ce = log_partition - logits.mean(dim=-1)
+    return (1.0 - epsilon) * nll + epsilon * uniform_ce, nll
+
+
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """logits (B, T, V), target (B, T) -> (smoothed loss, nll), each summed over non-pad
+    tokens, computed in float32 (also for bf16 logits under autocast)."""
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    flat = logits.reshape(-1, logits.size(-1))
+    return _LabelSmoothedNll.apply(flat, target.reshape(-1), float(epsilon), int(pad_id))
+
+
+class _OutputLayerLoss(torch.autograd.Function):
+    """Logits = hidden @ weight^T (+ bias) and their label-smoothed loss, by chunks of rows.
+
+    The gradients are computed in the forward pass, chunk by chunk, while each chunk's logits
+    are in cache, and scaled by the incoming gradient in the backward pass. The nll output
+    is a metric (not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, epsilon, chunk_rows, compute_dtype):
+        # hidden (N, d) rows that carry a loss (no padding), weight (V, d), bias (V,) or None.
+        vocab = weight.size(0)
+        wants_grad = any(ctx.needs_input_grad[:3])
+        h, w = hidden.to(compute_dtype), weight.to(compute_dtype)
+        b = None if bias is None else bias.to(compute_dtype)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        nll = torch.zeros_like(loss)
+        if wants_grad:
+            grad_hidden = torch.empty_like(hidden)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            grad_bias = None if bias is None else torch.zeros_like(grad_weight[:, 0])
+        for start in range(0, hidden.size(0), chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            logits = F.linear(h[rows], w, b).float()  # (c, V)
+            chunk_loss, chunk_nll = _smoothed_and_nll(logits, target[rows], epsilon)
+            loss += chunk_loss.sum()
+            nll += chunk_nll.sum()
+            if not wants_grad:
+                continue
+            grad = torch.softmax(logits, dim=-1).sub_(epsilon / vocab)  # d loss / d logits
+            grad.scatter_add_(
+                -1, target[rows].unsqueeze(-1), grad.new_full((grad.size(0), 1), epsilon - 1.0)
+            )
+            grad_compute = grad.to(compute_dtype)
+            grad_hidden[rows] = grad_compute @ w
+            grad_weight += (grad_compute.t() @ h[rows]).float()
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        if wants_grad:
+            ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+            ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            (grad_weight * grad_loss).to(weight_dtype),
+            None if grad_bias is None else (grad_bias * grad_loss).to(bias_dtype),
+            None, None, None, None,
+        )  # fmt: skip
+
+
+def output_layer_loss(
+    hidden: Tensor,
+    output_layer: torch.nn.Linear,
+    target: Tensor,
+    *,
+    epsilon: float,
+    pad_id: int,
+    chunk_rows: int,
+) -> tuple[Tensor, Tensor]:
+    """`label_smoothed_nll(output_layer(hidden), target)` without building the logits:
+    hidden (B, T, d_model), target (B, T) -> (smoothed loss, nll) summed over non-pad tokens.
+    Padding rows are dropped before the output layer; the matmuls run in the autocast dtype
+    when autocast is on (as `nn.Linear` would), the softmax in float32."""
+    is_token = target.ne(pad_id)
+    rows = hidden[is_token]  # (N, d_model), N = non-pad target tokens
+    device_type = hidden.device.type
+    compute_dtype = (
+        torch.get_autocast_dtype(device_type)
+        if torch.is_autocast_enabled(device_type)
+        else hidden.dtype
+    )
+    with torch.autocast(device_type, enabled=False):
+        return _OutputLayerLoss.apply(
+            rows, output_layer.weight, output_layer.bias, target[is_token],
+            float(epsilon), int(chunk_rows), compute_dtype,
+        )  # fmt: skip

@@ -1,0 +1,48 @@
+"""Section 5.4's dropout: torch.nn.Dropout's semantics (inverted scaling, identity in eval,
+gradient through the kept units only), reproducible from the RNG state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.model.dropout import Dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_drops_a_fraction_p_and_scales_the_rest_by_one_over_keep(p):
+    torch.manual_seed(0)
+    x = torch.rand(200, 50, 64) + 0.5  # no zeros of its own
+    y = Dropout(p).train()(x)
+    dropped = y.eq(0)
+    assert dropped.float().mean().item() == pytest.approx(p, abs=0.01)
+    torch.testing.assert_close(y[~dropped], x[~dropped] / (1 - p))
+
+
+def test_eval_mode_and_p_zero_are_the_identity():
+    x = torch.randn(4, 5, 6)
+    assert Dropout(0.3).eval()(x) is x
+    assert Dropout(0.0).train()(x) is x
+
+
+def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16():
+    torch.manual_seed(1)
+    x = torch.randn(30, 40, dtype=torch.bfloat16, requires_grad=True)
+    y = Dropout(0.25).train()(x)
+    assert y.dtype == torch.bfloat16
+    y.sum().backward()
+    expected = torch.where(y.ne(0), torch.tensor(1 / 0.75), torch.tensor(0.0)).bfloat16()
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_same_rng_state_same_mask():
+    x = torch.ones(64, 64)
+    state = torch.get_rng_state()
+    first = Dropout(0.3).train()(x)
+    torch.set_rng_state(state)
+    torch.testing.assert_close(Dropout(0.3).train()(x), first)
+
+
+def test_rejects_p_outside_zero_one():
+    with pytest.raises(ValueError, match="p=1.0"):
+        Dropout(1.0)
