@@ -13,6 +13,11 @@ Many workers, on one machine or many, run the same command against one storage U
 - search studies: TPE with a seed, `n_trials` finished trials in total across workers.
 - heartbeats: a worker that dies leaves a RUNNING trial whose heartbeat goes stale; the next worker
   to look marks it failed and re-enqueues its parameters (RetryHeartbeatStaleTrialCallback).
+- DDP trials (`train.devices` > 1): the worker is rank 0. Lightning's DDP launcher starts the other
+  ranks by re-running this command; `PIPELINE_SWEEP_TRIAL` in their environment makes them join
+  that one trial's training (`run_trial_rank`) instead of acting as workers. Rank 0 reports every
+  validation to the study and decides on pruning; the decision is broadcast so every rank stops
+  at the same step. The ranks share the trial through the RDB storage (SQLite or a server).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import fcntl
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
+from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
 from pipeline import config as config_lib
 from pipeline.cli import main
@@ -44,6 +52,7 @@ log = logging.getLogger(__name__)
 RESULTS_ROOT = Path("ablations/results")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
+TRIAL_ENV = "PIPELINE_SWEEP_TRIAL"  # set for the DDP ranks Lightning launches: the trial number
 TrialFn = Callable[["StudySpec", optuna.Trial, Path], float]
 
 
@@ -168,6 +177,14 @@ def default_storage(spec: StudySpec, results_root: Path) -> str:
 
 def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBStorage:
     """An RDB storage with heartbeats; tolerates several workers creating the schema at once."""
+    if "://" not in url:
+        # Workers, heartbeats and DDP ranks share trials through one relational database;
+        # Optuna's in-memory and journal storages cannot serve them.
+        raise ConfigError(
+            f"--storage {url!r} is not an SQLAlchemy URL: use sqlite:///path/study.db (one "
+            "machine) or postgresql://user@host/db (many). Sweeps, their heartbeats and DDP "
+            "trials need an RDB storage."
+        )
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +224,7 @@ def _pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
         "median": optuna.pruners.MedianPruner,
         "hyperband": optuna.pruners.HyperbandPruner,
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "threshold": optuna.pruners.ThresholdPruner,
     }
     if kind not in pruners:
         raise ConfigError(f"study '{spec.study}': pruner.type must be one of {sorted(pruners)}")
@@ -382,7 +400,6 @@ def run_trial(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float
     """Train + evaluate one trial through the DVC stages' code; returns the objective."""
     from pipeline.evaluation import evaluate
     from pipeline.tracking import start_wandb_run
-    from pipeline.training import trainer
 
     params = suggest_params(spec, trial)
     directory = trial_dir(results_root, spec, trial)
@@ -392,8 +409,7 @@ def run_trial(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float
         cfg, job_type="trial", name=f"{spec.study}-{trial.number:04d}", group=spec.study
     )
     try:
-        callbacks = [_pruning_callback(trial, spec)] if spec.pruner else []
-        train_metrics = trainer.run(cfg, wandb_run=run, callbacks=callbacks)
+        train_metrics = _train(spec, trial, cfg, wandb_run=run)
         eval_metrics = evaluate.run(cfg, wandb_run=run)
     finally:
         run.finish()
@@ -401,24 +417,82 @@ def run_trial(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float
     return train_metrics.get(spec.metric)
 
 
-def _pruning_callback(trial: optuna.Trial, spec: StudySpec):
-    from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
+def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
+    """`trainer.run` with the pruning callback; raises `optuna.TrialPruned` once training has
+    stopped on the pruner's word (on every rank: the others stop at the same step)."""
+    from pipeline.training import trainer
 
-    class StepPruningCallback(PyTorchLightningPruningCallback):
-        """optuna-integration reports at `current_epoch`, but we validate every
-        `train.val_check_interval` optimizer steps, often several times within one epoch:
-        report at the global step instead. Under DDP the integration's own path is kept."""
+    pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
+    with _one_ddp_launch(trial.number):
+        metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=[pruning] if pruning else [])
+    if pruning is not None and pruning.pruned_at_step is not None:
+        raise optuna.TrialPruned(f"trial {trial.number} pruned at step {pruning.pruned_at_step}")
+    return metrics
 
-        def on_validation_end(self, trainer, pl_module) -> None:
-            score = trainer.callback_metrics.get(self.monitor)
-            if self.is_ddp_backend or trainer.sanity_checking or score is None:
-                return super().on_validation_end(trainer, pl_module)
-            step = trainer.global_step
+
+@contextlib.contextmanager
+def _one_ddp_launch(trial_number: int):
+    """One trial's DDP world, torn down after it. Lightning's launcher marks the process as
+    launched (LOCAL_RANK, MASTER_PORT, ... in os.environ) and keeps the process group: a
+    worker's next trial would then wait for ranks that have exited instead of launching its
+    own. `TRIAL_ENV` tells the launched ranks which trial they join."""
+    saved = dict(os.environ)
+    os.environ[TRIAL_ENV] = str(trial_number)
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_trial_rank(spec: StudySpec, storage_url: str, results_root: Path, number: int) -> None:
+    """A DDP rank > 0 of trial `number`, started by Lightning re-running the worker's command:
+    the same config, the same pruning decisions (broadcast from rank 0), no W&B run of its own
+    (the logger is rank zero's), no evaluation."""
+    storage = open_storage(storage_url, spec.settings)
+    study = optuna.load_study(study_name=spec.study, storage=storage, pruner=_pruner(spec))
+    (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    trial = optuna.Trial(study, frozen._trial_id)
+    params = suggest_params(spec, trial)  # the values already drawn for this trial
+    cfg = trial_config(spec, params, trial_dir(results_root, spec, trial))
+    ensure_data(cfg, results_root / spec.study / "data")  # done by rank 0: sets the paths
+    with contextlib.suppress(optuna.TrialPruned):
+        _train(spec, trial, cfg, wandb_run=None)
+
+
+class StepPruningCallback(PyTorchLightningPruningCallback):
+    """optuna-integration's Lightning pruning callback, reporting at the optimizer step.
+
+    The integration reports at `current_epoch`, but we validate every `train.val_check_interval`
+    steps, often several times within one epoch, so its values would all land on step 0. It
+    also raises `TrialPruned` inside `fit` when single-process, and under DDP expects the
+    ranks to be spawned from the process that holds the trial. Here rank 0 (the worker itself)
+    reports and asks the pruner; the decision is broadcast; every rank stops training at that
+    step; `pruned_at_step` tells the caller. Its `on_fit_start` still refuses non-RDB storages
+    under DDP."""
+
+    def __init__(self, trial: optuna.Trial, monitor: str) -> None:
+        super().__init__(trial, monitor=monitor)
+        self.pruned_at_step: int | None = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        score = trainer.callback_metrics.get(self.monitor)
+        if score is None:
+            log.warning("pruning: '%s' is not among the validation metrics", self.monitor)
+            return
+        step = trainer.global_step
+        should_stop = False
+        if trainer.is_global_zero:
             self._trial.report(score.item(), step=step)
-            if self._trial.should_prune():
-                raise optuna.TrialPruned(f"trial {self._trial.number} pruned at step {step}")
-
-    return StepPruningCallback(trial, monitor=spec.metric)
+            should_stop = self._trial.should_prune()
+        should_stop = trainer.strategy.broadcast(should_stop)
+        if should_stop:
+            trainer.should_stop = True
+            self.pruned_at_step = step
 
 
 def _record(trial, cfg, directory, train_metrics, eval_metrics) -> None:
@@ -478,6 +552,9 @@ def cli(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = load_spec(args.spec)
     storage = args.storage or default_storage(spec, args.results_dir)
+    if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
+        run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]))
+        return
     study = run_worker(spec, storage, args.results_dir, args.n_trials)
     finished = _count(study, FINISHED)
     print(f"study '{spec.study}': {finished} finished trials in {storage}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,26 @@ def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
     for name in vars(cfg.paths):
         setattr(cfg.paths, name, str(root / getattr(cfg.paths, name)))
     return cfg
+
+
+def write_params(directory: Path, *overrides: str) -> None:
+    """`python -m pipeline.config <overrides> > directory/params.yaml`, as `make params` does."""
+    params = subprocess.run(
+        [sys.executable, "-m", "pipeline.config", *overrides],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (Path(directory) / "params.yaml").write_text(params)
+
+
+def run_stage(
+    stage: str, cwd: Path, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`python -m pipeline.stages.<stage>` as `dvc repro` runs it: reading ./params.yaml in
+    `cwd`; stdout/stderr captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", f"pipeline.stages.{stage}"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
 
 
 @pytest.fixture

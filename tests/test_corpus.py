@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 from pipeline.config import RAW_DIR_ENV, Config
 from pipeline.data.corpus import atomic_directory, normalize, prepare, read_lines
 from pipeline.errors import ConfigError, DataError, DiskFullError
+from tests.conftest import run_stage, write_params
 
 SPLITS = ("train", "val", "test_2016_flickr")
 SLICE = 40  # lines per split in the sliced copies
@@ -367,33 +366,13 @@ def test_hf_source_local_dataset(sliced_config, sliced_corpus, tmp_path):
 
 def test_prepare_stage_cli(tmp_path, multi30k_dir):
     """`python -m pipeline.stages.prepare` reads params.yaml in the working directory."""
-    repo = Path(__file__).resolve().parent.parent
-    params = subprocess.run(
-        [sys.executable, "-m", "pipeline.config", "experiment=smoke", "data.download=false"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    (tmp_path / "params.yaml").write_text(params)
+    write_params(tmp_path, "experiment=smoke", "data.download=false")
     env = {**os.environ, RAW_DIR_ENV: str(multi30k_dir)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.stages.prepare"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = run_stage("prepare", tmp_path, env)
     assert done.returncode == 0, done.stderr
     assert len((tmp_path / "data/prepared/train.en").read_text("utf-8").split("\n")) == 2001
     env[RAW_DIR_ENV] = str(tmp_path / "nowhere")
-    failed = subprocess.run(
-        [sys.executable, "-m", "pipeline.stages.prepare"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    failed = run_stage("prepare", tmp_path, env)
     assert failed.returncode == 2
     assert (
         failed.stderr.startswith("error: missing corpus files") and "Traceback" not in failed.stderr

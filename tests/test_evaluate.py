@@ -16,6 +16,7 @@ import torch
 
 from pipeline.errors import DataError
 from pipeline.evaluation import evaluate
+from tests.conftest import run_stage
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 
@@ -297,13 +298,7 @@ def test_stage_reports_a_user_error_without_traceback(tokenized_smoke, tmp_path)
     cfg = eval_config(tokenized_smoke, tmp_path)
     cfg.paths.train_dir = str(tmp_path / "never_trained")
     (tmp_path / "params.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.stages.evaluate"],
-        cwd=tmp_path,  # the stage reads ./params.yaml, as under `dvc repro`
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_stage("evaluate", tmp_path)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert "never_trained" in result.stderr and "train" in result.stderr

@@ -161,6 +161,13 @@ def test_unknown_spec_key_is_named(tmp_path):
         sweep.load_spec(path)
 
 
+@pytest.mark.parametrize("url", ["journal.log", "inmemory"])
+def test_storage_other_than_an_rdb_url_is_refused_saying_why(url):
+    with pytest.raises(ConfigError, match="need an RDB storage") as error:
+        sweep.open_storage(url, sweep.SweepSettings())
+    assert url in str(error.value)
+
+
 @pytest.mark.slow
 def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"race-{uuid.uuid4().hex[:8]}")

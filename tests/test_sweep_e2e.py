@@ -4,6 +4,7 @@ evaluates four trials (real Lightning, sacreBLEU, SQLite storage, W&B offline), 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,3 +109,58 @@ def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, m
         assert trial.intermediate_values
         if trial.state == TrialState.PRUNED:
             assert max(trial.intermediate_values) < 30
+
+
+def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_dir, monkeypatch):
+    """Trials on 2 DDP ranks (CPU, gloo): Lightning re-runs the sweep command for rank 1, which
+    joins the trial instead of claiming one; rank 0 reports each validation; a pruned trial
+    stops both ranks at the pruning step; the other trial completes and is evaluated."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    spec = {
+        "study": "ddp_smoke",
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "budget": {
+            "train.max_steps": 30,
+            "train.val_check_interval": 10,
+            "train.accelerator": "cpu",
+            "train.devices": 2,
+            "train.strategy": "ddp",
+            "eval.splits": ["test_2016_flickr"],
+            "eval.average": 1,
+        },
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": [1],
+        # Every report after the warm-up is below the threshold: the 30-step trial is pruned
+        # at step 20; the 10-step trial reports once, inside the warm-up, and completes.
+        "variants": {"long": {}, "short": {"train.max_steps": 10}},
+        "pruner": {"type": "threshold", "lower": 1.0e9, "n_warmup_steps": 15},
+    }
+    spec_path = tmp_path / "ddp_smoke.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    results = tmp_path / "results"
+    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
+
+    storage = f"sqlite:///{results / 'ddp_smoke' / 'study.db'}"
+    trials = optuna.load_study(study_name="ddp_smoke", storage=storage).trials
+    assert len(trials) == 2  # rank 1 claimed nothing, created nothing
+    by_variant = {t.params["variant"]: t for t in trials}
+    long, short = by_variant["long"], by_variant["short"]
+    assert long.state == TrialState.PRUNED
+    assert sorted(long.intermediate_values) == [10, 20]
+    assert short.state == TrialState.COMPLETE and sorted(short.intermediate_values) == [10]
+    assert short.user_attrs["test_bleu"] is not None  # evaluated after DDP training
+
+    for trial, steps in ((long, 20), (short, 10)):
+        (train_json,) = (results / "ddp_smoke" / "trials" / f"{trial.number:04d}").rglob(
+            "train.json"
+        )
+        summary = json.loads(train_json.read_text())
+        assert summary["world_size"] == 2
+        assert summary["steps"] == steps  # the pruned trial stopped at the pruning step
+
+    runs = [
+        tracking.read_offline_run(d)
+        for d in tracking.offline_run_dirs(results / "ddp_smoke" / "wandb")
+    ]
+    assert sorted(r["run"]["job_type"] for r in runs) == ["trial", "trial"]  # rank 0's only

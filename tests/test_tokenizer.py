@@ -7,8 +7,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from pipeline.data.tokenizer import (
     tokenize,
 )
 from pipeline.errors import DataError, DiskFullError
+from tests.conftest import run_stage, write_params
 
 
 def lines(path: Path) -> list[str]:
@@ -224,24 +223,9 @@ def test_failed_tokenize_keeps_previous_output(tokenized_smoke, tmp_path):
 
 
 def test_tokenize_stage_cli(tokenized_smoke, tmp_path, multi30k_dir):
-    repo = Path(__file__).resolve().parent.parent
-    params = subprocess.run(
-        [sys.executable, "-m", "pipeline.config", "experiment=smoke"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    (tmp_path / "params.yaml").write_text(params)
+    write_params(tmp_path, "experiment=smoke")
     shutil.copytree(tokenized_smoke.paths.prepared, tmp_path / "data" / "prepared")
-    env = {**os.environ, RAW_DIR_ENV: str(multi30k_dir)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.stages.tokenize"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = run_stage("tokenize", tmp_path, {**os.environ, RAW_DIR_ENV: str(multi30k_dir)})
     assert done.returncode == 0, done.stderr
     tokenized = tmp_path / "data" / "tokenized"
     assert len(load_tokenized(tokenized)["train"]) == 2000

@@ -40,7 +40,7 @@ from pipeline.training.trainer import (
     resume_checkpoint,
     run,
 )
-from tests.conftest import redirect_paths
+from tests.conftest import redirect_paths, run_stage
 
 DATA = ["experiment=smoke", "data.max_train_pairs=200"]
 TINY = [
@@ -197,14 +197,7 @@ def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path
     (directory / PROGRESS_NAME).write_text('{"step": 500, "file": "last.ckpt"}')
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(config_lib.to_dict(cfg)))
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.stages.train"],
-        cwd=tmp_path,
-        env=ONE_THREAD_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_stage("train", tmp_path, ONE_THREAD_ENV)
     assert result.returncode == 2, result.stderr
     assert "error: " in result.stderr and "Traceback" not in result.stderr
     assert '"step": 500' in result.stderr and "train.resume=false" in result.stderr
