@@ -164,6 +164,7 @@ def test_evaluate_end_to_end(trained_smoke, tmp_path):
     written = json.loads((Path(cfg.paths.metrics_dir) / "eval.json").read_text())
     assert written == json.loads(json.dumps(results))
     assert written["checkpoints_averaged"] == 2
+    assert 0 < written["wall_time_s"] < 600
     assert (
         "tok:13a" in written["signatures"]["bleu"] and "case:lc" in written["signatures"]["bleu_lc"]
     )

@@ -19,6 +19,7 @@ are also written to `plots_dir/attention/` for `dvc plots`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,11 +298,12 @@ def run(cfg: Config, wandb_run=None) -> dict:
     """Evaluate the trained model on `eval.splits`; returns what it writes to eval.json.
 
     eval.json: `{split: {bleu, bleu_lc, chrf, ter, sentences}, ..., "signatures": {metric:
-    sacrebleu signature}, "checkpoints_averaged": n}`. Writes `eval_dir/` atomically
+    sacrebleu signature}, "checkpoints_averaged": n, "wall_time_s": seconds}`. Writes `eval_dir/` atomically
     (model.ckpt, `{split}.hyp`, `{split}.nbest` when eval.nbest > 1) and
     `plots_dir/attention/{split}_{index}.png`. Logs to `wandb_run` when given (a sweep
     trial's run, left open), else to a new W&B run of job type "eval".
     """
+    started = time.perf_counter()
     corpora = read_references(cfg)  # every input is checked before any compute is spent
     sources = source_checkpoints(cfg)
 
@@ -332,6 +334,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
             )
     results["signatures"] = signatures
     results["checkpoints_averaged"] = len(sources)
+    results["wall_time_s"] = time.perf_counter() - started  # averaging, decoding, scoring
     write_json_atomic(Path(cfg.paths.metrics_dir) / EVAL_METRICS_FILE, results)
 
     # For people: attention heatmaps and sample translations of the benchmark split.

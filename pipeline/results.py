@@ -1,0 +1,164 @@
+"""README's Results table, built from the runs' own metrics files (never typed by hand).
+
+A row is a folder `results/<name>/` holding what one full `dvc repro` wrote: the stages' DVC
+metrics (`prepare.json`, `tokenize.json`, `train.json`, `eval.json`), the `params.yaml` it ran
+with, and `run.json` (the command, the machine, the commit). After a run:
+
+    python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
+    python -m pipeline.results table        # the Markdown table README carries
+
+`dvc metrics show` lists the rows' `eval.json` (top-level `metrics:` in dvc.yaml), and
+`tests/test_results.py` checks that README's table is exactly `table` of the committed rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from pipeline.cli import main
+from pipeline.errors import DataError
+
+RESULTS_ROOT = Path("results")
+METRICS_FILES = ("prepare.json", "tokenize.json", "train.json", "eval.json")
+RUN_FILE = "run.json"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"  # README's generated block
+TEST_SPLIT = "test_2016_flickr"
+VAL_SPLIT = "val"
+
+
+def hardware() -> str:
+    """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    model = platform.processor() or "CPU"
+    flags: set[str] = set()
+    with_cpuinfo = Path("/proc/cpuinfo")
+    if with_cpuinfo.exists():
+        for line in with_cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    bf16 = {"avx512_bf16", "amx_bf16"} & flags
+    extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
+    return f"{model}, {os.cpu_count()} cores{extra}"
+
+
+def record(name: str, command: str, metrics_dir: Path, params: Path, root: Path) -> Path:
+    """Copy a finished run's metrics and params into `root/name/` and describe the run."""
+    missing = [f for f in METRICS_FILES if not (metrics_dir / f).exists()]
+    if missing:
+        raise DataError(
+            f"{metrics_dir}: no {', '.join(missing)}; run the whole pipeline first (dvc repro)"
+        )
+    row = root / name
+    row.mkdir(parents=True, exist_ok=True)
+    for file in METRICS_FILES:
+        shutil.copyfile(metrics_dir / file, row / file)
+    shutil.copyfile(params, row / "params.yaml")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    run = {
+        "command": command,
+        "hardware": hardware(),
+        "commit": commit or None,
+        "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+    }
+    (row / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    return row
+
+
+def load_rows(root: Path) -> list[dict]:
+    """Every recorded row under `root`, sorted by name."""
+    rows = []
+    for row in sorted(p for p in root.glob("*") if (p / RUN_FILE).exists()):
+        files = {f: json.loads((row / f).read_text()) for f in (*METRICS_FILES, RUN_FILE)}
+        params = yaml.safe_load((row / "params.yaml").read_text())
+        rows.append({"name": row.name, "params": params, **files})
+    return rows
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.0f} min"
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown block README carries between its results markers."""
+    header = (
+        "| recipe | direction | test2016 BLEU (lc) | test2016 BLEU (cased) | chrF | val BLEU "
+        "| parameters | train + eval wall time | hardware | command |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [BEGIN, header]
+    signatures: dict[str, str] = {}
+    for row in rows:
+        train, evaluation, run = row["train.json"], row["eval.json"], row[RUN_FILE]
+        test, val = evaluation.get(TEST_SPLIT, {}), evaluation.get(VAL_SPLIT, {})
+        data = row["params"]["data"]
+        train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
+        wall = (
+            f"{_minutes(train_s)} + {_minutes(eval_s)}"
+            if eval_s is not None
+            else f"{_minutes(train_s)} + -"
+        )
+        lines.append(
+            f"| {row['params']['experiment_name']} | {data['src_lang']}->{data['tgt_lang']} "
+            f"| {_fmt(test.get('bleu_lc'))} | {_fmt(test.get('bleu'))} | {_fmt(test.get('chrf'))} "
+            f"| {_fmt(val.get('bleu'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
+            f"| {run['hardware']}, {train['precision']} | `{run['command']}` |"
+        )
+        signatures.update(evaluation.get("signatures", {}))
+    lines.append("")
+    lines += [f"- `{metric}`: `{sig}`" for metric, sig in sorted(signatures.items())]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def readme_block(readme: Path) -> str:
+    text = readme.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise DataError(f"{readme}: no {BEGIN} ... {END} block")
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.results", description=__doc__)
+    parser.add_argument("--root", type=Path, default=RESULTS_ROOT)
+    sub = parser.add_subparsers(dest="action", required=True)
+    rec = sub.add_parser("record", help="copy the finished run's metrics into results/<name>/")
+    rec.add_argument("name", help="e.g. multi30k_tiny.en-de")
+    rec.add_argument("--command", required=True, help="the command that produced the run")
+    rec.add_argument("--metrics-dir", type=Path, default=Path("metrics"))
+    rec.add_argument("--params", type=Path, default=Path("params.yaml"))
+    sub.add_parser("table", help="print README's Results table")
+    return parser.parse_args(argv)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.action == "record":
+        row = record(args.name, args.command, args.metrics_dir, args.params, args.root)
+        print(f"recorded {row}")
+    else:
+        print(table(load_rows(args.root)))
+
+
+if __name__ == "__main__":
+    main(cli)

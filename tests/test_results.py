@@ -1,0 +1,63 @@
+"""README's Results table comes from the committed runs' metrics files, never typed by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pipeline import results
+from pipeline.errors import DataError
+from tests.conftest import REPO_ROOT
+
+
+def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
+    metrics = directory / "metrics"
+    metrics.mkdir(parents=True)
+    (metrics / "prepare.json").write_text(json.dumps({"src_lang": src, "tgt_lang": tgt}))
+    (metrics / "tokenize.json").write_text(json.dumps({"vocab_size": 10000}))
+    train = {"num_parameters": 2_600_000, "wall_time_s": 2940.0, "precision": "bf16-mixed"}
+    (metrics / "train.json").write_text(json.dumps(train))
+    evaluation = {
+        "val": {"bleu": 40.04},
+        "test_2016_flickr": {"bleu": 39.94, "bleu_lc": bleu_lc, "chrf": 67.25},
+        "signatures": {"bleu_lc": "nrefs:1|case:lc|tok:13a", "bleu": "nrefs:1|case:mixed"},
+        "wall_time_s": 150.0,
+    }
+    (metrics / "eval.json").write_text(json.dumps(evaluation))
+    params = {"experiment_name": "multi30k_tiny", "data": {"src_lang": src, "tgt_lang": tgt}}
+    (directory / "params.yaml").write_text(yaml.safe_dump(params))
+    return metrics, directory / "params.yaml"
+
+
+def test_recorded_rows_render_their_own_numbers(tmp_path):
+    root = tmp_path / "results"
+    for name, bleu_lc, src, tgt in (("a.en-de", 41.26, "en", "de"), ("b.de-en", 43.51, "de", "en")):
+        metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt)
+        results.record(name, "make repro", metrics, params, root)
+    rows = results.load_rows(root)
+    assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
+    block = results.table(rows)
+    lines = block.splitlines()
+    assert lines[0] == results.BEGIN and lines[-1] == results.END
+    first, second = lines[3], lines[4]
+    cells = [c.strip() for c in first.strip("|").split("|")]
+    assert cells[:7] == ["multi30k_tiny", "en->de", "41.3", "39.9", "67.2", "40.0", "2.60 M"]
+    assert cells[7] == "49 min + 2 min" and "bf16-mixed" in cells[8] and cells[9] == "`make repro`"
+    assert "de->en" in second and "| 43.5 |" in second
+    assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
+    run = json.loads((root / "a.en-de" / "run.json").read_text())
+    assert run["command"] == "make repro" and "cores" in run["hardware"]
+
+
+def test_record_refuses_an_unfinished_run_naming_the_missing_file(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.0)
+    (metrics / "eval.json").unlink()
+    with pytest.raises(DataError, match="eval.json"):
+        results.record("x", "make repro", metrics, params, tmp_path / "results")
+
+
+def test_readme_results_table_is_the_committed_runs_table():
+    rows = results.load_rows(REPO_ROOT / "results")
+    assert results.readme_block(REPO_ROOT / "README.md") == results.table(rows)
