@@ -72,7 +72,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def bench_config(args: argparse.Namespace) -> Config:
     """conf/ without an experiment preset, with the paper's model group (conf/model/base.yaml:
     dropout 0.1, ...), the positional overrides, then the explicit size flags."""
-    overrides = ["experiment=null", "model=base", *args.overrides]
+    overrides = ["~experiment", "model=base", *args.overrides]
     if hasattr(args, "d_model"):
         overrides += [
             f"model.d_model={args.d_model}",

@@ -7,7 +7,6 @@ with, and `run.json` (the command, the machine, the commit). After a run:
     python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
     python -m pipeline.results table        # the Markdown table README carries
 
-`dvc metrics show` lists the rows' `eval.json` (top-level `metrics:` in dvc.yaml), and
 `tests/test_results.py` checks that README's table is exactly `table` of the committed rows.
 """
 
@@ -96,22 +95,23 @@ def _fmt(value, digits: int = 1) -> str:
 
 
 def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.0f} min"
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
 def table(rows: list[dict]) -> str:
     """The Markdown block README carries between its results markers."""
     header = (
-        "| recipe | direction | test2016 BLEU (lc) | test2016 BLEU (cased) | chrF | val BLEU "
-        "| parameters | train + eval wall time | hardware | command |\n"
-        "|---|---|---|---|---|---|---|---|---|---|"
+        "| recipe | direction | averaged, length penalty | test2016 BLEU (lc) "
+        "| test2016 BLEU (cased) | chrF | val BLEU | parameters | train + eval wall time "
+        "| hardware | command |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [BEGIN, header]
     signatures: dict[str, str] = {}
     for row in rows:
         train, evaluation, run = row["train.json"], row["eval.json"], row[RUN_FILE]
         test, val = evaluation.get(TEST_SPLIT, {}), evaluation.get(VAL_SPLIT, {})
-        data = row["params"]["data"]
+        data, decoding = row["params"]["data"], row["params"]["eval"]
         train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
         wall = (
             f"{_minutes(train_s)} + {_minutes(eval_s)}"
@@ -120,6 +120,7 @@ def table(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {row['params']['experiment_name']} | {data['src_lang']}->{data['tgt_lang']} "
+            f"| {decoding['average_by']} {decoding['average']}, {decoding['length_penalty']} "
             f"| {_fmt(test.get('bleu_lc'))} | {_fmt(test.get('bleu'))} | {_fmt(test.get('chrf'))} "
             f"| {_fmt(val.get('bleu'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
             f"| {run['hardware']}, {train['precision']} | `{run['command']}` |"

@@ -26,7 +26,11 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
         "wall_time_s": 150.0,
     }
     (metrics / "eval.json").write_text(json.dumps(evaluation))
-    params = {"experiment_name": "multi30k_tiny", "data": {"src_lang": src, "tgt_lang": tgt}}
+    params = {
+        "experiment_name": "multi30k_tiny",
+        "data": {"src_lang": src, "tgt_lang": tgt},
+        "eval": {"average": 3, "average_by": "last", "length_penalty": 2.4},
+    }
     (directory / "params.yaml").write_text(yaml.safe_dump(params))
     return metrics, directory / "params.yaml"
 
@@ -43,8 +47,14 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert lines[0] == results.BEGIN and lines[-1] == results.END
     first, second = lines[3], lines[4]
     cells = [c.strip() for c in first.strip("|").split("|")]
-    assert cells[:7] == ["multi30k_tiny", "en->de", "41.3", "39.9", "67.2", "40.0", "2.60 M"]
-    assert cells[7] == "49 min + 2 min" and "bf16-mixed" in cells[8] and cells[9] == "`make repro`"
+    assert cells[:8] == [
+        "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "67.2", "40.0", "2.60 M"
+    ]  # fmt: skip
+    assert (
+        cells[8] == "49.0 min + 2.5 min"
+        and "bf16-mixed" in cells[9]
+        and cells[10] == "`make repro`"
+    )
     assert "de->en" in second and "| 43.5 |" in second
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
     run = json.loads((root / "a.en-de" / "run.json").read_text())
