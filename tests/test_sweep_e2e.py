@@ -30,6 +30,16 @@ def run_cli(*args: str) -> str:
     return result.stdout
 
 
+def run_study(spec: dict, tmp_path) -> tuple[optuna.Study, object]:
+    """Write `spec`, run its sweep CLI into tmp_path/results; the study and the results dir."""
+    spec_path = tmp_path / f"{spec['study']}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    results = tmp_path / "results"
+    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
+    storage = f"sqlite:///{results / spec['study'] / 'study.db'}"
+    return optuna.load_study(study_name=spec["study"], storage=storage), results
+
+
 def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     results = tmp_path / "results"
@@ -94,12 +104,7 @@ def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, m
         },
         "pruner": {"type": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
     }
-    spec_path = tmp_path / "search_smoke.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    results = tmp_path / "results"
-    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
-    storage = f"sqlite:///{results / 'search_smoke' / 'study.db'}"
-    study = optuna.load_study(study_name="search_smoke", storage=storage)
+    study, _ = run_study(spec, tmp_path)
     assert len(study.trials) == 3
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     first = study.trials[0]
@@ -136,13 +141,8 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
         "variants": {"long": {}, "short": {"train.max_steps": 10}},
         "pruner": {"type": "threshold", "lower": 1.0e9, "n_warmup_steps": 15},
     }
-    spec_path = tmp_path / "ddp_smoke.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    results = tmp_path / "results"
-    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
-
-    storage = f"sqlite:///{results / 'ddp_smoke' / 'study.db'}"
-    trials = optuna.load_study(study_name="ddp_smoke", storage=storage).trials
+    study, results = run_study(spec, tmp_path)
+    trials = study.trials
     assert len(trials) == 2  # rank 1 claimed nothing, created nothing
     by_variant = {t.params["variant"]: t for t in trials}
     long, short = by_variant["long"], by_variant["short"]
