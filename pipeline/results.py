@@ -113,11 +113,7 @@ def table(rows: list[dict]) -> str:
         test, val = evaluation.get(TEST_SPLIT, {}), evaluation.get(VAL_SPLIT, {})
         data, decoding = row["params"]["data"], row["params"]["eval"]
         train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
-        wall = (
-            f"{_minutes(train_s)} + {_minutes(eval_s)}"
-            if eval_s is not None
-            else f"{_minutes(train_s)} + -"
-        )
+        wall = f"{_minutes(train_s)} + {_minutes(eval_s)}"  # "-" where a run has no time
         lines.append(
             f"| {row['params']['experiment_name']} | {data['src_lang']}->{data['tgt_lang']} "
             f"| {decoding['average_by']} {decoding['average']}, {decoding['length_penalty']} "
