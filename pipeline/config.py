@@ -121,6 +121,10 @@ class TrainConfig:
     resume: bool = True
     compile: bool = False
     loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
+    # CPU only (pipeline.training.cpu_memory): heap-allocate activations up to this many MiB
+    # and never trim the heap; cache this many oneDNN kernels. None keeps the defaults.
+    cpu_mmap_threshold_mb: Optional[int] = 32
+    onednn_primitive_cache: Optional[int] = 16384
     log_every_n_steps: int = 50
     progress_bar: bool = True
     deterministic: bool = False
@@ -217,6 +221,9 @@ def validate(cfg: Config) -> Config:
     )
     _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
     _check(t.loss_chunk_rows > 0, "train.loss_chunk_rows", "must be positive")
+    for key in ("cpu_mmap_threshold_mb", "onednn_primitive_cache"):
+        value = getattr(t, key)
+        _check(value is None or value > 0, f"train.{key}", f"must be positive or null, got {value}")
     _check(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
     _check(t.lr_factor > 0, "train.lr_factor", "must be positive")
     _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")

@@ -48,6 +48,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     remove_checkpoints,
 )
+from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.module import TranslationModule
 from pipeline.training.preemption import PreemptionCallback
 
@@ -320,6 +321,8 @@ def run(
     given: then training logs into that run and its owner finishes it.
     """
     started = time.perf_counter()
+    if resolve_accelerator(cfg.train.accelerator) == "cpu":
+        configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path = resume_checkpoint(cfg)
 
