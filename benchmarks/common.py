@@ -27,6 +27,7 @@ import torch
 
 from pipeline import config as config_lib
 from pipeline.config import Config, ModelConfig
+from pipeline.training.cpu_memory import configure_cpu_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -88,14 +89,18 @@ def bench_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def resolve_device(args: argparse.Namespace) -> torch.device:
-    """The device of `--device` (auto: cuda when available); applies `--threads`."""
+def resolve_device(args: argparse.Namespace, cfg: Config) -> torch.device:
+    """The device of `--device` (auto: cuda when available); applies `--threads` and, on a
+    CPU, the host memory settings training uses (`cfg.train`), for every system alike."""
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.device
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cpu":
+        configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
+    return device
 
 
 def has_fast_bf16(device: torch.device) -> bool:

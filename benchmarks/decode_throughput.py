@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     cfg = bench_config(args)
-    device = resolve_device(args)
+    device = resolve_device(args, cfg)
     split = args.split or cfg.data.test_splits[0]
     with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         sources = splits[split]["src_ids"]

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     cfg = bench_config(args)
-    device = resolve_device(args)
+    device = resolve_device(args, cfg)
     with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         train = splits[cfg.data.train_split]
         indices = median_batch(train, args.target_tokens, cfg.seed)

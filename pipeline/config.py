@@ -41,6 +41,7 @@ class TokenizerConfig:
     model_type: str = "bpe"  # bpe | unigram
     vocab_size: int = 8000
     character_coverage: float = 1.0
+    case_fold: bool = False  # lowercase everything the model reads and writes (NFKC + fold)
     # Fixed special ids, shared by tokenizer, model and decoding.
     pad_id: int = 0
     unk_id: int = 1

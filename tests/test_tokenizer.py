@@ -167,6 +167,24 @@ def test_lower_character_coverage_only_adds_unknowns(tokenized_smoke, tmp_path):
     assert all(tok.decode(ids) == t for ids, t in zip(encoded, text) if tok.unk_id not in ids)
 
 
+def test_case_fold_reads_and_writes_lowercase(tokenized_smoke, tmp_path):
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.data.tokenizer.case_fold = True
+    cfg.paths.tokenized = str(tmp_path / "tokenized")
+    cfg.paths.metrics_dir = str(tmp_path / "metrics")
+    tokenize(cfg)
+    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+    text = lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
+    encoded = tok.encode_batch(text)
+    assert any(t != t.lower() for t in text)  # the references are cased
+    lowered = tok.encode_batch([t.lower() for t in text])
+    assert sum(a == b for a, b in zip(encoded, lowered)) >= 0.99 * len(text)
+    decoded = [(tok.decode(ids), t) for ids, t in zip(encoded, text) if tok.unk_id not in ids]
+    assert decoded and all(d == d.lower() for d, _ in decoded)
+    # The round trip gives the lowercased text (NFKC may change a rare character).
+    assert sum(d == t.lower() for d, t in decoded) >= 0.99 * len(decoded)
+
+
 # ---- a damaged cache is detected -----------------------------------------------------------
 
 

@@ -7,7 +7,10 @@ Training is deterministic: the same prepared text gives a byte-identical `spm.mo
 (one thread, every sentence used in file order, no sampling, a fixed random seed).
 The text is already NFC/whitespace-normalised by `prepare`, so sentencepiece's own
 normalisation is switched off (`identity`) and decode(encode(x)) == x for every sentence whose
-characters are in the vocabulary (all of them with character_coverage=1.0).
+characters are in the vocabulary (all of them with character_coverage=1.0). With
+`data.tokenizer.case_fold` the model instead folds case (sentencepiece's `nfkc_cf` rule, kept
+inside spm.model): the lowercased setting of the Multi30k literature, in which the model reads
+and writes lowercase text, while the prepared references keep their case.
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ def train_tokenizer(
             unk_piece="<unk>",
             bos_piece="<s>",
             eos_piece="</s>",
-            normalization_rule_name="identity",  # prepare already normalised (NFC, spaces)
+            # prepare already normalised (NFC, spaces); case folding when asked for
+            normalization_rule_name="nfkc_cf" if tok.case_fold else "identity",
             input_sentence_size=0,  # all sentences, no sampling
             shuffle_input_sentence=False,
             num_threads=1,  # deterministic merge order, modest CPU

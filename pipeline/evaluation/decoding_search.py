@@ -1,0 +1,115 @@
+"""Choose decoding settings on the validation split, never on test: the checkpoint-averaging
+window x beam size x length penalty, each scored with sacreBLEU on `data.val_split` only.
+
+    python -m pipeline.evaluation.decoding_search [--average 3 5 10] [--beam-size 5]
+        [--length-penalty 0.6 1.0 1.4 2.0] [--metric bleu]
+
+Reads the run's params.yaml (as the DVC stages do) and its training checkpoints; prints a
+table and writes every row and the best to `metrics_dir/decoding_search.json`. Put the best
+into the experiment's `eval:` block and `dvc repro evaluate`. The length ratio (hypothesis /
+reference tokens, sacreBLEU's) is reported beside each score: a setting chosen for a ratio
+far from 1 on val may not transfer to test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+
+from pipeline import config
+from pipeline.cli import main
+from pipeline.config import Config
+from pipeline.data.corpus import read_prepared, write_json_atomic
+from pipeline.evaluation.evaluate import (
+    load_model,
+    load_tokenizer,
+    tokenizer_path,
+    translate_ids,
+    write_model_checkpoint,
+)
+from pipeline.evaluation.scoring import score
+
+SEARCH_METRICS_FILE = "decoding_search.json"  # in metrics_dir
+
+
+def search(
+    cfg: Config,
+    averages: Sequence[int],
+    beam_sizes: Sequence[int],
+    length_penalties: Sequence[float],
+    metric: str = "bleu",
+) -> dict:
+    """Score every (average, beam size, length penalty) on the validation split; returns
+    `{"split", "metric", "rows": [...], "best": row}` and writes it to metrics_dir."""
+    from pipeline.training.checkpoints import select_checkpoints
+
+    split = cfg.data.val_split
+    corpus = read_prepared(cfg, [split])[split]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="decoding-search-") as scratch:
+        for average in averages:
+            sources = select_checkpoints(cfg.paths.train_dir, average, by=cfg.eval.average_by)
+            averaged = Path(scratch) / f"average-{average}.ckpt"
+            write_model_checkpoint(sources, averaged)
+            model = load_model(averaged)
+            tokenizer = load_tokenizer(tokenizer_path(cfg), model)
+            src_ids = tokenizer.encode_batch(corpus.src)
+            for beam_size in beam_sizes:
+                for length_penalty in length_penalties:
+                    settings = dataclasses.replace(
+                        cfg.eval, beam_size=beam_size, length_penalty=length_penalty, nbest=1
+                    )
+                    desc = f"average {len(sources)}, beam {beam_size}, lp {length_penalty}"
+                    translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
+                    hypotheses = [t.best for t in translations]
+                    scores = score(hypotheses, corpus.tgt)
+                    bleu = BLEU().corpus_score(hypotheses, [list(corpus.tgt)])
+                    rows.append({
+                        "average": len(sources), "beam_size": beam_size,
+                        "length_penalty": length_penalty,
+                        **{key: scores[key] for key in ("bleu", "bleu_lc", "chrf", "ter")},
+                        "length_ratio": bleu.sys_len / bleu.ref_len,
+                    })  # fmt: skip
+    result = {"split": split, "metric": metric, "rows": rows,
+              "best": max(rows, key=lambda row: row[metric])}  # fmt: skip
+    write_json_atomic(Path(cfg.paths.metrics_dir) / SEARCH_METRICS_FILE, result)
+    return result
+
+
+def format_table(result: dict) -> str:
+    header = "average  beam  lp     bleu   bleu_lc  chrf   ratio"
+    lines = [header, "-" * len(header)]
+    for row in result["rows"]:
+        mark = "  <- best" if row is result["best"] else ""
+        lines.append(
+            f"{row['average']:>7}  {row['beam_size']:>4}  {row['length_penalty']:<5}"
+            f"  {row['bleu']:5.2f}  {row['bleu_lc']:7.2f}  {row['chrf']:5.2f}"
+            f"  {row['length_ratio']:.3f}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--average", type=int, nargs="+", default=[3, 5, 10])
+    parser.add_argument("--beam-size", type=int, nargs="+", default=[5])
+    parser.add_argument("--length-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4, 2.0])
+    parser.add_argument("--metric", choices=["bleu", "bleu_lc", "chrf"], default="bleu")
+    return parser.parse_args(argv)
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    result = search(config.load(), args.average, args.beam_size, args.length_penalty,
+                    args.metric)  # fmt: skip
+    print(format_table(result))
+    return result
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,52 @@
+"""pipeline.evaluation.decoding_search: the val grid, its best row, and that the evaluate stage
+reproduces the chosen setting's score."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from pipeline.evaluation import decoding_search, evaluate
+
+
+@pytest.fixture
+def search_config(trained_smoke, tmp_path):
+    cfg = copy.deepcopy(trained_smoke)
+    for name in ("eval_dir", "metrics_dir", "plots_dir"):
+        setattr(cfg.paths, name, str(tmp_path / name))
+    cfg.eval.heatmaps = 0
+    return cfg
+
+
+def test_grid_on_val_and_the_best_setting_reproduces_in_evaluate(search_config):
+    cfg = search_config
+    result = decoding_search.search(cfg, averages=[1, 2], beam_sizes=[1, 3],
+                                    length_penalties=[0.6, 2.0], metric="bleu_lc")  # fmt: skip
+    rows = result["rows"]
+    settings = {(r["average"], r["beam_size"], r["length_penalty"]) for r in rows}
+    assert settings == {(a, b, lp) for a in (1, 2) for b in (1, 3) for lp in (0.6, 2.0)}
+    assert result["split"] == cfg.data.val_split
+    assert result["best"]["bleu_lc"] == max(r["bleu_lc"] for r in rows)
+    assert all(0 < r["length_ratio"] < 5 for r in rows)
+    written = json.loads((decoding_search.Path(cfg.paths.metrics_dir)
+                          / decoding_search.SEARCH_METRICS_FILE).read_text())  # fmt: skip
+    assert written == result
+
+    best = result["best"]
+    cfg.eval.average, cfg.eval.beam_size = best["average"], best["beam_size"]
+    cfg.eval.length_penalty = best["length_penalty"]
+    cfg.eval.splits = [cfg.data.val_split]
+    scores = evaluate.run(cfg)[cfg.data.val_split]
+    assert scores["bleu_lc"] == pytest.approx(best["bleu_lc"], abs=1e-9)
+    assert scores["chrf"] == pytest.approx(best["chrf"], abs=1e-9)
+
+
+def test_table_marks_the_best_row():
+    row = {"average": 3, "beam_size": 5, "length_penalty": 1.0, "bleu": 40.0, "bleu_lc": 40.5,
+           "chrf": 60.0, "length_ratio": 0.98}  # fmt: skip
+    other = dict(row, length_penalty=2.0, bleu=39.0)
+    table = decoding_search.format_table({"rows": [row, other], "best": row})
+    assert table.splitlines()[2].endswith("<- best")
+    assert "<- best" not in table.splitlines()[3]
