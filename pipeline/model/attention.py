@@ -56,7 +56,7 @@ def scaled_dot_product_attention(
     reference (and the only path that can return the weights).
     """
     query_len, key_len = q.size(-2), k.size(-2)
-    if fused and not need_weights and not _fused_kernel_is_slow(q):
+    if fused and not need_weights and not _fused_kernel_is_slow(q, query_len):
         if causal and query_len == key_len and attn_mask is None:
             # The kernel's own causal mask: no (T, T) mask tensor is built or read.
             return F.scaled_dot_product_attention(
@@ -69,7 +69,7 @@ def scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p
         ), None
 
-    if causal:
+    if causal and query_len > 1:  # a single query appended after the cache sees every key
         attn_mask = _combine(attn_mask, causal_attention_mask(query_len, key_len, q.device))
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, h, T_q, T_k)
@@ -83,11 +83,15 @@ def scaled_dot_product_attention(
     return output, (weights if need_weights else None)
 
 
-def _fused_kernel_is_slow(q: Tensor) -> bool:
-    """torch's CPU kernel in bf16/fp16 (autocast): its backward runs ~5x slower than the fp32
-    kernel and ~6x slower than the explicit formula with bf16 matmuls (benchmarks/
-    train_throughput.py), so reduced precision on a CPU takes the explicit path."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+def _fused_kernel_is_slow(q: Tensor, query_len: int) -> bool:
+    """Where torch's CPU kernel loses to the explicit formula, which then runs instead:
+    in bf16/fp16 (autocast) its backward is ~5x slower than the fp32 kernel and ~6x slower
+    than the explicit formula with bf16 matmuls (benchmarks/train_throughput.py); for a single
+    query (a decoding step with the cache: 600 rows x 8 heads over 20-50 keys) it takes
+    ~1.8x the explicit formula's time, in fp32 too (benchmarks/decode_throughput.py)."""
+    if q.device.type != "cpu":
+        return False
+    return q.dtype in (torch.bfloat16, torch.float16) or query_len == 1
 
 
 def _combine(attn_mask: Tensor | None, other: Tensor) -> Tensor:

@@ -135,10 +135,12 @@ def beam_search(
         log_probs = _next_log_probs(model, tokens, memory, src_pad_mask, cache, banned)
         vocab = log_probs.size(-1)
         log_probs = log_probs.view(n, k, vocab)
-        at_limit = torch.tensor([step >= max_lens[s] for s in active], device=device)
-        only_eos = torch.full((vocab,), float("-inf"), device=device)
-        only_eos[eos_id] = 0.0
-        log_probs = log_probs + torch.where(at_limit[:, None, None], only_eos, 0.0)
+        at_limit = [step >= max_lens[s] for s in active]
+        if any(at_limit):  # only eos for those sentences (a full (n, k, V) pass: not every step)
+            only_eos = torch.full((vocab,), float("-inf"), device=device)
+            only_eos[eos_id] = 0.0
+            at_limit = torch.tensor(at_limit, device=device)
+            log_probs = log_probs + torch.where(at_limit[:, None, None], only_eos, 0.0)
 
         candidates = (scores[:, :, None] + log_probs).view(n, k * vocab)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (n, 2k), best first
