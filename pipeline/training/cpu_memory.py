@@ -11,7 +11,6 @@ bf16, 30 real batches): 430-490 ms a step with the defaults, 300-370 ms with bot
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -47,10 +46,12 @@ def configure_cpu_memory(mmap_threshold_mb: int | None, onednn_primitive_cache: 
 
 
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+    """The C library this process already runs on, if it is glibc. Looked up among the
+    loaded symbols (not `ctypes.util.find_library`, which spawns ldconfig)."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # Windows: no process-wide symbol table this way
         return None
-    libc = ctypes.CDLL(name)
     # musl and macOS's libc have no mallopt; gnu_get_libc_version marks glibc.
     if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
         return None
