@@ -153,14 +153,21 @@ def test_saved_splits_follow_the_contract(tokenized_smoke):
     assert metrics["splits"]["train"]["src_unk_rate"] == 0.0  # every training char is covered
 
 
-def test_lower_character_coverage_only_adds_unknowns(tokenized_smoke, tmp_path):
+def retrained(tokenized_smoke, tmp_path: Path, **tokenizer_settings):
+    """The smoke corpus's subword model retrained with `tokenizer_settings` (in tmp_path),
+    and the prepared val targets."""
     cfg = copy.deepcopy(tokenized_smoke)
-    cfg.data.tokenizer.character_coverage = 0.995
+    for key, value in tokenizer_settings.items():
+        setattr(cfg.data.tokenizer, key, value)
     cfg.paths.tokenized = str(tmp_path / "tokenized")
     cfg.paths.metrics_dir = str(tmp_path / "metrics")
     tokenize(cfg)
     tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
-    text = lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
+    return tok, lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
+
+
+def test_lower_character_coverage_only_adds_unknowns(tokenized_smoke, tmp_path):
+    tok, text = retrained(tokenized_smoke, tmp_path, character_coverage=0.995)
     encoded = tok.encode_batch(text)
     with_unk = [i for i, ids in enumerate(encoded) if tok.unk_id in ids]
     assert with_unk, "coverage < 1 should leave rare characters out of the vocabulary"
@@ -168,13 +175,7 @@ def test_lower_character_coverage_only_adds_unknowns(tokenized_smoke, tmp_path):
 
 
 def test_case_fold_reads_and_writes_lowercase(tokenized_smoke, tmp_path):
-    cfg = copy.deepcopy(tokenized_smoke)
-    cfg.data.tokenizer.case_fold = True
-    cfg.paths.tokenized = str(tmp_path / "tokenized")
-    cfg.paths.metrics_dir = str(tmp_path / "metrics")
-    tokenize(cfg)
-    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
-    text = lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
+    tok, text = retrained(tokenized_smoke, tmp_path, case_fold=True)
     encoded = tok.encode_batch(text)
     assert any(t != t.lower() for t in text)  # the references are cased
     lowered = tok.encode_batch([t.lower() for t in text])
