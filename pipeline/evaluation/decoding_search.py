@@ -51,14 +51,16 @@ def search(
     split = cfg.data.val_split
     corpus = read_prepared(cfg, [split])[split]
     rows: list[dict] = []
+    tokenizer, src_ids = None, None
     with tempfile.TemporaryDirectory(prefix="decoding-search-") as scratch:
         for average in averages:
             sources = select_checkpoints(cfg.paths.train_dir, average, by=cfg.eval.average_by)
             averaged = Path(scratch) / f"average-{average}.ckpt"
             write_model_checkpoint(sources, averaged)
             model = load_model(averaged)
-            tokenizer = load_tokenizer(tokenizer_path(cfg), model)
-            src_ids = tokenizer.encode_batch(corpus.src)
+            if tokenizer is None:  # one tokenizer for all: checked against the first model
+                tokenizer = load_tokenizer(tokenizer_path(cfg), model)
+                src_ids = tokenizer.encode_batch(corpus.src)
             for beam_size in beam_sizes:
                 for length_penalty in length_penalties:
                     settings = dataclasses.replace(
