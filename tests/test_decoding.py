@@ -52,7 +52,8 @@ class TableModel(nn.Module):
 
     def decode(self, tgt_in, memory, src_pad_mask, cache=None):
         self.calls += 1
-        sentences = memory[:, 0, 0].long().tolist()
+        beams = tgt_in.size(0) // memory.size(0)  # beam search: one memory row per sentence
+        sentences = memory[:, 0, 0].long().repeat_interleave(beams).tolist()
         rows = [self.distribution(s, tuple(row[1:])) for s, row in zip(sentences, tgt_in.tolist())]
         return torch.stack(rows)[:, None]  # (rows, 1, V): the next-token log-probs
 

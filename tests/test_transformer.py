@@ -206,6 +206,44 @@ def test_cache_reorders_beams():
     torch.testing.assert_close(last, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_beams_sharing_one_memory_row_equal_per_beam_copies(fused):
+    """Beam search passes one encoder row per sentence for its k beams: the logits (cached and
+    not), the cache after dropping a sentence, and the attention weights equal the per-beam copies."""
+    model = make_model(fused_attention=fused)
+    src, tgt_in = random_batch([6, 4], [5, 5], seed=4)
+    beams = 3
+    prefixes = tgt_in.repeat_interleave(beams, dim=0)  # (6, 5): 3 beams per sentence
+    prefixes[1::beams, 2:] = prefixes[1::beams, 2:].flip(1)  # the beams differ
+    memory, src_pad = model.encode(src)
+    copies = memory.repeat_interleave(beams, dim=0), src_pad.repeat_interleave(beams, dim=0)
+    torch.testing.assert_close(
+        model.decode(prefixes, memory, src_pad), model.decode(prefixes, *copies), atol=1e-5, rtol=0
+    )
+    shared, copied = DecoderCache(), DecoderCache()
+    for t in range(3):
+        model.decode(prefixes[:, : t + 1], memory, src_pad, shared)
+        model.decode(prefixes[:, : t + 1], *copies, copied)
+    second = torch.arange(beams, 2 * beams)  # sentence 0 is done: keep sentence 1's beams
+    shared.select_rows(second, torch.tensor([1]))
+    copied.select_rows(second)
+    last = model.decode(prefixes[second, :4], memory[1:], src_pad[1:], shared)
+    expected = model.decode(prefixes[second, :4], copies[0][second], copies[1][second], copied)
+    torch.testing.assert_close(last, expected, atol=1e-5, rtol=0)
+
+    layer = model.decoder_layers[0]
+    x = model.embed(model.tgt_embed, prefixes)
+    mask = ~src_pad[:, None, None, :]
+    out, weights = layer.cross_attn(x, memory, attn_mask=mask, need_weights=True)
+    out_ref, weights_ref = layer.cross_attn(
+        x, copies[0], attn_mask=~copies[1][:, None, None, :], need_weights=True
+    )
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(weights, weights_ref)
+    with pytest.raises(ValueError, match="4 query rows cannot share 3 memory rows"):
+        layer.cross_attn(x[:4], memory[[0, 1, 1]])
+
+
 def test_cross_attention_weights():
     model = make_model()
     src, tgt_in = random_batch([6, 4], [5, 3], seed=3)

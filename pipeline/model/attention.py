@@ -214,8 +214,10 @@ class MultiHeadAttention(nn.Module):
         cache: KeyValueCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """query (B, T_q, d_model); memory (B, T_k, d_model) for cross-attention, None for
+        """query (B, T_q, d_model); memory (B_m, T_k, d_model) for cross-attention, None for
         self-attention. Returns (B, T_q, d_model) and, if `need_weights`, (B, h, T_q, T_k).
+        B_m is B, or B / group when each memory row serves `group` consecutive query rows
+        (the beams of one sentence); `attn_mask` then has B_m rows too.
 
         With a `cache`, self-attention appends this call's keys/values to the cached ones, and
         cross-attention projects `memory` on the first call only.
@@ -228,16 +230,21 @@ class MultiHeadAttention(nn.Module):
         else:  # encoder-decoder attention: Q from the decoder, K, V from the encoder output
             w_q, w_kv = self.in_proj.weight.split([d_model, 2 * d_model])
             b_q, b_kv = self.in_proj.bias.split([d_model, 2 * d_model])
-            (q,) = self._split_heads(F.linear(query, w_q, b_q), 1)
             if cache is not None and cache.keys is not None:
                 k, v = cache.keys, cache.values
             else:
                 k, v = self._split_heads(F.linear(memory, w_kv, b_kv), 2)
                 if cache is not None:
-                    # Copied once into (B, h, S, d_k) order: read at every step, and the
+                    # Copied once into (B_m, h, S, d_k) order: read at every step, and the
                     # attention kernel reads contiguous heads ~2.5x faster than the strided view.
                     k, v = k.contiguous(), v.contiguous()
                     cache.keys, cache.values = k, v
+            # Beam search: memory row b serves the `group` consecutive query rows of its
+            # sentence's beams. Their queries attend together, (B_m, h, group * T_q, d_k), so
+            # the keys/values are read once per sentence rather than once per beam.
+            group = _query_rows_per_memory_row(batch, k.size(0))
+            q_rows = F.linear(query, w_q, b_q).view(k.size(0), group * query_len, d_model)
+            (q,) = self._split_heads(q_rows, 1)
 
         heads_out, weights = scaled_dot_product_attention(
             q,
@@ -248,6 +255,18 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             fused=self.fused,
             need_weights=need_weights,
-        )  # (B, h, T_q, d_k)
-        concat = heads_out.transpose(1, 2).reshape(batch, query_len, d_model)  # Concat(head_i)
+        )  # (B, h, T_q, d_k); (B_m, h, group * T_q, d_k) for grouped cross-attention
+        # Concat(head_i): (.., h, rows, d_k) -> (.., rows, h * d_k), then back to (B, T_q, d_model)
+        concat = heads_out.transpose(1, 2).reshape(batch, query_len, d_model)
+        if weights is not None and weights.size(0) != batch:  # grouped: weights per query row
+            weights = weights.unflatten(2, (-1, query_len)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(concat), weights
+
+
+def _query_rows_per_memory_row(query_rows: int, memory_rows: int) -> int:
+    if query_rows % memory_rows != 0:
+        raise ValueError(
+            f"cross-attention: {query_rows} query rows cannot share {memory_rows} memory rows "
+            "(each memory row serves an equal, consecutive group of query rows)"
+        )
+    return query_rows // memory_rows

@@ -14,6 +14,8 @@ position fits in `model.max_positions`.
 
 The model needs `encode(src) -> (memory, src_pad_mask)`, `decode(tgt_in, memory, src_pad_mask,
 cache) -> logits` whose last position predicts the next token, and `pad_id`, `cfg.max_positions`.
+Beam search passes one memory row per sentence for its k consecutive beam rows of `tgt_in`
+(the encoder output is read once per sentence, not copied per beam).
 With `use_cache` a `DecoderCache` carries keys/values between steps; without it every step
 re-decodes the whole prefix (slower; a reference for tests and benchmarks).
 """
@@ -121,8 +123,7 @@ def beam_search(
     banned = [model.pad_id, bos_id]
 
     # Row s * k + j holds beam j of the s-th sentence still searched; sentence ids in `active`.
-    memory = memory.repeat_interleave(k, dim=0)  # (B k, S, D)
-    src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B k, S)
+    # memory (B, S, D) keeps one row per sentence, shared by its k beams' cross-attention.
     tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     scores = torch.full((batch, k), float("-inf"), device=device)  # summed log-probs
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
@@ -140,9 +141,10 @@ def beam_search(
             only_eos = torch.full((vocab,), float("-inf"), device=device)
             only_eos[eos_id] = 0.0
             at_limit = torch.tensor(at_limit, device=device)
-            log_probs = log_probs + torch.where(at_limit[:, None, None], only_eos, 0.0)
+            log_probs.add_(torch.where(at_limit[:, None, None], only_eos, 0.0))
 
-        candidates = (scores[:, :, None] + log_probs).view(n, k * vocab)
+        # In place: each (n, k, V) tensor allocated per step costs page faults on the CPU.
+        candidates = log_probs.add_(scores[:, :, None]).view(n, k * vocab)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (n, 2k), best first
         origin, token = top_ids // vocab, top_ids % vocab  # beam it extends, token it adds
         ends = token == eos_id
@@ -174,9 +176,9 @@ def beam_search(
             kept_sentences = torch.tensor(kept, dtype=torch.long, device=device)
             kept_rows = (kept_sentences[:, None] * k + torch.arange(k, device=device)).view(-1)
             scores = scores[kept_sentences]
-            tokens, memory = tokens[kept_rows], memory[kept_rows]
-            src_pad_mask = src_pad_mask[kept_rows]
+            tokens, memory = tokens[kept_rows], memory[kept_sentences]
+            src_pad_mask = src_pad_mask[kept_sentences]
             if cache is not None:
-                cache.select_rows(kept_rows)
+                cache.select_rows(kept_rows, kept_sentences)
 
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]

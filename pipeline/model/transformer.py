@@ -36,22 +36,24 @@ class DecoderCache:
 
     length: int = 0
     layers: list[DecoderLayerCache] = field(default_factory=list)
-    memory_mask: Tensor | None = None  # (B, 1, 1, S)
+    memory_mask: Tensor | None = None  # (B_m, 1, 1, S)
 
     def reorder_beams(self, indices: Tensor) -> None:
         """Beam search: row i continues hypothesis indices[i]. Only the self-attention states
-        move: the encoder-side keys/values are identical for all beams of a sentence and indices
-        never leave a sentence."""
+        move: the encoder-side keys/values belong to the sentence, which indices never leave."""
         for layer in self.layers:
             layer.self_attn.index_select(indices)
 
-    def select_rows(self, indices: Tensor) -> None:
-        """Keep only batch rows `indices` of every state (drop finished sentences)."""
+    def select_rows(self, rows: Tensor, memory_rows: Tensor | None = None) -> None:
+        """Keep only target rows `rows` of the self-attention states and `memory_rows` of the
+        encoder-side ones (drop finished sentences). `memory_rows` defaults to `rows`, for
+        one target row per memory row; beam search keeps one memory row per sentence."""
+        memory_rows = rows if memory_rows is None else memory_rows
         for layer in self.layers:
-            layer.self_attn.index_select(indices)
-            layer.cross_attn.index_select(indices)
+            layer.self_attn.index_select(rows)
+            layer.cross_attn.index_select(memory_rows)
         if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, indices)
+            self.memory_mask = self.memory_mask.index_select(0, memory_rows)
 
 
 class Transformer(nn.Module):
@@ -133,8 +135,9 @@ class Transformer(nn.Module):
         src_pad_mask: Tensor,
         cache: DecoderCache | None = None,
     ) -> Tensor:
-        """tgt_in (B, T) target prefix, starting with bos; memory (B, S, d_model) and
-        src_pad_mask (B, S) from `encode` -> the decoder stack's output (B, T_new, d_model).
+        """tgt_in (B, T) target prefix, starting with bos; memory (B_m, S, d_model) and
+        src_pad_mask (B_m, S) from `encode` -> the decoder stack's output (B, T_new, d_model).
+        B_m = B, or B / k when each sentence's memory serves its k consecutive beam rows.
 
         Without a cache every position is decoded (T_new = T). With a `DecoderCache` only the
         positions not yet in it are (T_new = T - cache.length; one per step in greedy/beam
