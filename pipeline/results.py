@@ -102,7 +102,7 @@ def table(rows: list[dict]) -> str:
     """The Markdown block README carries between its results markers."""
     header = (
         "| recipe | direction | averaged, length penalty | test2016 BLEU (lc) "
-        "| test2016 BLEU (cased) | chrF | val BLEU | parameters | train + eval wall time "
+        "| test2016 BLEU (cased) | chrF | val BLEU (lc) | parameters | train + eval wall time "
         "| hardware | command |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|"
     )
@@ -114,11 +114,14 @@ def table(rows: list[dict]) -> str:
         data, decoding = row["params"]["data"], row["params"]["eval"]
         train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
         wall = f"{_minutes(train_s)} + {_minutes(eval_s)}"  # "-" where a run has no time
+        recipe = row["params"]["experiment_name"]
+        if data.get("tokenizer", {}).get("case_fold"):
+            recipe += ", case-folded"  # reads and writes lowercase: its cased scores count that
         lines.append(
-            f"| {row['params']['experiment_name']} | {data['src_lang']}->{data['tgt_lang']} "
+            f"| {recipe} | {data['src_lang']}->{data['tgt_lang']} "
             f"| {decoding['average_by']} {decoding['average']}, {decoding['length_penalty']} "
             f"| {_fmt(test.get('bleu_lc'))} | {_fmt(test.get('bleu'))} | {_fmt(test.get('chrf'))} "
-            f"| {_fmt(val.get('bleu'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
+            f"| {_fmt(val.get('bleu_lc'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
             f"| {run['hardware']}, {train['precision']} | `{run['command']}` |"
         )
         signatures.update(evaluation.get("signatures", {}))

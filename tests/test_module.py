@@ -57,6 +57,20 @@ def test_corpus_bleu_metric_equals_sacrebleu_over_batches():
     assert metric.compute().item() == pytest.approx(
         sacrebleu.corpus_bleu(["x y z"], [["a b c"]]).score, abs=1e-6
     )
+    lowercase = CorpusBleu(lowercase=True)
+    lowered = [h.lower() for h in hypotheses]  # a case-folded model's output
+    lowercase.update(lowered, references)
+    expected_lc = sacrebleu.corpus_bleu(lowered, [references], lowercase=True).score
+    assert lowercase.compute().item() == pytest.approx(expected_lc, abs=1e-4)
+    assert expected_lc > sacrebleu.corpus_bleu(lowered, [references]).score + 5
+
+
+def test_case_folded_model_scores_val_bleu_ignoring_case(make_config):
+    for case_fold in (False, True):
+        cfg = make_config(f"data.tokenizer.case_fold={str(case_fold).lower()}")
+        module = TranslationModule(cfg, vocab_size=40)
+        module.val_bleu.update(["a man rides ."], ["A man rides ."])
+        assert (module.val_bleu.compute().item() == pytest.approx(100.0)) is case_fold
 
 
 def test_module_saves_its_config_and_rebuilds_from_hyperparameters(make_config):

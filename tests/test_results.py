@@ -12,7 +12,7 @@ from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
 
 
-def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
+def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de", case_fold=False):
     metrics = directory / "metrics"
     metrics.mkdir(parents=True)
     (metrics / "prepare.json").write_text(json.dumps({"src_lang": src, "tgt_lang": tgt}))
@@ -20,7 +20,7 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
     train = {"num_parameters": 2_600_000, "wall_time_s": 2940.0, "precision": "bf16-mixed"}
     (metrics / "train.json").write_text(json.dumps(train))
     evaluation = {
-        "val": {"bleu": 40.04},
+        "val": {"bleu": 40.04, "bleu_lc": 40.24},
         "test_2016_flickr": {"bleu": 39.94, "bleu_lc": bleu_lc, "chrf": 67.25},
         "signatures": {"bleu_lc": "nrefs:1|case:lc|tok:13a", "bleu": "nrefs:1|case:mixed"},
         "wall_time_s": 150.0,
@@ -28,7 +28,7 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
     (metrics / "eval.json").write_text(json.dumps(evaluation))
     params = {
         "experiment_name": "multi30k_tiny",
-        "data": {"src_lang": src, "tgt_lang": tgt},
+        "data": {"src_lang": src, "tgt_lang": tgt, "tokenizer": {"case_fold": case_fold}},
         "eval": {"average": 3, "average_by": "last", "length_penalty": 2.4},
     }
     (directory / "params.yaml").write_text(yaml.safe_dump(params))
@@ -37,8 +37,9 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de"):
 
 def test_recorded_rows_render_their_own_numbers(tmp_path):
     root = tmp_path / "results"
-    for name, bleu_lc, src, tgt in (("a.en-de", 41.26, "en", "de"), ("b.de-en", 43.51, "de", "en")):
-        metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt)
+    runs = (("a.en-de", 41.26, "en", "de", False), ("b.de-en", 43.51, "de", "en", True))
+    for name, bleu_lc, src, tgt, case_fold in runs:
+        metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt, case_fold)
         results.record(name, "make repro", metrics, params, root)
     rows = results.load_rows(root)
     assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
@@ -48,14 +49,14 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     first, second = lines[3], lines[4]
     cells = [c.strip() for c in first.strip("|").split("|")]
     assert cells[:8] == [
-        "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "67.2", "40.0", "2.60 M"
+        "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "67.2", "40.2", "2.60 M"
     ]  # fmt: skip
     assert (
         cells[8] == "49.0 min + 2.5 min"
         and "bf16-mixed" in cells[9]
         and cells[10] == "`make repro`"
     )
-    assert "de->en" in second and "| 43.5 |" in second
+    assert "| multi30k_tiny, case-folded | de->en" in second and "| 43.5 |" in second
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
     run = json.loads((root / "a.en-de" / "run.json").read_text())
     assert run["command"] == "make repro" and "cores" in run["hardware"]

@@ -47,13 +47,13 @@ def inverse_sqrt_rate(step: int, *, d_model: int, warmup_steps: int, factor: flo
 class CorpusBleu(Metric):
     """Corpus BLEU exactly as `sacrebleu.corpus_bleu` computes it (13a tokenisation, exp
     smoothing), accumulated as sacrebleu's sufficient statistics so that it sums over batches
-    and DDP ranks."""
+    and DDP ranks. `lowercase`: sacreBLEU's -lc (a model trained on case-folded text)."""
 
     full_state_update = False
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, lowercase: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._bleu = BLEU()
+        self._bleu = BLEU(lowercase=lowercase)
         self.add_state("stats", default=torch.zeros(BLEU_STATS, dtype=torch.float64),
                        dist_reduce_fx="sum")  # fmt: skip
 
@@ -123,7 +123,9 @@ class TranslationModule(L.LightningModule):
         self.train_nll = MeanMetric(nan_strategy="disable")
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_nll = MeanMetric(nan_strategy="disable")
-        self.val_bleu = CorpusBleu()
+        # A case-folded model writes lowercase: its val/bleu (checkpoint ranking, early
+        # stopping, sweeps) ignores case, or every capital in the references would count.
+        self.val_bleu = CorpusBleu(lowercase=special.case_fold)
 
         # Validation references and the detokenizer, attached by `attach_references`.
         self.tokenizer = None
