@@ -11,7 +11,13 @@ import torch
 from torch import nn
 
 from pipeline.config import ModelConfig
-from pipeline.model.decoding import Hypothesis, beam_search, greedy_decode, length_normalizer
+from pipeline.model.decoding import (
+    Hypothesis,
+    beam_search,
+    blockwise_topk,
+    greedy_decode,
+    length_normalizer,
+)
 from pipeline.model.transformer import Transformer
 from tests.test_layers import randomize, small_config
 
@@ -239,3 +245,24 @@ def test_empty_source_decodes_without_nan(transformer):
     results = beam_search(transformer, src, beam_size=2, length_penalty=1.0, **decode_kwargs())
     assert all(math.isfinite(hyps[0].score) for hyps in results)
     assert len(results[0][0].tokens) <= 5
+
+
+@pytest.mark.parametrize(
+    "width, m, block",
+    [(50_000, 10, 512), (10_007, 10, 512), (5_130, 6, 64), (1_000, 10, 512), (300, 4, 16)],
+)
+def test_blockwise_topk_equals_torch_topk(width, m, block):
+    """Beam search's top 2k of k * vocab: the same values and indices as torch.topk, for widths
+    that split into whole blocks or leave a partial one, with fewer blocks than m (torch.topk
+    itself), and rows mostly -inf (a sentence at its length limit, the first step's beams)."""
+    generator = torch.Generator().manual_seed(width)
+    scores = torch.randn(5, width, generator=generator)
+    scores[0, 3 * block :] = float("-inf")  # the best entries all in the first blocks
+    scores[1, : width - 2] = float("-inf")  # only the last two columns (the tail) are finite
+    scores[2, width - 1] = 100.0  # the best entry in the tail
+    values, indices = blockwise_topk(scores, m, block)
+    expected_values, expected_indices = scores.topk(m, dim=1)
+    assert torch.equal(values, expected_values)
+    finite = expected_values.isfinite()
+    assert torch.equal(indices[finite], expected_indices[finite])  # -inf ties: any order
+    assert torch.equal(scores.gather(1, indices), values)

@@ -66,6 +66,35 @@ def _next_log_probs(
     return log_probs
 
 
+TOPK_BLOCK = 512  # columns per block of `blockwise_topk` (each block's max is one vector pass)
+
+
+def blockwise_topk(scores: Tensor, m: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor]:
+    """`scores.topk(m, dim=1)` for (rows, width) with m << width, a few times faster on a CPU,
+    where torch's top-k over a row runs at a fraction of memory bandwidth: beam search takes
+    the best 2k of k * vocab candidates every step.
+
+    The m best entries of a row lie in the m blocks with the largest block maxima (any entry
+    outside them is beaten by those m maxima). So: one max per block of `block` columns, the
+    top m blocks, then top-k over their m * block entries plus the last partial block.
+    Values equal `torch.topk`'s; indices too, up to the order of ties.
+    """
+    rows, width = scores.shape
+    full_blocks = width // block
+    if full_blocks <= m:
+        return scores.topk(m, dim=1)
+    blocks = scores[:, : full_blocks * block].view(rows, full_blocks, block)
+    best_blocks = blocks.amax(dim=2).topk(m, dim=1).indices  # (rows, m)
+    gathered = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, block))  # (rows, m, block)
+    tail = scores[:, full_blocks * block :]  # (rows, width % block)
+    values, positions = torch.cat([gathered.view(rows, m * block), tail], dim=1).topk(m, dim=1)
+    in_blocks = positions < m * block
+    column = best_blocks.gather(1, (positions // block).clamp(max=m - 1)) * block
+    column += positions % block
+    indices = torch.where(in_blocks, column, positions - m * block + full_blocks * block)
+    return values, indices
+
+
 @torch.no_grad()
 def greedy_decode(
     model: nn.Module,
@@ -145,7 +174,7 @@ def beam_search(
 
         # In place: each (n, k, V) tensor allocated per step costs page faults on the CPU.
         candidates = log_probs.add_(scores[:, :, None]).view(n, k * vocab)
-        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (n, 2k), best first
+        top_scores, top_ids = blockwise_topk(candidates, 2 * k)  # (n, 2k), best first
         origin, token = top_ids // vocab, top_ids % vocab  # beam it extends, token it adds
         ends = token == eos_id
 
