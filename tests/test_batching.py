@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -13,6 +14,7 @@ from pipeline.data.batching import (
     TokenBatchSampler,
     eval_batches,
     pack_greedy,
+    pack_min_padding,
     split_to_multiple,
 )
 from pipeline.data.tokenizer import load_tokenized
@@ -66,7 +68,56 @@ def test_snake_order_pads_less_than_a_plain_length_sort(lengths):
     plain = padding_fraction(pack_greedy(plain_order, src.tolist(), tgt.tolist(), 8192), src, tgt)
     print(f"padding at 8192 tokens: snake {snake:.2%}, plain sort {plain:.2%}")
     assert snake < 0.8 * plain
-    assert snake < 0.07
+    assert snake < 0.05
+
+
+def partition_cost(batches, src, tgt, max_tokens) -> int:
+    """`pack_min_padding`'s objective, stated independently: padded tokens + max_tokens per batch."""
+    return sum(padded_as_given(b, src, tgt) for b in batches) + max_tokens * len(batches)
+
+
+def padded_as_given(batch, src, tgt) -> int:
+    """`padded` for lengths that already count bos/eos (what the packing functions take)."""
+    return len(batch) * (max(src[i] for i in batch) + max(tgt[i] for i in batch))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_min_padding_cuts_are_optimal_against_exhaustive_search(seed):
+    """Every way of cutting 11 examples into consecutive within-budget batches (2^10 of them)
+    is scored; the dynamic programme finds one with the least cost."""
+    rng = np.random.default_rng(seed)
+    src, tgt = rng.integers(1, 12, size=11), rng.integers(1, 12, size=11)
+    order = rng.permutation(11)
+    max_tokens = 40
+    best = None
+    for cuts in itertools.product([False, True], repeat=10):
+        batches, current = [], [int(order[0])]
+        for cut, index in zip(cuts, order[1:]):
+            if cut:
+                batches.append(current)
+                current = []
+            current.append(int(index))
+        batches.append(current)
+        if all(len(b) == 1 or padded_as_given(b, src, tgt) <= max_tokens for b in batches):
+            cost = partition_cost(batches, src, tgt, max_tokens)
+            best = cost if best is None else min(best, cost)
+    packed = pack_min_padding(order, src, tgt, max_tokens)
+    assert [i for b in packed for i in b] == order.tolist()  # consecutive, order kept
+    assert all(len(b) == 1 or padded_as_given(b, src, tgt) <= max_tokens for b in packed)
+    assert partition_cost(packed, src, tgt, max_tokens) == best
+
+
+@pytest.mark.parametrize("max_tokens", [4096, 8192])
+def test_min_padding_cuts_pad_less_than_greedy_with_as_many_batches(lengths, max_tokens):
+    src, tgt = lengths
+    sampler = make(lengths, max_tokens=max_tokens)
+    greedy = pack_greedy(
+        np.concatenate(sampler.batches), sampler.src_lens, sampler.tgt_lens, max_tokens
+    )
+    ours, theirs = (padding_fraction(b, src, tgt) for b in (sampler.batches, greedy))
+    print(f"padding at {max_tokens}: cuts placed {ours:.2%}, greedy {theirs:.2%}")
+    assert len(sampler.batches) == len(greedy)
+    assert ours < theirs
 
 
 @pytest.mark.parametrize("num_replicas", [1, 2, 3])
