@@ -143,22 +143,36 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
 
 @contextlib.contextmanager
 def tokenized_corpus(cfg: Config, tokenized: str | None) -> Iterator[tuple[object, object]]:
-    """(tokenizer, DatasetDict of the splits) of the real corpus, from the tokenize stage's
-    output folder; without one (and no `paths.tokenized` here) the project's own prepare and
-    tokenize stages run into a temporary folder (about 10 s for Multi30k), removed afterwards."""
+    """(tokenizer, DatasetDict of the splits) of the real corpus: from `tokenized` (the
+    tokenize stage's output folder) as it is; without it, from `paths.tokenized` when that
+    holds a vocabulary of the asked size (`--vocab`, data.tokenizer.vocab_size), else the
+    project's own prepare and tokenize stages run into a temporary folder (about 10 s for
+    Multi30k), removed afterwards."""
     from pipeline.data.corpus import prepare
     from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized, tokenize
 
     folder = Path(tokenized or cfg.paths.tokenized)
     with tempfile.TemporaryDirectory(prefix="bench-tokenized-") as scratch:
-        if tokenized is None and not (folder / MODEL_FILE).exists():
-            for name in vars(cfg.paths):
-                setattr(cfg.paths, name, str(Path(scratch) / getattr(cfg.paths, name)))
+        if tokenized is None and not _holds_vocabulary(folder, cfg.data.tokenizer.vocab_size):
+            for name in vars(cfg.paths):  # every output of the stages inside the scratch dir
+                setattr(cfg.paths, name, str(Path(scratch) / name))
             print(f"tokenizing {cfg.data.raw_dir} into {scratch}", file=sys.stderr)
             prepare(cfg)
             tokenize(cfg)
             folder = Path(cfg.paths.tokenized)
         yield Tokenizer.load(folder / MODEL_FILE), load_tokenized(folder)
+
+
+def _holds_vocabulary(folder: Path, vocab_size: int) -> bool:
+    from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+
+    if not (folder / MODEL_FILE).exists():
+        return False
+    found = Tokenizer.load(folder / MODEL_FILE).vocab_size
+    if found != vocab_size:
+        print(f"note: {folder} holds a vocabulary of {found}, not {vocab_size}; "
+              "pass --tokenized to use it as it is", file=sys.stderr)  # fmt: skip
+    return found == vocab_size
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None,

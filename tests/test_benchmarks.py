@@ -4,6 +4,7 @@ count, equal decoding work, padding accounting) are checked against independent 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -13,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batching, decode_throughput, train_throughput
-from benchmarks.common import marian_model, pad_batch
+from benchmarks.common import marian_model, pad_batch, tokenized_corpus
 from pipeline.config import ModelConfig
 from pipeline.data.tokenizer import load_tokenized
 from pipeline.model.decoding import beam_search
@@ -141,3 +142,23 @@ def test_padding_accounting_matches_padded_tensors(tokenized_smoke):
         positions += src.numel() + tgt_in.numel()
     stats = batching.batch_stats(batches, src_lens, tgt_lens)
     assert stats["padding_fraction"] == pytest.approx(pads / positions)
+
+
+def test_default_tokenized_folder_is_used_only_with_the_asked_vocabulary(tokenized_smoke, capsys):
+    """`paths.tokenized` (e.g. the default experiment's 10000) is not silently benchmarked for
+    `--vocab 8000`: a folder of another size is re-tokenized; an explicit --tokenized is kept."""
+    cfg = copy.deepcopy(tokenized_smoke)
+    vocab = cfg.data.tokenizer.vocab_size
+    with tokenized_corpus(cfg, None) as (tokenizer, _):
+        assert tokenizer.vocab_size == vocab
+    assert "tokenizing" not in capsys.readouterr().err
+
+    cfg.data.tokenizer.vocab_size = vocab + 200
+    with tokenized_corpus(cfg, None) as (tokenizer, splits):
+        assert tokenizer.vocab_size == vocab + 200
+        assert max(max(ids) for ids in splits["train"]["src_ids"]) < vocab + 200
+    err = capsys.readouterr().err
+    assert f"holds a vocabulary of {vocab}, not {vocab + 200}" in err and "tokenizing" in err
+
+    with tokenized_corpus(cfg, tokenized_smoke.paths.tokenized) as (tokenizer, _):
+        assert tokenizer.vocab_size == vocab
