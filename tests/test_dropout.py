@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.model.dropout import Dropout
+from pipeline.model.dropout import MASK_BITS, Dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -46,3 +46,23 @@ def test_same_rng_state_same_mask():
 def test_rejects_p_outside_zero_one():
     with pytest.raises(ValueError, match="p=1.0"):
         Dropout(1.0)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_cpu_mask_keeps_one_minus_p_at_every_slice_of_the_random_words(p):
+    """The CPU mask reads four 16-bit slices of each random 64-bit word, the top one without its
+    sign bit: entries at each of the four positions mod 4 are kept at the same rate 1 - p
+    (within 5 standard errors), neighbours independently, for a size that is not a multiple
+    of 4."""
+    torch.manual_seed(2)
+    count = 4 * 250_000 + 3
+    keep = keep_mask(torch.Size([count]), p, torch.device("cpu"))
+    assert keep.shape == (count,) and keep.dtype == torch.bool
+    rate = 1 - round(p * 2**MASK_BITS) / 2**MASK_BITS  # p rounded to a multiple of 2^-15
+    assert rate == pytest.approx(1 - p, abs=2**-MASK_BITS)
+    per_position = keep[: count - 3].view(-1, 4).double()
+    stderr = (rate * (1 - rate) / per_position.size(0)) ** 0.5
+    for position in range(4):
+        assert per_position[:, position].mean().item() == pytest.approx(rate, abs=5 * stderr)
+    both = (per_position[:, 0] * per_position[:, 3]).mean().item()  # P(keep, keep) = rate^2
+    assert both == pytest.approx(rate**2, abs=5 * stderr)
