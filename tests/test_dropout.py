@@ -66,3 +66,13 @@ def test_cpu_mask_keeps_one_minus_p_at_every_slice_of_the_random_words(p):
         assert per_position[:, position].mean().item() == pytest.approx(rate, abs=5 * stderr)
     both = (per_position[:, 0] * per_position[:, 3]).mean().item()  # P(keep, keep) = rate^2
     assert both == pytest.approx(rate**2, abs=5 * stderr)
+
+
+def test_cpu_mask_at_the_ends_of_p():
+    """p below 2^-16 rounds to keeping everything; p just below 1 still keeps a few entries
+    (the int16 threshold would otherwise overflow)."""
+    torch.manual_seed(3)
+    assert keep_mask(torch.Size([1000, 64]), 1e-6, torch.device("cpu")).all()
+    kept = keep_mask(torch.Size([4, 2**20]), 1 - 1e-7, torch.device("cpu")).sum().item()
+    assert 0 < kept < 1000  # 2^22 entries at 2^-15: 128 expected
+    assert keep_mask(torch.Size([0, 3]), 0.3, torch.device("cpu")).shape == (0, 3)

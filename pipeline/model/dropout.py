@@ -47,7 +47,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
     # random_() on int64 fills [0, 2^63): of the four 16-bit slices of each number, three are
     # uniform over [-2^15, 2^15) and the most significant one, lacking the sign bit, over
     # [0, 2^15). Each gets the threshold it passes with probability 1 - dropped / 2^15.
-    dropped = round(p * 2**MASK_BITS)
+    dropped = min(round(p * 2**MASK_BITS), 2**MASK_BITS - 1)  # p < 1 keeps some: int16 bound
     thresholds = [2 * dropped - 2**MASK_BITS] * 4
     thresholds[3 if sys.byteorder == "little" else 0] = dropped
     words = torch.empty((count + 3) // 4, dtype=torch.int64).random_()
