@@ -40,7 +40,9 @@ TARGET_SPECIALS = 1  # bos prepended to tgt_in, eos appended to tgt_out: T = tgt
 def pack_greedy(
     order: Sequence[int], src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int
 ) -> list[list[int]]:
-    """Cut `order` into consecutive batches with B * (max src len + max tgt len) <= max_tokens.
+    """Cut `order` into consecutive batches with B * (max src len + max tgt len) <= max_tokens,
+    each filled until the next example would not fit: the fewest batches for this order, the
+    baseline `pack_min_padding` is held to (same count, less padding; tests compare them).
 
     A single example over the budget gets a batch of its own (callers decide if that is ok).
     """
