@@ -28,6 +28,7 @@ import torch
 from pipeline import config as config_lib
 from pipeline.config import Config, ModelConfig
 from pipeline.training.cpu_memory import configure_cpu_memory
+from pipeline.training.precision import has_fast_bf16
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -103,31 +104,26 @@ def resolve_device(args: argparse.Namespace, cfg: Config) -> torch.device:
     return device
 
 
-def has_fast_bf16(device: torch.device) -> bool:
-    """bf16 matmuls in hardware: a GPU with bf16, or a CPU with AVX512-BF16 or AMX. Elsewhere
-    (e.g. an AVX2-only CPU) torch emulates them, 10-100x slower than float32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 def add_dtype_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         nargs="+",
         choices=list(DTYPES),
         default=None,
-        help="default: float32, and bfloat16 (autocast) where the device has fast bf16",
+        help="default: float32, and bfloat16 (autocast) where training's `precision: auto` "
+        "would pick it (pipeline.training.precision)",
     )
 
 
-def chosen_dtypes(args: argparse.Namespace, device: torch.device) -> list[str]:
+def chosen_dtypes(args: argparse.Namespace, device: torch.device, cfg: Config) -> list[str]:
     if args.dtype:
         return list(args.dtype)
-    if has_fast_bf16(device):
+    m = cfg.model
+    if has_fast_bf16(device.type, m.d_model, m.d_ff, cfg.train.bf16_min_speedup):
         return ["float32", "bfloat16"]
-    print(f"note: {device} has no bf16 matmul hardware (AVX512-BF16/AMX); bfloat16 skipped, "
-          "pass --dtype bfloat16 to time it anyway", file=sys.stderr)  # fmt: skip
+    print(f"note: bf16 matmuls are not faster than float32 on {device} (no AVX512-BF16/AMX, "
+          "or timed slower); bfloat16 skipped, pass --dtype bfloat16 to time it anyway",
+          file=sys.stderr)  # fmt: skip
     return ["float32"]
 
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     every = {"cached": ours_fn(True), "uncached": ours_fn(False), "marian": marian_fn}
     systems = {name: every[name] for name in SYSTEMS if name in args.systems}
     results = {}
-    for dtype_name in chosen_dtypes(args, device):
+    for dtype_name in chosen_dtypes(args, device, cfg):
         with autocast(device, DTYPES[dtype_name]):
             seconds = time_interleaved(systems, repeats=args.repeats, warmup=args.warmup,
                                        device=device, progress=f"decode {dtype_name}")  # fmt: skip

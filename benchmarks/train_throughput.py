@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> dict:
     systems = build_systems(cfg, vocab, tokens, device)
     peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     results = {}
-    for dtype_name in chosen_dtypes(args, device):
+    for dtype_name in chosen_dtypes(args, device, cfg):
         dtype = DTYPES[dtype_name]
         steps = {
             name: training_step_fn(module, loss_fn, batch, cfg, device, dtype)

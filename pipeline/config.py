@@ -115,7 +115,8 @@ class TrainConfig:
     # hung rank ends the job instead of stalling it); keep above the longest one-rank pause
     # (a checkpoint write, logger.wandb.init_timeout).
     ddp_timeout: float = 1800.0
-    precision: str = "auto"  # auto: bf16-mixed where the hardware has bf16, else 32-true
+    precision: str = "auto"  # auto: bf16-mixed where it is faster (training.precision)
+    bf16_min_speedup: float = 1.1  # auto on a CPU: bf16 matmuls must be this much faster
     num_workers: int = 0
     save_top_k: int = 10  # best checkpoints by val/bleu, kept for averaging
     early_stopping_patience: Optional[int] = None  # validations without val/bleu improving
@@ -231,6 +232,7 @@ def validate(cfg: Config) -> Config:
     _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
+    _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
     _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
     _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")

@@ -45,7 +45,7 @@ def test_grid_on_val_and_the_best_setting_reproduces_in_evaluate(search_config):
 
 def test_table_marks_the_best_row():
     row = {"average": 3, "beam_size": 5, "length_penalty": 1.0, "bleu": 40.0, "bleu_lc": 40.5,
-           "chrf": 60.0, "length_ratio": 0.98}  # fmt: skip
+           "bleu_tok_lc": 40.7, "chrf": 60.0, "length_ratio": 0.98}  # fmt: skip
     other = dict(row, length_penalty=2.0, bleu=39.0)
     table = decoding_search.format_table({"rows": [row, other], "best": row})
     assert table.splitlines()[2].endswith("<- best")

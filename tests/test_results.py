@@ -21,7 +21,12 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de", c
     (metrics / "train.json").write_text(json.dumps(train))
     evaluation = {
         "val": {"bleu": 40.04, "bleu_lc": 40.24},
-        "test_2016_flickr": {"bleu": 39.94, "bleu_lc": bleu_lc, "chrf": 67.25},
+        "test_2016_flickr": {
+            "bleu": 39.94,
+            "bleu_lc": bleu_lc,
+            "chrf": 67.25,
+            "bleu_tok_lc": 41.97,
+        },
         "signatures": {"bleu_lc": "nrefs:1|case:lc|tok:13a", "bleu": "nrefs:1|case:mixed"},
         "wall_time_s": 150.0,
     }
@@ -48,13 +53,13 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert lines[0] == results.BEGIN and lines[-1] == results.END
     first, second = lines[3], lines[4]
     cells = [c.strip() for c in first.strip("|").split("|")]
-    assert cells[:8] == [
-        "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "67.2", "40.2", "2.60 M"
+    assert cells[:9] == [
+        "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "42.0", "67.2", "40.2", "2.60 M"
     ]  # fmt: skip
     assert (
-        cells[8] == "49.0 min + 2.5 min"
-        and "bf16-mixed" in cells[9]
-        and cells[10] == "`make repro`"
+        cells[9] == "49.0 min + 2.5 min"
+        and "bf16-mixed" in cells[10]
+        and cells[11] == "`make repro`"
     )
     assert "| multi30k_tiny, case-folded | de->en" in second and "| 43.5 |" in second
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from sacrebleu.metrics import BLEU
 
 from pipeline.errors import DataError
-from pipeline.evaluation.scoring import paired_bootstrap, score
+from pipeline.evaluation.scoring import LITERATURE_METRIC, moses_tokenized, paired_bootstrap, score
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 WIDTH = 4  # decimals the CLI prints with `-w 4`
@@ -201,3 +202,32 @@ def test_paired_bootstrap_separates_systems_and_is_seeded(references):
         paired_bootstrap(baseline, much_better, refs, seed=0)
     with pytest.raises(DataError, match="the system"):
         paired_bootstrap(baseline, much_better[:-1], refs)
+
+
+# ------------------------------------------------------------- the literature's tokenized BLEU
+
+
+def test_moses_tokenized_text_is_multi30ks_lowercased_normalised_dehyphenated_tokens():
+    text = ["Ein Mann im T-Shirt sagt: „Hallo“, und 3.5 km (rot)."]
+    assert moses_tokenized(text, "de") == [
+        'ein mann im t-shirt sagt : " hallo " , und 3.5 km ( rot ) .'
+    ]
+
+
+def test_tokenized_test2016_references_have_the_length_wu_et_al_scored_against(references):
+    # Wu et al. (2021), Revisit-MMT README-baseline.md: "BLEU4 = 41.02 ... reflen=12103".
+    assert sum(len(line.split()) for line in moses_tokenized(references, "de")) == 12103
+
+
+def test_literature_bleu_is_plain_bleu_on_the_tokenized_text(references):
+    system = make_system(references[:300], seed=7)
+    scores = score(system, references[:300], lang="de")
+    expected = BLEU(tokenize="none").corpus_score(
+        moses_tokenized(system, "de"), [moses_tokenized(references[:300], "de")]
+    )
+    assert scores[LITERATURE_METRIC] == pytest.approx(expected.score, abs=1e-9)
+    assert "tok:none" in scores["signatures"][LITERATURE_METRIC]
+    assert "moses" in scores["signatures"][LITERATURE_METRIC]
+    # It differs from 13a BLEU on the same text (other tokens), and from nothing without lang.
+    assert scores[LITERATURE_METRIC] != pytest.approx(scores["bleu_lc"], abs=1e-6)
+    assert LITERATURE_METRIC not in score(system, references[:300])

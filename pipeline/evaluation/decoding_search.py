@@ -32,9 +32,10 @@ from pipeline.evaluation.evaluate import (
     translate_ids,
     write_model_checkpoint,
 )
-from pipeline.evaluation.scoring import score
+from pipeline.evaluation.scoring import LITERATURE_METRIC, score
 
 SEARCH_METRICS_FILE = "decoding_search.json"  # in metrics_dir
+ROW_METRICS = ("bleu", "bleu_lc", "chrf", "ter", LITERATURE_METRIC)
 
 
 def search(
@@ -69,12 +70,12 @@ def search(
                     desc = f"average {len(sources)}, beam {beam_size}, lp {length_penalty}"
                     translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
                     hypotheses = [t.best for t in translations]
-                    scores = score(hypotheses, corpus.tgt)
+                    scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
                     bleu = BLEU().corpus_score(hypotheses, [list(corpus.tgt)])
                     rows.append({
                         "average": len(sources), "beam_size": beam_size,
                         "length_penalty": length_penalty,
-                        **{key: scores[key] for key in ("bleu", "bleu_lc", "chrf", "ter")},
+                        **{key: scores[key] for key in ROW_METRICS},
                         "length_ratio": bleu.sys_len / bleu.ref_len,
                     })  # fmt: skip
     result = {"split": split, "metric": metric, "rows": rows,
@@ -84,13 +85,14 @@ def search(
 
 
 def format_table(result: dict) -> str:
-    header = "average  beam  lp     bleu   bleu_lc  chrf   ratio"
+    header = "average  beam  lp     bleu   bleu_lc  tok_lc  chrf   ratio"
     lines = [header, "-" * len(header)]
     for row in result["rows"]:
         mark = "  <- best" if row is result["best"] else ""
         lines.append(
             f"{row['average']:>7}  {row['beam_size']:>4}  {row['length_penalty']:<5}"
-            f"  {row['bleu']:5.2f}  {row['bleu_lc']:7.2f}  {row['chrf']:5.2f}"
+            f"  {row['bleu']:5.2f}  {row['bleu_lc']:7.2f}  {row[LITERATURE_METRIC]:6.2f}"
+            f"  {row['chrf']:5.2f}"
             f"  {row['length_ratio']:.3f}{mark}"
         )
     return "\n".join(lines)
@@ -101,7 +103,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--average", type=int, nargs="+", default=[3, 5, 10])
     parser.add_argument("--beam-size", type=int, nargs="+", default=[5])
     parser.add_argument("--length-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4, 2.0])
-    parser.add_argument("--metric", choices=["bleu", "bleu_lc", "chrf"], default="bleu")
+    parser.add_argument("--metric", choices=["bleu", "bleu_lc", "chrf", LITERATURE_METRIC],
+                        default="bleu")  # fmt: skip
     return parser.parse_args(argv)
 
 

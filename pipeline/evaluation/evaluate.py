@@ -297,7 +297,7 @@ def read_references(cfg: Config) -> dict[str, ParallelText]:
 def run(cfg: Config, wandb_run=None) -> dict:
     """Evaluate the trained model on `eval.splits`; returns what it writes to eval.json.
 
-    eval.json: `{split: {bleu, bleu_lc, chrf, ter, sentences}, ..., "signatures": {metric:
+    eval.json: `{split: {bleu, bleu_lc, chrf, ter, bleu_tok_lc, sentences}, ..., "signatures": {metric:
     sacrebleu signature}, "checkpoints_averaged": n, "wall_time_s": seconds}`. Writes `eval_dir/` atomically
     (model.ckpt, `{split}.hyp`, `{split}.nbest` when eval.nbest > 1) and
     `plots_dir/attention/{split}_{index}.png`. Logs to `wandb_run` when given (a sweep
@@ -324,7 +324,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
             write_lines(staging / f"{split}.hyp", hypotheses)
             if cfg.eval.nbest > 1:
                 write_lines(staging / f"{split}.nbest", nbest_lines(translations[split]))
-            scores = score(hypotheses, corpus.tgt)
+            scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
             signatures = scores.pop("signatures")
             results[split] = {**scores, "sentences": len(hypotheses)}
             log.info(

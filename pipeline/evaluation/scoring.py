@@ -2,6 +2,11 @@
 
 BLEU is sacrebleu's default: 13a tokenisation, cased, one reference; that is the number to
 report. `bleu_lc` (the CLI's `-lc`) is there only to compare with papers that lowercase.
+`bleu_tok_lc` (given the target language) is how the Multi30k literature scores: BLEU on
+text lowercased, punctuation-normalised and Moses-tokenized with hyphens split and rejoined,
+as the dataset's own `task1-tokenize.sh` makes its tokenized test targets (`.lc.norm.tok`,
+`.dehyph`); its test2016 German references count the 12103 tokens of Wu et al. (2021)'s
+`reflen` (a test checks it).
 Every score carries its sacrebleu signature, so a number is never separated from how it
 was computed. `paired_bootstrap` gives p-values between two systems on the same test set
 (Koehn 2004, as sacrebleu's `--paired-bs`).
@@ -10,13 +15,16 @@ was computed. `paired_bootstrap` gives p-values between two systems on the same 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import sacremoses
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from pipeline.errors import DataError
 
@@ -27,6 +35,8 @@ METRICS: dict[str, type[Metric] | tuple[type[Metric], dict]] = {
     "chrf": CHRF,
     "ter": TER,
 }
+LITERATURE_METRIC = "bleu_tok_lc"
+MOSES_HYPHEN = re.compile(r"\s*@-@\s*")  # `tokenizer.perl -a` splits "t-shirt" into "t @-@ shirt"
 # sacrebleu's `--paired-bs-n` default and its default SACREBLEU_SEED.
 DEFAULT_BOOTSTRAP_SAMPLES = 1000
 DEFAULT_BOOTSTRAP_SEED = 12345
@@ -53,12 +63,13 @@ def check_aligned(hypotheses: Sequence[str], references: Sequence[str], what: st
         raise DataError(f"no references{' for ' + what if what else ''}: nothing to score")
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-    """Corpus BLEU (13a, cased), lowercased BLEU, chrF and TER of detokenized hypotheses.
+def score(hypotheses: Sequence[str], references: Sequence[str], lang: str | None = None) -> dict:
+    """Corpus BLEU (13a, cased), lowercased BLEU, chrF and TER of detokenized hypotheses, and
+    with `lang` (the target language) the literature's tokenized lowercased BLEU.
 
     Returns `{"bleu": float, "bleu_lc": float, "chrf": float, "ter": float,
-    "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|...", ...}}`; scores are
-    sacrebleu's unrounded values (the CLI prints them rounded).
+    ["bleu_tok_lc": float,] "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|...",
+    ...}}`; scores are sacrebleu's unrounded values (the CLI prints them rounded).
     """
     check_aligned(hypotheses, references)
     hypotheses, references = list(hypotheses), [list(references)]
@@ -67,7 +78,35 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
         metric = make_metric(key)
         result[key] = float(metric.corpus_score(hypotheses, references).score)
         result["signatures"][key] = str(metric.get_signature())
+    if lang is not None:
+        metric = BLEU(tokenize="none")  # on lowercased text: "pre:lc" in the signature
+        tokenized = [moses_tokenized(references[0], lang)]
+        result[LITERATURE_METRIC] = float(
+            metric.corpus_score(moses_tokenized(hypotheses, lang), tokenized).score
+        )
+        result["signatures"][LITERATURE_METRIC] = (
+            f"{metric.get_signature()}|pre:lc+moses-norm+moses-tok-a-dehyph:{lang}"
+            f"|sacremoses:{sacremoses.__version__}"
+        )
     return result
+
+
+def moses_tokenized(texts: Sequence[str], lang: str) -> list[str]:
+    """Multi30k's tokenized text: lowercase, `normalize-punctuation.perl`, `tokenizer.perl -a
+    -no-escape` (sacremoses' ports), hyphens rejoined ("t @-@ shirt" -> "t-shirt")."""
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        MOSES_HYPHEN.sub(
+            "-",
+            tokenizer.tokenize(
+                normalizer.normalize(text.lower()),
+                aggressive_dash_splits=True,
+                escape=False,
+                return_str=True,
+            ),
+        )
+        for text in texts
+    ]
 
 
 @dataclass(frozen=True)

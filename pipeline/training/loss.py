@@ -3,10 +3,8 @@
     loss = sum_t [(1 - eps) * -log p(y_t) + eps * (1/V) sum_v -log p(v)]     (summed over non-pad t)
 
 q = (1 - eps) * onehot(y) + eps / V spreads the smoothing mass uniformly over the whole
-vocabulary, as `F.cross_entropy(label_smoothing=eps)` does. With logsumexp no (N, V)
-log-probabilities or one-hot targets are built:
-    -log p(y)             = logsumexp(z) - z_y
-    (1/V) sum_v -log p(v) = logsumexp(z) - mean_v z_v
+vocabulary, as `F.cross_entropy(label_smoothing=eps)` does. No one-hot targets are built:
+from one fused log_softmax pass, -log p(y) is a gather and (1/V) sum_v -log p(v) a row mean,
 and the gradient is  d loss / d z_v = softmax(z)_v - eps / V - (1 - eps) * [v == y].
 
 `output_layer_loss` is what training uses: for a small model with a large vocabulary (Multi30k
@@ -30,7 +28,7 @@ class _LabelSmoothedNll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
         is_token = target.ne(pad_id)
-        loss, nll = _smoothed_and_nll(logits, target, epsilon)
+        loss, nll = _smoothed_and_nll(torch.log_softmax(logits, dim=-1), target, epsilon)
         ctx.save_for_backward(logits, target, is_token)
         ctx.epsilon = epsilon
         return loss.masked_fill(~is_token, 0.0).sum(), nll.masked_fill(~is_token, 0.0).sum()
@@ -48,11 +46,10 @@ class _LabelSmoothedNll(torch.autograd.Function):
         return grad, None, None, None
 
 
-def _smoothed_and_nll(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """logits (N, V) float32, target (N,) -> per-row (smoothed loss, nll), both (N,)."""
-    log_partition = torch.logsumexp(logits, dim=-1)
-    nll = log_partition - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    uniform_ce = log_partition - logits.mean(dim=-1)
+def _smoothed_and_nll(log_probs: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """log p (N, V) float32, target (N,) -> per-row (smoothed loss, nll), both (N,)."""
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    uniform_ce = -log_probs.mean(dim=-1)  # (1/V) sum_v -log p(v)
     return (1.0 - epsilon) * nll + epsilon * uniform_ce, nll
 
 
@@ -89,13 +86,15 @@ class _OutputLayerLoss(torch.autograd.Function):
             grad_bias = None if bias is None else torch.zeros_like(grad_weight[:, 0])
         for start in range(0, hidden.size(0), chunk_rows):
             rows = slice(start, start + chunk_rows)
-            logits = F.linear(h[rows], w, b).float()  # (c, V)
-            chunk_loss, chunk_nll = _smoothed_and_nll(logits, target[rows], epsilon)
+            # log p: one fused pass over the chunk's float32 logits (the chunk stays in cache)
+            log_probs = torch.log_softmax(F.linear(h[rows], w, b).float(), dim=-1)  # (c, V)
+            chunk_loss, chunk_nll = _smoothed_and_nll(log_probs, target[rows], epsilon)
             loss += chunk_loss.sum()
             nll += chunk_nll.sum()
             if not wants_grad:
                 continue
-            grad = torch.softmax(logits, dim=-1).sub_(epsilon / vocab)  # d loss / d logits
+            # d loss / d logits = softmax - eps/V - (1 - eps) onehot(y), in place
+            grad = log_probs.exp_().sub_(epsilon / vocab)
             grad.scatter_add_(
                 -1, target[rows].unsqueeze(-1), grad.new_full((grad.size(0), 1), epsilon - 1.0)
             )

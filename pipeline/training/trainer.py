@@ -50,12 +50,12 @@ from pipeline.training.checkpoints import (
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.module import TranslationModule
+from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback
 
 METRICS_FILE = "train.json"
 DVCLIVE_SUBDIR = "train"  # under paths.plots_dir
 LEARNING_CURVE_FILE = "learning_curve.png"
-CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 # A resumed run must train the same model on the same data order.
 RESUME_FIXED_KEYS = (
     "seed",
@@ -81,33 +81,6 @@ def resolve_accelerator(requested: str) -> str:
     if torch.backends.mps.is_available():
         return "mps"
     return "cpu"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:  # not Linux
-        pass
-    return set()
-
-
-def bf16_supported(accelerator: str) -> bool:
-    """bf16 matmuls in hardware: CUDA (Ampere+) or a CPU with AMX / AVX512-BF16 via oneDNN."""
-    if accelerator in ("gpu", "cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if accelerator == "cpu":
-        return torch.backends.mkldnn.is_available() and bool(_cpu_flags() & set(CPU_BF16_FLAGS))
-    return False
-
-
-def resolve_precision(requested: str, accelerator: str) -> str:
-    """`auto`: bf16-mixed where the hardware has bf16, else 32-true."""
-    if requested != "auto":
-        return requested
-    return "bf16-mixed" if bf16_supported(accelerator) else "32-true"
 
 
 def device_count(devices, accelerator: str) -> int:
@@ -189,7 +162,10 @@ def build_trainer(
     """The Lightning Trainer for `cfg.train`; returns it with the precision it resolved."""
     t = cfg.train
     accelerator = resolve_accelerator(t.accelerator)
-    precision = resolve_precision(t.precision, accelerator)
+    precision = resolve_precision(
+        t.precision, accelerator, d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
+        min_speedup=t.bf16_min_speedup,
+    )  # fmt: skip
     strategy = build_strategy(cfg, accelerator)
     trainer = L.Trainer(
         accelerator=accelerator,
