@@ -42,6 +42,7 @@ import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
+from sqlalchemy import event
 
 from pipeline import config as config_lib
 from pipeline.cli import main
@@ -195,18 +196,41 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
     retry = RetryHeartbeatStaleTrialCallback(max_retry=settings.max_retries)
     for attempt in range(attempts):
         try:
-            return RDBStorage(
+            storage = RDBStorage(
                 url,
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=settings.heartbeat_interval,
                 grace_period=settings.grace_period,
-                failed_trial_callback=retry,
+                heartbeat_stale_trial_callback=retry,
             )
+            if url.startswith("sqlite"):
+                _begin_sqlite_transactions_immediately(storage.engine)
+            return storage
         except Exception as err:  # concurrent CREATE TABLE / version row races
             if attempt == attempts - 1:
                 raise PipelineError(f"cannot open Optuna storage {url}: {err}") from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+def _begin_sqlite_transactions_immediately(engine) -> None:
+    """Take SQLite's write lock when a transaction begins (SQLAlchemy's pysqlite recipe).
+
+    SQLite ignores Optuna's SELECT ... FOR UPDATE and pysqlite sends no BEGIN before a SELECT, so
+    two workers could both read a trial as WAITING and both claim it (seen in CI: a grid point
+    ran twice). BEGIN IMMEDIATE makes each read-check-write atomic; other workers wait on the
+    connection timeout.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _driver_autocommit(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # BEGIN comes from the listener below
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # pooled connections from the schema check reconnect with the listeners
 
 
 def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
