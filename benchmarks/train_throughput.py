@@ -156,7 +156,7 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
         states = ours.teacher_forced_states(batch["src"], batch["tgt_in"])
         return output_layer_loss(
             states, ours.output_projection, batch["tgt_out"], epsilon=epsilon, pad_id=pad_id,
-            chunk_rows=cfg.train.loss_chunk_rows,
+            chunk_rows=cfg.train.loss_chunk_rows, compiled=cfg.train.compile_loss,
         )[0]  # fmt: skip
 
     def marian_logits(src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -123,6 +123,7 @@ class TrainConfig:
     resume: bool = True
     compile: bool = False
     loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
+    compile_loss: bool = True  # each chunk's softmax + loss + gradient as one compiled function
     # CPU only (pipeline.training.cpu_memory): heap-allocate activations up to this many MiB
     # and never trim the heap; cache this many oneDNN kernels. None keeps the defaults.
     cpu_mmap_threshold_mb: Optional[int] = 32

@@ -110,7 +110,8 @@ def _hidden_batch(seed: int, bias: bool, vocab: int = 13, d_model: int = 8):
 
 @pytest.mark.parametrize("chunk_rows", [1, 4, 1000])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fused_output_layer_loss_equals_logits_then_loss(chunk_rows, bias):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_output_layer_loss_equals_logits_then_loss(chunk_rows, bias, compiled):
     hidden, layer, target = _hidden_batch(seed=5, bias=bias)
     reference_layer = nn.Linear(layer.in_features, layer.out_features, bias=bias)
     reference_layer.load_state_dict(layer.state_dict())
@@ -118,7 +119,7 @@ def test_fused_output_layer_loss_equals_logits_then_loss(chunk_rows, bias):
     h_ref = hidden.clone().requires_grad_()
 
     loss, nll = output_layer_loss(
-        h_ours, layer, target, epsilon=0.1, pad_id=PAD, chunk_rows=chunk_rows
+        h_ours, layer, target, epsilon=0.1, pad_id=PAD, chunk_rows=chunk_rows, compiled=compiled
     )
     ref_loss, ref_nll = label_smoothed_nll(reference_layer(h_ref), target, epsilon=0.1, pad_id=PAD)
     torch.testing.assert_close(loss, ref_loss)

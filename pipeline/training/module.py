@@ -187,7 +187,7 @@ class TranslationModule(L.LightningModule):
         loss_sum, nll_sum = output_layer_loss(
             states, self.model.output_projection, batch["tgt_out"],
             epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id,
-            chunk_rows=self.cfg.train.loss_chunk_rows,
+            chunk_rows=self.cfg.train.loss_chunk_rows, compiled=self.cfg.train.compile_loss,
         )  # fmt: skip
         return loss_sum, nll_sum, int(batch["num_tgt_tokens"])
 
