@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.training import loss as loss_lib
 from pipeline.training.loss import label_smoothed_nll, output_layer_loss
 
 PAD = 0
@@ -133,12 +134,15 @@ def test_fused_output_layer_loss_equals_logits_then_loss(chunk_rows, bias, compi
     assert h_ours.grad[target.eq(PAD)].abs().sum() == 0  # padding rows get no gradient
 
 
-def test_fused_output_layer_loss_under_bf16_autocast_matches_autocast_linear():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fused_output_layer_loss_under_bf16_autocast_matches_autocast_linear(compiled):
     hidden, layer, target = _hidden_batch(seed=6, bias=False, vocab=64, d_model=32)
     h_ours = hidden.clone().requires_grad_()
     h_ref = hidden.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = output_layer_loss(h_ours, layer, target, epsilon=0.1, pad_id=PAD, chunk_rows=5)
+        loss, _ = output_layer_loss(
+            h_ours, layer, target, epsilon=0.1, pad_id=PAD, chunk_rows=5, compiled=compiled
+        )
         ref_loss, _ = label_smoothed_nll(layer(h_ref), target, epsilon=0.1, pad_id=PAD)
     assert loss.dtype == torch.float32 and layer.weight.dtype == torch.float32
     torch.testing.assert_close(loss, ref_loss, rtol=1e-3, atol=1e-3)
@@ -155,3 +159,34 @@ def test_fused_output_layer_loss_without_grad_computes_only_the_loss():
         reference, _ = label_smoothed_nll(layer(hidden), target, epsilon=0.1, pad_id=PAD)
     assert not loss.requires_grad
     torch.testing.assert_close(loss, reference)
+
+
+def test_a_chunk_function_that_fails_to_compile_warns_and_runs_eagerly(caplog):
+    logits = torch.randn(6, 13, generator=torch.Generator().manual_seed(8))
+    target = torch.tensor([1, 4, 0, 12, 7, 7])
+    chunk = loss_lib._CompiledChunk()
+
+    def no_compiler(*args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    chunk.compiled = no_compiler
+    with caplog.at_level("WARNING", logger=loss_lib.__name__):
+        got = chunk(logits, target, 0.1, torch.float32)
+        again = chunk(logits, target, 0.1, torch.float32)  # no second attempt, no second warning
+    expected = loss_lib._chunk_loss_and_grad(logits, target, 0.1, torch.float32)
+    for value in (got, again):
+        for ours, reference in zip(value, expected, strict=True):
+            torch.testing.assert_close(ours, reference)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "train.compile_loss" in warnings[0]
+    assert "No working C++ compiler" in warnings[0]
+
+
+def test_fusable_chunk_function_equals_the_eager_one():
+    # The compiled form is written differently (no in-place updates, no scatter): same values.
+    logits = torch.randn(9, 17, generator=torch.Generator().manual_seed(9)) * 3
+    target = torch.tensor([0, 16, 3, 3, 8, 1, 2, 15, 9])
+    fused = loss_lib._fusable_chunk_loss_and_grad(logits, target, 0.1, torch.float32)
+    eager = loss_lib._chunk_loss_and_grad(logits, target, 0.1, torch.float32)
+    for ours, reference in zip(fused, eager, strict=True):
+        torch.testing.assert_close(ours, reference)
