@@ -207,6 +207,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     cfg = train_config(
         "model.dropout=0",
         "train.label_smoothing=0",
+        "train.compile_loss=true",  # the default recipes' compiled loss must fit the data too
         "train.max_steps=300",
         "train.warmup_steps=40",
         "train.lr_factor=0.3",
