@@ -39,19 +39,19 @@ def hardware() -> str:
     """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
     import torch
 
+    from pipeline.training.precision import CPU_BF16_FLAGS, cpu_flags
+
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
     model = platform.processor() or "CPU"
-    flags: set[str] = set()
     with_cpuinfo = Path("/proc/cpuinfo")
     if with_cpuinfo.exists():
         for line in with_cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    bf16 = {"avx512_bf16", "amx_bf16"} & flags
+                break
+    bf16 = set(CPU_BF16_FLAGS) & cpu_flags()
     extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
     return f"{model}, {os.cpu_count()} cores{extra}"
 

@@ -27,7 +27,8 @@ PROBE_REPEATS = 9  # interleaved rounds; the median ratio decides
 PROBE_ROWS = 4096  # tokens in the probe's batch: a training batch's order of magnitude
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -40,7 +41,7 @@ def _cpu_flags() -> set[str]:
 
 def cpu_has_bf16_instructions() -> bool:
     """AMX or AVX512-BF16, through oneDNN: bf16 matmuls in hardware, not emulated."""
-    return torch.backends.mkldnn.is_available() and bool(_cpu_flags() & set(CPU_BF16_FLAGS))
+    return torch.backends.mkldnn.is_available() and bool(cpu_flags() & set(CPU_BF16_FLAGS))
 
 
 @cache
