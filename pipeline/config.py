@@ -99,6 +99,8 @@ class TrainConfig:
     accumulate_grad_batches: int = 1
     lr_factor: float = 1.0  # lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     warmup_steps: int = 4000
+    # The last cooldown_steps of max_steps scale that lr down linearly to 0 (0: eq. 3 alone)
+    cooldown_steps: int = 0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
@@ -229,6 +231,11 @@ def validate(cfg: Config) -> Config:
         _check(value is None or value > 0, f"train.{key}", f"must be positive or null, got {value}")
     _check(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
     _check(t.lr_factor > 0, "train.lr_factor", "must be positive")
+    _check(
+        t.cooldown_steps == 0 or 0 < t.cooldown_steps <= t.max_steps,
+        "train.cooldown_steps",
+        f"must be 0 or in [1, train.max_steps = {t.max_steps}], got {t.cooldown_steps}",
+    )
     _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
     _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import sacrebleu
 
-from pipeline.training.module import CorpusBleu, TranslationModule, inverse_sqrt_rate
+from pipeline.training.module import (
+    CorpusBleu,
+    TranslationModule,
+    cooldown_scale,
+    inverse_sqrt_rate,
+)
 
 
 def test_schedule_values_at_chosen_steps():
@@ -40,6 +45,29 @@ def test_optimizer_follows_the_schedule_per_step(make_config):
     expected = [2.0 * 32**-0.5 * min(s**-0.5, s * 10**-1.5) for s in range(1, 31)]
     assert seen == pytest.approx(expected)
     assert max(seen) == pytest.approx(seen[9])  # the peak is at step = warmup
+
+
+def test_cooldown_scales_the_last_steps_linearly_to_zero(make_config):
+    assert [cooldown_scale(s, max_steps=10, cooldown_steps=4) for s in range(1, 11)] == (
+        pytest.approx([1, 1, 1, 1, 1, 1, 1.0, 0.75, 0.5, 0.25])
+    )
+    assert cooldown_scale(10, max_steps=10, cooldown_steps=0) == 1.0
+    cfg = make_config("model.d_model=32", "model.heads=2", "model.d_ff=64",
+                      "model.encoder_layers=1", "model.decoder_layers=1",
+                      "train.warmup_steps=10", "train.lr_factor=2.0",
+                      "train.max_steps=30", "train.cooldown_steps=8")  # fmt: skip
+    setup = TranslationModule(cfg, vocab_size=30).configure_optimizers()
+    optimizer, scheduler = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(30):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    paper = [2.0 * 32**-0.5 * min(s**-0.5, s * 10**-1.5) for s in range(1, 31)]
+    assert seen[:22] == pytest.approx(paper[:22])  # equation (3) until the cool-down
+    remaining = [(30 - s + 1) / 8 for s in range(23, 31)]  # 8/8 ... 1/8
+    assert seen[22:] == pytest.approx([p * r for p, r in zip(paper[22:], remaining)])
+    assert seen[-1] == pytest.approx(paper[-1] / 8)
 
 
 def test_corpus_bleu_metric_equals_sacrebleu_over_batches():

@@ -3,6 +3,7 @@
 
     loss  = sum_t [(1 - eps) * -log p(y_t) + eps * (1/V) sum_v -log p(v)] / #tokens   (5.4)
     lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)                 (5.3, eq. 3)
+            * min(1, (max_steps - step + 1) / cooldown)        (optional linear cool-down)
 
 Padding positions of the target carry no loss. Metrics are token-weighted torchmetrics
 aggregates, so they are exact across batches and reduced across DDP ranks on `compute()`.
@@ -42,6 +43,17 @@ def inverse_sqrt_rate(step: int, *, d_model: int, warmup_steps: int, factor: flo
     """Section 5.3, equation (3): linear warmup, then decay with the inverse square root of
     the step. `step` counts optimizer steps from 1."""
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def cooldown_scale(step: int, *, max_steps: int, cooldown_steps: int) -> float:
+    """Not in the paper: the last `cooldown_steps` optimizer steps of a fixed budget scale the
+    rate linearly down to 0 (1 before them, 1/cooldown_steps at the last step; 0 steps: always
+    1). A run that ends on a decayed rate reaches a lower loss than one cut off mid-schedule
+    (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+    Durations"). `step` counts from 1."""
+    if cooldown_steps == 0:
+        return 1.0
+    return min(1.0, (max_steps - step + 1) / cooldown_steps)
 
 
 class CorpusBleu(Metric):
@@ -168,9 +180,10 @@ class TranslationModule(L.LightningModule):
         d_model, warmup, factor = self.cfg.model.d_model, t.warmup_steps, t.lr_factor
 
         def rate(scheduler_steps: int) -> float:  # LambdaLR counts from 0, the paper from 1
+            step = scheduler_steps + 1
             return inverse_sqrt_rate(
-                scheduler_steps + 1, d_model=d_model, warmup_steps=warmup, factor=factor
-            )
+                step, d_model=d_model, warmup_steps=warmup, factor=factor
+            ) * cooldown_scale(step, max_steps=t.max_steps, cooldown_steps=t.cooldown_steps)
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
         return {
