@@ -42,6 +42,7 @@ class TokenizerConfig:
     vocab_size: int = 8000
     character_coverage: float = 1.0
     case_fold: bool = False  # lowercase everything the model reads and writes (NFKC + fold)
+    source_eos: bool = False  # every source sentence ends with eos, as fairseq encodes it
     # Fixed special ids, shared by tokenizer, model and decoding.
     pad_id: int = 0
     unk_id: int = 1

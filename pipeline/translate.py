@@ -77,9 +77,9 @@ def translate(argv: list[str] | None = None) -> None:
     from pipeline.evaluation.evaluate import load_model, load_tokenizer, translate_ids
 
     model = load_model(checkpoint)
-    tokenizer = load_tokenizer(spm_model, model)
+    tokenizer = load_tokenizer(spm_model, model, cfg.data.tokenizer.source_eos)
     translations = translate_ids(
-        model, tokenizer, tokenizer.encode_batch(sources), eval_cfg, desc="translate"
+        model, tokenizer, tokenizer.encode_sources(sources), eval_cfg, desc="translate"
     )
     text = "".join(f"{t.best}\n" for t in translations)
     if args.output is not None:

@@ -162,7 +162,7 @@ def retrained(tokenized_smoke, tmp_path: Path, **tokenizer_settings):
     cfg.paths.tokenized = str(tmp_path / "tokenized")
     cfg.paths.metrics_dir = str(tmp_path / "metrics")
     tokenize(cfg)
-    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE, cfg.data.tokenizer.source_eos)
     return tok, lines(prepared_path(cfg, "val", cfg.data.tgt_lang))
 
 
@@ -184,6 +184,25 @@ def test_case_fold_reads_and_writes_lowercase(tokenized_smoke, tmp_path):
     assert decoded and all(d == d.lower() for d, _ in decoded)
     # The round trip gives the lowercased text (NFKC may change a rare character).
     assert sum(d == t.lower() for d, t in decoded) >= 0.99 * len(decoded)
+
+
+def test_source_eos_ends_every_encoded_source_and_only_sources(tokenized_smoke, tmp_path):
+    tok, _ = retrained(tokenized_smoke, tmp_path, source_eos=True)
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.paths.tokenized = str(tmp_path / "tokenized")
+    plain = load_tokenized(tokenized_smoke.paths.tokenized)["val"]
+    with_eos = load_tokenized(cfg.paths.tokenized, source_eos=True)["val"]
+    # Same subword model (source_eos does not change training): the sources gain one eos.
+    assert with_eos["src_ids"] == [ids + [tok.eos_id] for ids in plain["src_ids"]]
+    assert with_eos["src_len"] == [n + 1 for n in plain["src_len"]]
+    assert with_eos["tgt_ids"] == plain["tgt_ids"]  # targets: the batches add bos/eos
+    sources = lines(prepared_path(cfg, "val", cfg.data.src_lang))[:20]
+    assert tok.encode_sources(sources) == with_eos["src_ids"][:20]  # translation == training
+    assert Tokenizer(tok.processor).encode_sources(sources) == plain["src_ids"][:20]
+    # Data encoded one way and a config saying the other: refused before any training.
+    for root, wanted in ((cfg.paths.tokenized, False), (tokenized_smoke.paths.tokenized, True)):
+        with pytest.raises(DataError, match=r"data\.tokenizer\.source_eos.*dvc repro tokenize"):
+            load_tokenized(root, source_eos=wanted)
 
 
 # ---- a damaged cache is detected -----------------------------------------------------------

@@ -130,9 +130,10 @@ class TranslationDataModule(L.LightningDataModule):
         if self.splits:
             return
         tokenized = Path(self.cfg.paths.tokenized)
-        self.tokenizer = Tokenizer.load(tokenized / MODEL_FILE)
+        source_eos = self.cfg.data.tokenizer.source_eos
+        self.tokenizer = Tokenizer.load(tokenized / MODEL_FILE, source_eos=source_eos)
         self._check_special_ids()
-        loaded = load_tokenized(tokenized)
+        loaded = load_tokenized(tokenized, source_eos=source_eos)
         self.splits = {name: TokenizedSplit(table) for name, table in loaded.items()}
 
     def _check_special_ids(self) -> None:

@@ -43,10 +43,12 @@ REPRO_HINT = "re-run `dvc repro tokenize` (or `python -m pipeline.stages.tokeniz
 
 
 class Tokenizer:
-    """A trained sentencepiece model; ids exclude bos/eos (the batches add them)."""
+    """A trained sentencepiece model; ids exclude bos/eos (the batches add them), except the
+    eos that ends every source sentence under `source_eos` (`encode_sources`)."""
 
-    def __init__(self, processor: spm.SentencePieceProcessor) -> None:
+    def __init__(self, processor: spm.SentencePieceProcessor, source_eos: bool = False) -> None:
         self.processor = processor
+        self.source_eos = source_eos
         self.vocab_size: int = processor.get_piece_size()
         self.pad_id: int = processor.pad_id()
         self.unk_id: int = processor.unk_id()
@@ -55,7 +57,7 @@ class Tokenizer:
         self._special = {self.pad_id, self.bos_id, self.eos_id}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Tokenizer:
+    def load(cls, path: str | os.PathLike, source_eos: bool = False) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{path}: tokenizer model not found; {REPRO_HINT}")
@@ -64,7 +66,7 @@ class Tokenizer:
             processor.Load(str(path))
         except (OSError, RuntimeError) as err:
             raise DataError(f"{path}: not a sentencepiece model ({err}); {REPRO_HINT}") from None
-        return cls(processor)
+        return cls(processor, source_eos)
 
     def encode(self, text: str) -> list[int]:
         return self.processor.encode(text, out_type=int)
@@ -72,6 +74,13 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # One thread: the other stages (and other users of the machine) keep their cores.
         return self.processor.encode(list(texts), out_type=int, num_threads=1)
+
+    def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
+        """What the encoder reads for each source sentence: its pieces, then eos under
+        `source_eos`. Training data and every translation encode sources through here."""
+        return self.processor.encode(
+            list(texts), out_type=int, num_threads=1, add_eos=self.source_eos
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`, skipping pad/bos/eos; an unknown piece reads '⁇'.
@@ -139,7 +148,7 @@ def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
     tgt_ids: list[list[int]] = []
     with tqdm(total=len(pair.src), desc=f"encode {pair.split}", unit="sent") as bar:
         for start in range(0, len(pair.src), ENCODE_CHUNK):
-            src_ids += tokenizer.encode_batch(pair.src[start : start + ENCODE_CHUNK])
+            src_ids += tokenizer.encode_sources(pair.src[start : start + ENCODE_CHUNK])
             tgt_ids += tokenizer.encode_batch(pair.tgt[start : start + ENCODE_CHUNK])
             bar.update(min(ENCODE_CHUNK, len(pair.src) - start))
     return {
@@ -179,7 +188,7 @@ def tokenize(cfg: Config) -> dict:
             staging / MODEL_FILE,
             cfg.seed,
         )
-        tokenizer = Tokenizer.load(model_path)
+        tokenizer = Tokenizer.load(model_path, source_eos=data.tokenizer.source_eos)
         for split, pair in corpus.items():
             columns = encode_split(tokenizer, pair)
             splits[split] = datasets.Dataset.from_dict(columns)
@@ -187,6 +196,7 @@ def tokenize(cfg: Config) -> dict:
         datasets.DatasetDict(splits).save_to_disk(str(staging / SPLITS_DIR))
         manifest = {
             "num_rows": {split: len(table) for split, table in splits.items()},
+            "source_eos": data.tokenizer.source_eos,
             "files": _file_manifest(staging),
         }
         write_json_atomic(staging / MANIFEST_FILE, manifest)
@@ -207,11 +217,12 @@ def _token_stats(columns: dict[str, list], unk_id: int) -> dict:
     return stats
 
 
-def load_tokenized(tokenized_dir: str | os.PathLike):
+def load_tokenized(tokenized_dir: str | os.PathLike, source_eos: bool | None = None):
     """The saved DatasetDict, after checking it is intact (a damaged cache is a DataError).
 
     Every file listed in the manifest must exist with its recorded size and SHA-256, the
     splits must load, and each must have its recorded row count and the contract's columns.
+    With `source_eos` given, the sources must have been encoded that way.
     """
     import datasets
 
@@ -225,6 +236,13 @@ def load_tokenized(tokenized_dir: str | os.PathLike):
             f"{manifest_path}: tokenized data missing or incomplete ({type(err).__name__}); "
             f"{REPRO_HINT}"
         ) from None
+    encoded_with = bool(manifest.get("source_eos", False))  # older manifests: no source eos
+    if source_eos is not None and encoded_with != source_eos:
+        raise DataError(
+            f"{manifest_path}: sources were encoded with data.tokenizer.source_eos="
+            f"{str(encoded_with).lower()}, but the config says {str(source_eos).lower()}; "
+            f"{REPRO_HINT}"
+        )
     for name, expected in files.items():
         path = root / name
         if not path.is_file():

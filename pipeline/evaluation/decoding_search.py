@@ -60,8 +60,10 @@ def search(
             write_model_checkpoint(sources, averaged)
             model = load_model(averaged)
             if tokenizer is None:  # one tokenizer for all: checked against the first model
-                tokenizer = load_tokenizer(tokenizer_path(cfg), model)
-                src_ids = tokenizer.encode_batch(corpus.src)
+                tokenizer = load_tokenizer(
+                    tokenizer_path(cfg), model, cfg.data.tokenizer.source_eos
+                )
+                src_ids = tokenizer.encode_sources(corpus.src)
             for beam_size in beam_sizes:
                 for length_penalty in length_penalties:
                     settings = dataclasses.replace(

@@ -114,9 +114,12 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
     return module.model.float().eval()
 
 
-def load_tokenizer(path: str | Path, model: torch.nn.Module | None = None) -> Tokenizer:
-    """The subword model at `path`, checked against the model's vocabulary size."""
-    tokenizer = Tokenizer.load(path)
+def load_tokenizer(
+    path: str | Path, model: torch.nn.Module | None = None, source_eos: bool = False
+) -> Tokenizer:
+    """The subword model at `path`, checked against the model's vocabulary size;
+    `source_eos` as the model was trained (data.tokenizer.source_eos)."""
+    tokenizer = Tokenizer.load(path, source_eos=source_eos)
     if model is not None and model.vocab_size != tokenizer.vocab_size:
         raise DataError(
             f"{path}: vocabulary of {tokenizer.vocab_size} pieces but the model was trained "
@@ -176,7 +179,7 @@ def translate_ids(
     eval_cfg: EvalConfig,
     desc: str = "decode",
 ) -> list[Translation]:
-    """Beam-search every source (subword ids, no bos/eos), batched by `eval.max_tokens`.
+    """Beam-search every source (`Tokenizer.encode_sources` ids), batched by `eval.max_tokens`.
 
     Sources longer than the model's `max_positions` are cut there (with a warning). Batches
     go to the model's device. Returns one Translation per source, in input order.
@@ -314,9 +317,9 @@ def run(cfg: Config, wandb_run=None) -> dict:
     with atomic_directory(cfg.paths.eval_dir) as staging:
         write_model_checkpoint(sources, staging / MODEL_CHECKPOINT)
         model = load_model(staging / MODEL_CHECKPOINT)
-        tokenizer = load_tokenizer(tokenizer_path(cfg), model)
+        tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data.tokenizer.source_eos)
         for split, corpus in corpora.items():
-            src_ids[split] = tokenizer.encode_batch(corpus.src)
+            src_ids[split] = tokenizer.encode_sources(corpus.src)
             translations[split] = translate_ids(
                 model, tokenizer, src_ids[split], cfg.eval, desc=f"decode {split}"
             )
