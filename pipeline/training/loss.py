@@ -77,15 +77,21 @@ log = logging.getLogger(__name__)
 ChunkFn = Callable[[Tensor, Tensor, float, torch.dtype], tuple[Tensor, Tensor, Tensor]]
 
 
+def _chunk_log_probs_and_loss(logits: Tensor, target: Tensor, epsilon: float):
+    """logits (c, V) -> (float32 log p (c, V), smoothed loss summed, nll summed)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (c, V)
+    loss, nll = _smoothed_and_nll(log_probs, target, epsilon)
+    return log_probs, loss.sum(), nll.sum()
+
+
 def _chunk_loss_and_grad(logits: Tensor, target: Tensor, epsilon: float, grad_dtype: torch.dtype):
     """Eagerly: one log_softmax, its `exp_` in place as the softmax (the fewest (c, V) tensors)."""
     vocab = logits.size(-1)
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (c, V)
-    loss, nll = _smoothed_and_nll(log_probs, target, epsilon)
+    log_probs, loss, nll = _chunk_log_probs_and_loss(logits, target, epsilon)
     # d loss / d logits = softmax - eps/V - (1 - eps) onehot(y), in place
     grad = log_probs.exp_().sub_(epsilon / vocab)
     grad.scatter_add_(-1, target.unsqueeze(-1), grad.new_full((grad.size(0), 1), epsilon - 1.0))
-    return loss.sum(), nll.sum(), grad.to(grad_dtype)
+    return loss, nll, grad.to(grad_dtype)
 
 
 def _fusable_chunk_loss_and_grad(
@@ -154,11 +160,9 @@ class _OutputLayerLoss(torch.autograd.Function):
             rows = slice(start, start + chunk_rows)
             logits = F.linear(h[rows], w, b)  # (c, V)
             if not wants_grad:
-                chunk_loss, chunk_nll = _smoothed_and_nll(
-                    torch.log_softmax(logits.float(), dim=-1), target[rows], epsilon
-                )
-                loss += chunk_loss.sum()
-                nll += chunk_nll.sum()
+                _, chunk_loss, chunk_nll = _chunk_log_probs_and_loss(logits, target[rows], epsilon)
+                loss += chunk_loss
+                nll += chunk_nll
                 continue
             chunk_loss, chunk_nll, grad = chunk_fn(logits, target[rows], epsilon, compute_dtype)
             loss += chunk_loss
