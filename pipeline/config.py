@@ -150,6 +150,8 @@ class EvalConfig:
     splits: list[str] = field(default_factory=lambda: ["val", "test_2016_flickr"])
     heatmaps: int = 3  # cross-attention heatmap PNGs (layers x heads grid)
     samples: int = 20  # rows in the W&B table of sample translations
+    # Resamples of each split for the 95% bootstrap half-width of lowercased BLEU (0: none)
+    bootstrap_samples: int = 1000
 
 
 @dataclass
@@ -258,6 +260,11 @@ def validate(cfg: Config) -> Config:
     _check(1 <= e.nbest <= e.beam_size, "eval.nbest", "must be in [1, eval.beam_size]")
     _check(e.average >= 1, "eval.average", "must be >= 1")
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
+    _check(
+        e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,
+        "eval.bootstrap_samples",
+        "must be 0 (no interval) or >= 2",
+    )
     _check(
         cfg.logger.wandb.mode in ("offline", "online", "disabled"),
         "logger.wandb.mode",

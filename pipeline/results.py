@@ -95,6 +95,11 @@ def _fmt(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _with_interval(value: float | None, half_width: float | None) -> str:
+    """'39.1 ± 1.6' where the run measured a 95% bootstrap half-width, else the value alone."""
+    return _fmt(value) if half_width is None else f"{_fmt(value)} ± {_fmt(half_width)}"
+
+
 def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
@@ -121,7 +126,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {recipe} | {data['src_lang']}->{data['tgt_lang']} "
             f"| {decoding['average_by']} {decoding['average']}, {decoding['length_penalty']} "
-            f"| {_fmt(test.get('bleu_lc'))} | {_fmt(test.get('bleu'))} "
+            f"| {_with_interval(test.get('bleu_lc'), test.get('bleu_lc_ci'))} "
+            f"| {_fmt(test.get('bleu'))} "
             f"| {_fmt(test.get(LITERATURE_METRIC))} | {_fmt(test.get('chrf'))} "
             f"| {_fmt(val.get('bleu_lc'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
             f"| {run['hardware']}, {train['precision']} | `{run['command']}` |"

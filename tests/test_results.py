@@ -12,7 +12,9 @@ from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
 
 
-def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de", case_fold=False):
+def _finished_run(
+    directory, bleu_lc: float, src="en", tgt="de", case_fold=False, bleu_lc_ci=None
+):
     metrics = directory / "metrics"
     metrics.mkdir(parents=True)
     (metrics / "prepare.json").write_text(json.dumps({"src_lang": src, "tgt_lang": tgt}))
@@ -26,6 +28,7 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de", c
             "bleu_lc": bleu_lc,
             "chrf": 67.25,
             "bleu_tok_lc": 41.97,
+            **({} if bleu_lc_ci is None else {"bleu_lc_ci": bleu_lc_ci}),
         },
         "signatures": {"bleu_lc": "nrefs:1|case:lc|tok:13a", "bleu": "nrefs:1|case:mixed"},
         "wall_time_s": 150.0,
@@ -42,9 +45,12 @@ def _finished_run(directory, bleu_lc: float, src: str = "en", tgt: str = "de", c
 
 def test_recorded_rows_render_their_own_numbers(tmp_path):
     root = tmp_path / "results"
-    runs = (("a.en-de", 41.26, "en", "de", False), ("b.de-en", 43.51, "de", "en", True))
-    for name, bleu_lc, src, tgt, case_fold in runs:
-        metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt, case_fold)
+    runs = (
+        ("a.en-de", 41.26, "en", "de", False, None),
+        ("b.de-en", 43.51, "de", "en", True, 1.6362),
+    )
+    for name, bleu_lc, src, tgt, case_fold, ci in runs:
+        metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt, case_fold, ci)
         results.record(name, "make repro", metrics, params, root)
     rows = results.load_rows(root)
     assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
@@ -61,7 +67,8 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
         and "bf16-mixed" in cells[10]
         and cells[11] == "`make repro`"
     )
-    assert "| multi30k_tiny, case-folded | de->en" in second and "| 43.5 |" in second
+    # A run that measured the bootstrap interval shows it beside its BLEU (lc)
+    assert "| multi30k_tiny, case-folded | de->en" in second and "| 43.5 ± 1.6 |" in second
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
     run = json.loads((root / "a.en-de" / "run.json").read_text())
     assert run["command"] == "make repro" and "cores" in run["hardware"]

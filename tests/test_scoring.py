@@ -93,6 +93,34 @@ def test_score_equals_sacrebleu_cli(tmp_path, references):
     assert 0 < ours["bleu"] < 100 and 0 < ours["ter"] < 100
 
 
+def test_bootstrap_half_width_equals_sacrebleu_cli_confidence(tmp_path, references):
+    refs = references[:300]
+    hypotheses = make_system(refs, seed=3)
+    ref = write_lines(tmp_path / "ref.de", refs)
+    hyp = write_lines(tmp_path / "hyp.de", hypotheses)
+    n = 200
+    env = {k: v for k, v in os.environ.items() if k != "SACREBLEU_SEED"}  # the CLI's default
+
+    ours = score(hypotheses, refs, bootstrap_samples=n)
+    out = subprocess.run(
+        [str(SACREBLEU_CLI), str(ref), "-i", str(hyp), "-m", "bleu", "-lc", "--confidence"]
+        + ["--confidence-n", str(n), "-w", str(WIDTH), "-f", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    cli = json.loads(out)
+
+    assert round(ours["bleu_lc_ci"], WIDTH) == cli["confidence_var"]
+    assert ours["signatures"]["bleu_lc_ci"] == cli["signature"]
+    assert f"bs:{n}" in cli["signature"] and "case:lc" in cli["signature"]
+    assert 0 < ours["bleu_lc_ci"] < 10  # 300 sentences: a few BLEU either way
+    # The point estimate is the plain score; without resamples there is no interval.
+    assert round(ours["bleu_lc"], WIDTH) == cli["score"]
+    assert "bleu_lc_ci" not in score(hypotheses, refs)
+
+
 def test_score_is_cased_and_perfect_on_references(references):
     refs = references[:100]
     perfect = score(refs, refs)

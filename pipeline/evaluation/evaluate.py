@@ -327,7 +327,12 @@ def run(cfg: Config, wandb_run=None) -> dict:
             write_lines(staging / f"{split}.hyp", hypotheses)
             if cfg.eval.nbest > 1:
                 write_lines(staging / f"{split}.nbest", nbest_lines(translations[split]))
-            scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
+            scores = score(
+                hypotheses,
+                corpus.tgt,
+                lang=cfg.data.tgt_lang,
+                bootstrap_samples=cfg.eval.bootstrap_samples,
+            )
             signatures = scores.pop("signatures")
             results[split] = {**scores, "sentences": len(hypotheses)}
             log.info(

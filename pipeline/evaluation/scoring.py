@@ -9,7 +9,8 @@ as the dataset's own `task1-tokenize.sh` makes its tokenized test targets (`.lc.
 `reflen` (a test checks it).
 Every score carries its sacrebleu signature, so a number is never separated from how it
 was computed. `paired_bootstrap` gives p-values between two systems on the same test set
-(Koehn 2004, as sacrebleu's `--paired-bs`).
+(Koehn 2004, as sacrebleu's `--paired-bs`); `score(bootstrap_samples=N)` adds the 95%
+bootstrap half-width of one system's lowercased BLEU (the CLI's `-lc --confidence`).
 """
 
 from __future__ import annotations
@@ -63,13 +64,21 @@ def check_aligned(hypotheses: Sequence[str], references: Sequence[str], what: st
         raise DataError(f"no references{' for ' + what if what else ''}: nothing to score")
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str], lang: str | None = None) -> dict:
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    lang: str | None = None,
+    bootstrap_samples: int = 0,
+) -> dict:
     """Corpus BLEU (13a, cased), lowercased BLEU, chrF and TER of detokenized hypotheses, and
-    with `lang` (the target language) the literature's tokenized lowercased BLEU.
+    with `lang` (the target language) the literature's tokenized lowercased BLEU; with
+    `bootstrap_samples` > 1, the 95% half-width of lowercased BLEU over that many resamples of
+    the sentences (`bleu_lc_ci`: how far the test set's sampling alone moves the score).
 
     Returns `{"bleu": float, "bleu_lc": float, "chrf": float, "ter": float,
-    ["bleu_tok_lc": float,] "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a|...",
-    ...}}`; scores are sacrebleu's unrounded values (the CLI prints them rounded).
+    ["bleu_tok_lc": float,] ["bleu_lc_ci": float,] "signatures": {"bleu":
+    "nrefs:1|case:mixed|eff:no|tok:13a|...", ...}}`; scores are sacrebleu's unrounded values
+    (the CLI prints them rounded).
     """
     check_aligned(hypotheses, references)
     hypotheses, references = list(hypotheses), [list(references)]
@@ -78,8 +87,17 @@ def score(hypotheses: Sequence[str], references: Sequence[str], lang: str | None
         metric = make_metric(key)
         result[key] = float(metric.corpus_score(hypotheses, references).score)
         result["signatures"][key] = str(metric.get_signature())
+    if bootstrap_samples > 1:
+        metric = make_metric("bleu_lc")
+        with _sacrebleu_seed(DEFAULT_BOOTSTRAP_SEED):
+            bootstrapped = metric.corpus_score(hypotheses, references, bootstrap_samples)
+        # sacrebleu keeps the half-width in `_ci` (the CLI's "± x" of `--confidence`)
+        result["bleu_lc_ci"] = float(bootstrapped._ci)
+        result["signatures"]["bleu_lc_ci"] = str(metric.get_signature())  # with bs:N|seed:S
     if lang is not None:
-        metric = BLEU(tokenize="none")  # on lowercased text: "pre:lc" in the signature
+        # On lowercased, tokenized text ("pre:lc" in the signature); `force` silences
+        # sacrebleu's "forgot to detokenize?" warning, which is this metric's whole point.
+        metric = BLEU(tokenize="none", force=True)
         tokenized = [moses_tokenized(references[0], lang)]
         result[LITERATURE_METRIC] = float(
             metric.corpus_score(moses_tokenized(hypotheses, lang), tokenized).score
