@@ -12,9 +12,7 @@ from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
 
 
-def _finished_run(
-    directory, bleu_lc: float, src="en", tgt="de", case_fold=False, bleu_lc_ci=None
-):
+def _finished_run(directory, bleu_lc: float, src="en", tgt="de", case_fold=False, bleu_lc_ci=None):
     metrics = directory / "metrics"
     metrics.mkdir(parents=True)
     (metrics / "prepare.json").write_text(json.dumps({"src_lang": src, "tgt_lang": tgt}))
