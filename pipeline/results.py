@@ -56,8 +56,17 @@ def hardware() -> str:
     return f"{model}, {os.cpu_count()} cores{extra}"
 
 
-def record(name: str, command: str, metrics_dir: Path, params: Path, root: Path) -> Path:
-    """Copy a finished run's metrics and params into `root/name/` and describe the run."""
+def record(
+    name: str,
+    command: str,
+    metrics_dir: Path,
+    params: Path,
+    root: Path,
+    eval_dir: Path | None = None,
+) -> Path:
+    """Copy a finished run's metrics and params into `root/name/` and describe the run; with
+    `eval_dir`, its hypotheses too (`{split}.hyp`), so that two rows can be compared later
+    sentence by sentence (a paired bootstrap) instead of by their scores alone."""
     missing = [f for f in METRICS_FILES if not (metrics_dir / f).exists()]
     if missing:
         raise DataError(
@@ -68,6 +77,8 @@ def record(name: str, command: str, metrics_dir: Path, params: Path, root: Path)
     for file in METRICS_FILES:
         shutil.copyfile(metrics_dir / file, row / file)
     shutil.copyfile(params, row / "params.yaml")
+    for hypotheses in sorted(eval_dir.glob("*.hyp")) if eval_dir is not None else ():
+        shutil.copyfile(hypotheses, row / hypotheses.name)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -155,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rec.add_argument("--command", required=True, help="the command that produced the run")
     rec.add_argument("--metrics-dir", type=Path, default=Path("metrics"))
     rec.add_argument("--params", type=Path, default=Path("params.yaml"))
+    rec.add_argument(
+        "--eval-dir", type=Path, default=Path("eval"), help="the run's hypotheses ({split}.hyp)"
+    )
     sub.add_parser("table", help="print README's Results table")
     return parser.parse_args(argv)
 
@@ -162,7 +176,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.action == "record":
-        row = record(args.name, args.command, args.metrics_dir, args.params, args.root)
+        row = record(
+            args.name, args.command, args.metrics_dir, args.params, args.root, args.eval_dir
+        )
         print(f"recorded {row}")
     else:
         print(table(load_rows(args.root)))

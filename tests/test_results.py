@@ -38,6 +38,10 @@ def _finished_run(directory, bleu_lc: float, src="en", tgt="de", case_fold=False
         "eval": {"average": 3, "average_by": "last", "length_penalty": 2.4},
     }
     (directory / "params.yaml").write_text(yaml.safe_dump(params))
+    hypotheses = directory / "eval"
+    hypotheses.mkdir()
+    for split in ("val", "test_2016_flickr"):
+        (hypotheses / f"{split}.hyp").write_text(f"{split}: Ein Hund rennt.\n", encoding="utf-8")
     return metrics, directory / "params.yaml"
 
 
@@ -49,7 +53,7 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     )
     for name, bleu_lc, src, tgt, case_fold, ci in runs:
         metrics, params = _finished_run(tmp_path / name, bleu_lc, src, tgt, case_fold, ci)
-        results.record(name, "make repro", metrics, params, root)
+        results.record(name, "make repro", metrics, params, root, tmp_path / name / "eval")
     rows = results.load_rows(root)
     assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
     block = results.table(rows)
@@ -70,6 +74,10 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
     run = json.loads((root / "a.en-de" / "run.json").read_text())
     assert run["command"] == "make repro" and "cores" in run["hardware"]
+    # The row keeps the run's hypotheses, one file per split, as the run wrote them
+    for split in ("val", "test_2016_flickr"):
+        kept = root / "b.de-en" / f"{split}.hyp"
+        assert kept.read_text(encoding="utf-8") == f"{split}: Ein Hund rennt.\n"
 
 
 def test_record_refuses_an_unfinished_run_naming_the_missing_file(tmp_path):
