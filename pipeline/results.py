@@ -77,8 +77,9 @@ def record(
     for file in METRICS_FILES:
         shutil.copyfile(metrics_dir / file, row / file)
     shutil.copyfile(params, row / "params.yaml")
-    for hypotheses in sorted(eval_dir.glob("*.hyp")) if eval_dir is not None else ():
-        shutil.copyfile(hypotheses, row / hypotheses.name)
+    if eval_dir is not None:
+        for hypotheses in sorted(eval_dir.glob("*.hyp")):
+            shutil.copyfile(hypotheses, row / hypotheses.name)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
