@@ -242,7 +242,8 @@ def _log_summary(spec: sweep.StudySpec, out: Path, figures: dict[str, Path]) -> 
     from pipeline.tracking import start_wandb_run
 
     # Laid out like a trial's directory, so the run lands beside the trials' W&B runs.
-    cfg = sweep.trial_config(spec, {}, out / "trials" / "summary")
+    paths = sweep.TrialPaths(work=out / "summary", record=out / "trials" / "summary")
+    cfg = sweep.trial_config(spec, {}, paths)
     run = start_wandb_run(cfg, job_type="report", name=f"{spec.study}-report", group=spec.study)
     try:
         run.log({name: wandb.Image(str(path)) for name, path in figures.items()})

@@ -12,7 +12,15 @@ Many workers, on one machine or many, run the same command against one storage U
   points once every point has started, and a random point when the study is re-run.)
 - search studies: TPE with a seed, `n_trials` finished trials in total across workers.
 - heartbeats: a worker that dies leaves a RUNNING trial whose heartbeat goes stale; the next worker
-  to look marks it failed and re-enqueues its parameters (RetryHeartbeatStaleTrialCallback).
+  to look marks it failed and re-enqueues its parameters (`RetryInterruptedTrial`, at most
+  `settings.max_retries` times). A worker stopped by SIGTERM/SIGUSR1 saves the trial's checkpoint,
+  marks the trial failed and re-enqueues its point at once (not counted as a retry).
+- a trial trains in its point's own work directory (`<work-dir>/<study>/<variant>-seed<seed>/`,
+  outside the repository: checkpoints, averaged model, heatmaps), so the re-run of an interrupted
+  point resumes from its checkpoint instead of training from step 0. A finished trial's record
+  (metrics, params, val and test hypotheses, validation curves, run info) is copied into
+  `<results-dir>/<study>/trials/<point>/`, beside the study's storage: commit that folder and
+  another machine continues the study where this one stopped, never re-running a finished point.
 - DDP trials (`train.devices` > 1): the worker is rank 0. Lightning's DDP launcher starts the other
   ranks by re-running this command; `PIPELINE_SWEEP_TRIAL` in their environment makes them join
   that one trial's training (`run_trial_rank`) instead of acting as workers. Rank 0 reports every
@@ -26,9 +34,12 @@ import argparse
 import contextlib
 import fcntl
 import itertools
+import json
 import logging
 import math
 import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +50,7 @@ from typing import Any
 import optuna
 import torch
 import yaml
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 from sqlalchemy import event
@@ -51,6 +62,11 @@ from pipeline.errors import ConfigError, PipelineError, Preempted
 log = logging.getLogger(__name__)
 
 RESULTS_ROOT = Path("ablations/results")
+# Checkpoints and other bulky trial outputs live outside the repository (never in git).
+WORK_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
+RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
+ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attempt of the point
+CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
 TRIAL_ENV = "PIPELINE_SWEEP_TRIAL"  # set for the DDP ranks Lightning launches: the trial number
@@ -66,7 +82,7 @@ class SweepSettings:
 
     heartbeat_interval: int = 10  # seconds between a running trial's heartbeats
     grace_period: int = 30  # a heartbeat older than this marks the trial's worker dead
-    max_retries: int = 2  # re-runs of a trial whose worker died
+    max_retries: int = 2  # re-runs of a trial whose worker died (preemptions are not counted)
     grid_ready_timeout: float = 120.0  # seconds a late worker waits for the creator's grid
     poll_interval: float = 2.0  # seconds between looks at a study still running elsewhere
 
@@ -135,13 +151,35 @@ def load_spec(path: str | Path) -> StudySpec:
             f"{path}: variants and space may not change data.* keys (trials share one "
             "tokenized dataset); put data settings in the base experiment or the budget"
         )
-    # Compose every variant now, so a bad override fails before any compute.
+    # Compose every variant now, so a bad override fails before any compute; two variants that
+    # compose to one config (`dropout_0.3` over a base whose dropout is 0.3) would only repeat
+    # each other's trials.
+    composed: dict[str, dict[str, Any]] = {}
     for name, overrides in spec.variants.items():
         try:
-            trial_config(spec, {**overrides, "seed": spec.seeds[0]}, Path("/nonexistent"))
+            cfg = config_lib.to_dict(_point_config(spec, {**overrides, "seed": spec.seeds[0]}))
         except PipelineError as err:
             raise ConfigError(f"{path}: variant '{name}': {err}") from None
+        twin = next((other for other, seen in composed.items() if seen == cfg), None)
+        if twin is not None:
+            base = f"the base experiment '{spec.base_experiment}'"
+            raise ConfigError(
+                f"{path}: variant '{name}' ({_overrides_text(overrides) or base}) equals "
+                f"variant '{twin}' ({_overrides_text(spec.variants[twin]) or base}) with the "
+                "study's budget: it would repeat its trials; choose a value the other does not "
+                "have"
+            )
+        composed[name] = cfg
     return spec
+
+
+def _overrides_text(overrides: dict[str, Any]) -> str:
+    return ", ".join(_as_override(k, v) for k, v in overrides.items())
+
+
+def _point_config(spec: StudySpec, params: dict[str, Any]) -> config_lib.Config:
+    """A trial's config before its paths are set (what variants are compared by)."""
+    return trial_config(spec, params, TrialPaths(Path("/nonexistent"), Path("/nonexistent")))
 
 
 def _as_override(key: str, value: Any) -> str:
@@ -152,19 +190,32 @@ def _as_override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-def trial_config(spec: StudySpec, params: dict[str, Any], trial_dir: Path) -> config_lib.Config:
+@dataclass(frozen=True)
+class TrialPaths:
+    """Where one point of a study runs (`work`, outside the repository) and where its finished
+    record is kept (`record`, committed with the study)."""
+
+    work: Path
+    record: Path
+
+    @property
+    def study_results(self) -> Path:
+        return self.record.parent.parent
+
+
+def trial_config(spec: StudySpec, params: dict[str, Any], paths: TrialPaths) -> config_lib.Config:
     """The full config of one trial: conf/ + base experiment + budget + the trial's values."""
     overrides = [f"experiment={spec.base_experiment}"]
     overrides += [_as_override(k, v) for k, v in spec.budget.items()]
     overrides += [_as_override(k, v) for k, v in params.items()]
     overrides += [
         f"logger.wandb.group={spec.study}",
-        f"paths.train_dir={trial_dir / 'train'}",
-        f"paths.eval_dir={trial_dir / 'eval'}",
-        f"paths.metrics_dir={trial_dir / 'metrics'}",
-        f"paths.plots_dir={trial_dir / 'plots'}",
+        f"paths.train_dir={paths.work / 'train'}",
+        f"paths.eval_dir={paths.work / 'eval'}",
+        f"paths.metrics_dir={paths.work / 'metrics'}",
+        f"paths.plots_dir={paths.work / 'plots'}",
         # Offline W&B runs of the whole study side by side: `wandb sync <dir>/wandb/*`.
-        f"paths.wandb_dir={trial_dir.parent.parent / 'wandb'}",
+        f"paths.wandb_dir={paths.study_results / 'wandb'}",
     ]
     return config_lib.compose(overrides)
 
@@ -193,7 +244,7 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
         engine_kwargs = {"connect_args": {"timeout": 120}}
     else:
         engine_kwargs = {"pool_pre_ping": True}
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=settings.max_retries)
+    retry = RetryInterruptedTrial(max_retries=settings.max_retries)
     for attempt in range(attempts):
         try:
             storage = RDBStorage(
@@ -211,6 +262,36 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
                 raise PipelineError(f"cannot open Optuna storage {url}: {err}") from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+class RetryInterruptedTrial:
+    """Re-enqueue an interrupted trial's point (its params) as a WAITING trial, so that a worker
+    runs it again: it resumes from the point's checkpoint.
+
+    Optuna's RetryHeartbeatStaleTrialCallback, except that only deaths count towards
+    `max_retries`: a preemption (SIGTERM/SIGUSR1: the checkpoint was saved, the scheduler will
+    stop the worker many times over a long study) is retried however often it happens.
+    The retry carries `failed_trial` (the first attempt's number) and `retry_history`."""
+
+    def __init__(self, max_retries: int | None) -> None:
+        self.max_retries = max_retries
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, preempted=False):
+        history = [*trial.system_attrs.get("retry_history", []), trial.number]
+        deaths = trial.system_attrs.get("deaths", 0) + (0 if preempted else 1)
+        if self.max_retries is not None and deaths > self.max_retries:
+            log.warning("trial %d died %d times: not retried (max_retries)", trial.number, deaths)
+            return
+        study.add_trial(
+            optuna.create_trial(
+                state=TrialState.WAITING,
+                params=trial.params,
+                distributions=trial.distributions,
+                user_attrs=trial.user_attrs,
+                system_attrs={"failed_trial": history[0], "retry_history": history,
+                              "deaths": deaths},
+            )
+        )  # fmt: skip
 
 
 def _begin_sqlite_transactions_immediately(engine) -> None:
@@ -335,12 +416,18 @@ def run_worker(
     results_root: Path = RESULTS_ROOT,
     n_trials: int | None = None,
     trial_fn: TrialFn | None = None,
+    work_root: Path = WORK_ROOT,
 ) -> optuna.Study:
     """Run trials until the study is done (or this worker has run `n_trials`).
 
-    `trial_fn(spec, trial, results_root) -> objective` defaults to `run_trial` (train + evaluate).
+    `trial_fn(spec, trial, results_root) -> objective` defaults to `run_trial` (train +
+    evaluate, in `work_root`).
     """
-    trial_fn = trial_fn or run_trial
+    if trial_fn is None:
+
+        def trial_fn(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float:
+            return run_trial(spec, trial, results_root, work_root)
+
     storage = open_storage(storage_url, spec.settings)
     study = open_study(spec, storage)
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
@@ -378,8 +465,12 @@ def _run_and_tell(
             study.tell(trial, state=TrialState.PRUNED)
             return
         except Preempted:
-            # Left RUNNING: its heartbeat stops, so a worker re-enqueues it after the grace
-            # period, as for a killed worker (a FAIL would never be retried).
+            # The checkpoint is saved: queue the point again first (so that no worker sees the
+            # study as exhausted in between), then close this attempt.
+            frozen = storage.get_trial(trial._trial_id)
+            RetryInterruptedTrial(spec.settings.max_retries)(study, frozen, preempted=True)
+            study._storage.set_trial_user_attr(trial._trial_id, "preempted", True)
+            study.tell(trial, state=TrialState.FAIL)
             raise
         except Exception:
             study.tell(trial, state=TrialState.FAIL)
@@ -416,29 +507,80 @@ def suggest_params(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
     return params
 
 
-def trial_dir(results_root: Path, spec: StudySpec, trial: optuna.Trial) -> Path:
-    return results_root / spec.study / "trials" / f"{trial.number:04d}"
+def point_name(spec: StudySpec, trial: optuna.Trial) -> str:
+    """The folder name of a trial's point: `<variant>-seed<seed>` in a grid (the same for every
+    attempt at the point), `trial-<number>` in a search."""
+    if spec.kind == "grid":
+        return f"{trial.params['variant']}-seed{trial.params['seed']}"
+    return f"trial-{trial.number:04d}"
 
 
-def run_trial(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float:
+def trial_paths(
+    results_root: Path, work_root: Path, spec: StudySpec, trial: optuna.Trial
+) -> TrialPaths:
+    name = point_name(spec, trial)
+    return TrialPaths(
+        work=work_root / spec.study / name, record=results_root / spec.study / "trials" / name
+    )
+
+
+def run_trial(
+    spec: StudySpec, trial: optuna.Trial, results_root: Path, work_root: Path = WORK_ROOT
+) -> float:
     """Train + evaluate one trial through the DVC stages' code; returns the objective."""
     from pipeline.evaluation import evaluate
     from pipeline.tracking import start_wandb_run
 
     params = suggest_params(spec, trial)
-    directory = trial_dir(results_root, spec, trial)
-    cfg = trial_config(spec, params, directory)
-    ensure_data(cfg, results_root / spec.study / "data")
+    paths = trial_paths(results_root, work_root, spec, trial)
+    cfg = trial_config(spec, params, paths)
+    ensure_data(cfg, work_root / spec.study / "data", results_root / spec.study)
     run = start_wandb_run(
-        cfg, job_type="trial", name=f"{spec.study}-{trial.number:04d}", group=spec.study
+        cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
+    started = time.perf_counter()
     try:
-        train_metrics = _train(spec, trial, cfg, wandb_run=run)
+        with _attempt_logged(paths.work, trial):
+            train_metrics = _train(spec, trial, cfg, wandb_run=run)
+        eval_started = time.perf_counter()
         eval_metrics = evaluate.run(cfg, wandb_run=run)
+        eval_seconds = time.perf_counter() - eval_started
     finally:
         run.finish()
-    _record(trial, cfg, directory, train_metrics, eval_metrics)
+    _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
+    log.info("trial %d (%s) done in %.0f s", trial.number, paths.record.name,
+             time.perf_counter() - started)  # fmt: skip
     return train_metrics.get(spec.metric)
+
+
+@contextlib.contextmanager
+def _attempt_logged(work: Path, trial: optuna.Trial):
+    """Append one line per training attempt at the point (trial, steps, wall time, machine),
+    also for an attempt that was preempted: the record sums them."""
+    from pipeline.results import hardware
+
+    started = time.perf_counter()
+    outcome = "interrupted"
+    try:
+        yield
+        outcome = "finished"
+    except Preempted:
+        outcome = "preempted"
+        raise
+    finally:
+        progress = work / "train" / "checkpoints" / "progress.json"
+        step = json.loads(progress.read_text())["step"] if progress.exists() else 0
+        line = {
+            "trial": trial.number,
+            "outcome": outcome,
+            "step": step,
+            "wall_time_s": round(time.perf_counter() - started, 1),
+            "hardware": hardware(),
+            "threads": torch.get_num_threads(),
+        }
+        work.mkdir(parents=True, exist_ok=True)
+        with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
+            attempts.write(json.dumps(line) + "\n")
 
 
 def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
@@ -448,7 +590,10 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_r
 
     pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
     with _one_ddp_launch(trial.number):
-        metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=[pruning] if pruning else [])
+        # A point whose training finished before its worker stopped is not trained again.
+        metrics = trainer.run(
+            cfg, wandb_run=wandb_run, callbacks=[pruning] if pruning else [], keep_finished=True
+        )
     if pruning is not None and pruning.pruned_at_step is not None:
         raise optuna.TrialPruned(f"trial {trial.number} pruned at step {pruning.pruned_at_step}")
     return metrics
@@ -471,7 +616,9 @@ def _one_ddp_launch(trial_number: int):
         os.environ.update(saved)
 
 
-def run_trial_rank(spec: StudySpec, storage_url: str, results_root: Path, number: int) -> None:
+def run_trial_rank(
+    spec: StudySpec, storage_url: str, results_root: Path, number: int, work_root: Path = WORK_ROOT
+) -> None:
     """A DDP rank > 0 of trial `number`, started by Lightning re-running the worker's command:
     the same config, the same pruning decisions (broadcast from rank 0), no W&B run of its own
     (the logger is rank zero's), no evaluation."""
@@ -480,8 +627,10 @@ def run_trial_rank(spec: StudySpec, storage_url: str, results_root: Path, number
     (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     trial = optuna.Trial(study, frozen._trial_id)
     params = suggest_params(spec, trial)  # the values already drawn for this trial
-    cfg = trial_config(spec, params, trial_dir(results_root, spec, trial))
-    ensure_data(cfg, results_root / spec.study / "data")  # done by rank 0: sets the paths
+    paths = trial_paths(results_root, work_root, spec, trial)
+    cfg = trial_config(spec, params, paths)
+    # done by rank 0: sets the paths
+    ensure_data(cfg, work_root / spec.study / "data", results_root / spec.study)
     with contextlib.suppress(optuna.TrialPruned):
         _train(spec, trial, cfg, wandb_run=None)
 
@@ -519,29 +668,87 @@ class StepPruningCallback(PyTorchLightningPruningCallback):
             self.pruned_at_step = step
 
 
-def _record(trial, cfg, directory, train_metrics, eval_metrics) -> None:
-    """Keep what the report needs on the trial itself."""
+def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds) -> None:
+    """Copy what the report needs into the point's record folder (committed with the study) and
+    keep the headline numbers on the trial itself. `run.json` is written last."""
+    from pipeline.results import hardware
+
+    record = paths.record
+    record.mkdir(parents=True, exist_ok=True)
+    for name in ("train.json", "eval.json"):
+        shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
+    for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
+        shutil.copyfile(hypotheses, record / hypotheses.name)
+    (record / "params.yaml").write_text(
+        yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False), encoding="utf-8"
+    )
+    (record / "curve.json").write_text(json.dumps(validation_curve(cfg), indent=1) + "\n")
+    attempts = [
+        json.loads(line)
+        for line in (paths.work / ATTEMPTS_FILE).read_text(encoding="utf-8").splitlines()
+    ]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    run = {
+        "trial": trial.number,
+        "params": trial.params,
+        "commit": commit or None,
+        "hardware": hardware(),
+        "precision": train_metrics.get("precision"),
+        "threads": torch.get_num_threads(),
+        "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
+        "eval_wall_time_s": round(eval_seconds, 1),
+        "attempts": attempts,
+    }
+    (record / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+
     test_split = cfg.data.test_splits[0] if cfg.data.test_splits else None
     test = eval_metrics.get(test_split, {}) if test_split else {}
     attrs = {
         "val_bleu": train_metrics.get("val/bleu"),
         "val_ppl": train_metrics.get("val/ppl"),
         "test_bleu": test.get("bleu"),
+        "test_bleu_lc": test.get("bleu_lc"),
         "test_chrf": test.get("chrf"),
         "parameters": train_metrics.get("num_parameters"),
+        "record": record.name,
         "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
-        "hypotheses": str((Path(cfg.paths.eval_dir) / f"{test_split}.hyp").resolve()),
-        "config": config_lib.to_dict(cfg),
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
 
 
+def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:
+    """Every validation of the run by step ({"step", "val/bleu", "val/loss", "val/ppl"}), from
+    DVCLive's files, which a resumed run appends to (a step logged twice keeps its last row)."""
+    from pipeline.training.trainer import DVCLIVE_SUBDIR
+
+    by_step: dict[int, dict[str, float]] = {}
+    metrics = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / "plots" / "metrics"
+    for key in CURVE_METRICS:
+        path = metrics / f"{key}.tsv"
+        if not path.exists():
+            continue
+        header, *rows = path.read_text(encoding="utf-8").splitlines()
+        columns = header.split("\t")
+        for row in rows:
+            values = dict(zip(columns, row.split("\t")))
+            step = int(values["step"])
+            by_step.setdefault(step, {"step": step})[key] = float(values[key.split("/")[-1]])
+    return [by_step[step] for step in sorted(by_step)]
+
+
 # --------------------------------------------------------------------------- data, once
 
 
-def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
-    """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
+REFERENCES_DIR = "references"
+
+
+def ensure_data(cfg: config_lib.Config, data_root: Path, study_results: Path | None = None) -> None:
+    """Prepare + tokenize once per machine for the study (a file lock serialises workers), and
+    keep the val and test references beside the study's records, so that its report can be made
+    from a fresh clone."""
     from pipeline.data.corpus import prepare
     from pipeline.data.tokenizer import tokenize
 
@@ -555,6 +762,13 @@ def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
             prepare(cfg)
             tokenize(cfg)
             done.write_text("ok\n")
+        if study_results is not None:
+            references = study_results / REFERENCES_DIR
+            references.mkdir(parents=True, exist_ok=True)
+            for split in (cfg.data.val_split, *cfg.data.test_splits):
+                name = f"{split}.{cfg.data.tgt_lang}"
+                if not (references / name).exists():
+                    shutil.copyfile(data_root / "prepared" / name, references / name)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -568,6 +782,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", help="SQLAlchemy URL (default: SQLite under the results dir)")
     parser.add_argument("--n-trials", type=int, help="run at most this many trials in this worker")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=WORK_ROOT,
+        help="where trials keep checkpoints and other bulky outputs (outside the repository); "
+        "an interrupted point resumes from its checkpoint here",
+    )
     return parser.parse_args(argv)
 
 
@@ -577,9 +798,11 @@ def cli(argv: list[str] | None = None) -> None:
     spec = load_spec(args.spec)
     storage = args.storage or default_storage(spec, args.results_dir)
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
-        run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]))
+        run_trial_rank(
+            spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir
+        )
         return
-    study = run_worker(spec, storage, args.results_dir, args.n_trials)
+    study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)
     print(f"study '{spec.study}': {finished} finished trials in {storage}")
 

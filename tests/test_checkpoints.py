@@ -27,7 +27,7 @@ from pipeline.training.checkpoints import (
     checkpoint_dir,
     find_resume_checkpoint,
     read_checkpoint,
-    remove_checkpoints,
+    move_checkpoints,
     select_checkpoints,
 )
 
@@ -195,7 +195,8 @@ def test_resume_refuses_a_run_dir_with_progress_but_no_readable_checkpoint(tmp_p
     (directory / LAST_NAME).unlink()  # the files are gone, the progress record is not
     with pytest.raises(DataError, match="training progress was recorded .*train.resume=false"):
         find_resume_checkpoint(tmp_path)
-    remove_checkpoints(tmp_path)
+    moved = move_checkpoints(tmp_path, tmp_path / "aside")
+    assert {p.name for p in moved} == {PROGRESS_NAME} and (tmp_path / "aside" / PROGRESS_NAME).exists()
     assert find_resume_checkpoint(tmp_path) is None
 
 

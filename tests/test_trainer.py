@@ -27,6 +27,7 @@ from pipeline.training.checkpoints import (
     PROGRESS_NAME,
     AtomicCheckpointIO,
     checkpoint_dir,
+    code_version,
     read_checkpoint,
     select_checkpoints,
 )
@@ -145,45 +146,71 @@ def test_resume_refuses_a_checkpoint_of_another_model(make_config, tmp_path):
     checkpoint = {"state_dict": {}, "global_step": 10,
                   "hyper_parameters": {"config": config_lib.to_dict(trained), "vocab_size": 9}}  # fmt: skip
     AtomicCheckpointIO().save_checkpoint(checkpoint, path)
-    check_resumable(path, make_config("model.heads=4", "train.max_steps=99999"))  # longer: fine
-    with pytest.raises(ConfigError, match="'model.heads' is 2 but .*last.ckpt was trained with 4"):
+    with pytest.warns(UserWarning, match="'train.max_steps' is 99999"):  # longer: fine
+        check_resumable(path, make_config("model.heads=4", "train.max_steps=99999"))
+    with pytest.raises(ConfigError, match=r"'model.heads' is 2 \(the checkpoint's: 4\)"):
         check_resumable(path, make_config("model.heads=2"))
 
 
-def _fake_run(cfg, global_step: int) -> Path:
+def _fake_run(cfg, global_step: int, code: str | None = None) -> Path:
     """A checkpoint of `cfg` at `global_step` in its train_dir, as training leaves it."""
     path = checkpoint_dir(cfg.paths.train_dir) / LAST_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {"state_dict": {}, "global_step": global_step,
-                  "hyper_parameters": {"config": config_lib.to_dict(cfg), "vocab_size": 9}}  # fmt: skip
+                  "hyper_parameters": {"config": config_lib.to_dict(cfg), "vocab_size": 9},
+                  "code_version": code or code_version()}  # fmt: skip
     AtomicCheckpointIO().save_checkpoint(checkpoint, path)
     return path
 
 
 @pytest.mark.parametrize(
-    ("trained_step", "overrides", "expected"),
+    ("trained_step", "overrides", "code", "expected"),
     [
-        (5, [], "resume"),  # interrupted: continue
-        (10, ["train.max_steps=20"], "resume"),  # finished, asked for more: extend
-        (10, [], "anew"),  # finished, re-run (code changed, dvc repro -f): train anew
-        (10, ["model.heads=2"], "anew"),  # finished, another experiment: train anew
-        (5, ["model.heads=2"], "error"),  # interrupted, another model: keep it, say so
+        (5, [], None, "resume"),  # interrupted: continue
+        (10, ["train.max_steps=20"], None, "resume"),  # finished, asked for more: extend
+        (10, [], None, "resume"),  # finished, same config and code: done, nothing retrained
+        (10, [], "older-code", "anew"),  # finished, code changed (dvc repro): train anew
+        (10, ["model.heads=2"], None, "anew"),  # finished, another experiment: train anew
+        (10, ["train.lr_factor=3.0"], None, "anew"),
+        (10, ["train.max_steps=8"], None, "anew"),  # finished, a shorter run asked for
+        (5, ["model.heads=2"], None, "error"),  # interrupted, another model: keep it, say so
+        (5, ["train.lr_factor=3.0"], None, "error"),  # interrupted, another schedule
+        (5, ["train.warmup_steps=7"], None, "error"),
+        (5, ["train.label_smoothing=0.2"], None, "error"),
+        (5, ["train.max_steps=4"], None, "error"),  # below the progress made
+        (5, ["train.val_check_interval=3", "train.log_every_n_steps=1"], None, "resume"),
     ],
 )
-def test_resume_decision(make_config, trained_step, overrides, expected):
+def test_resume_decision(make_config, tmp_path, trained_step, overrides, code, expected):
     trained = make_config("model.heads=4", "train.max_steps=10")
-    path = _fake_run(trained, trained_step)
+    path = _fake_run(trained, trained_step, code)
     current = make_config("model.heads=4", "train.max_steps=10", *overrides)
     if expected == "error":
-        with pytest.raises(ConfigError, match="'model.heads' is 2"):
+        key = overrides[0].split("=")[0]
+        with pytest.raises(ConfigError, match=f"'?{key}'?[ =]"):
             resume_checkpoint(current)
         assert path.exists()
     elif expected == "resume":
         assert resume_checkpoint(current) == path
     else:
-        with pytest.warns(UserWarning, match="training anew"):
+        with pytest.warns(UserWarning, match="training anew .* moved the previous run's"):
             assert resume_checkpoint(current) is None
         assert not path.exists()
+        aside = list(Path(f"{trained.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
+        assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == trained_step
+
+
+def test_resume_lists_the_free_keys_that_differ(make_config):
+    trained = make_config("model.heads=4", "train.max_steps=10")
+    _fake_run(trained, 5)
+    current = make_config("model.heads=4", "train.max_steps=20", "train.val_check_interval=3")
+    with pytest.warns(UserWarning, match="'train.max_steps' is 20 .*'train.val_check_interval'"):
+        resume_checkpoint(current)
+    with_cooldown = make_config("model.heads=4", "train.max_steps=10", "train.cooldown_steps=4")
+    _fake_run(with_cooldown, 5)
+    longer = make_config("model.heads=4", "train.max_steps=20", "train.cooldown_steps=4")
+    with pytest.raises(ConfigError, match="'train.max_steps'"):  # the cool-down starts from it
+        resume_checkpoint(longer)
 
 
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):

@@ -16,9 +16,11 @@ recorded progress but holds no readable checkpoint is an error, not a silent fre
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -159,16 +161,34 @@ def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
     return None
 
 
-def remove_checkpoints(train_dir: str | os.PathLike) -> list[Path]:
-    """Delete the checkpoints (and progress record) of a previous run; returns what it removed."""
+def code_version() -> str:
+    """A hash of the package's source: a finished run is only reused by the code that made it."""
+    import pipeline
+
+    digest = hashlib.sha256()
+    root = Path(pipeline.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def move_checkpoints(train_dir: str | os.PathLike, destination: str | os.PathLike) -> list[Path]:
+    """Move the checkpoints (and progress record) of a previous run into `destination`;
+    returns where they went."""
     directory = checkpoint_dir(train_dir)
     if not directory.is_dir():
         return []
-    removed = [*_checkpoint_files(directory), directory / PROGRESS_NAME]
-    removed = [p for p in removed if p.exists()]
-    for path in removed:
-        path.unlink()
-    return removed
+    files = [*_checkpoint_files(directory), directory / PROGRESS_NAME]
+    files = [p for p in files if p.exists()]
+    if not files:
+        return []
+    destination = Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for path in files:
+        moved.append(Path(shutil.move(str(path), destination / path.name)))
+    return moved
 
 
 def select_checkpoints(train_dir: str | os.PathLike, n: int, by: str = "last") -> list[Path]:

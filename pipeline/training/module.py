@@ -158,6 +158,7 @@ class TranslationModule(L.LightningModule):
         self._last_step = 0
         self._step_lr = 0.0
         self.throughput = 0.0
+        self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
 
@@ -371,6 +372,7 @@ class TranslationModule(L.LightningModule):
         self.check_finite()  # raising here keeps the previous (good) checkpoint on disk
         checkpoint["history"] = self.history
         checkpoint["rng_states"] = _rng_states()
+        checkpoint["code_version"] = self.code_version
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = list(checkpoint.get("history", []))

@@ -44,9 +44,10 @@ from pipeline.training.checkpoints import (
     STEP_TEMPLATE,
     AtomicCheckpointIO,
     checkpoint_dir,
+    code_version,
     find_resume_checkpoint,
+    move_checkpoints,
     read_checkpoint,
-    remove_checkpoints,
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.module import TranslationModule
@@ -56,18 +57,39 @@ from pipeline.training.preemption import PreemptionCallback
 METRICS_FILE = "train.json"
 DVCLIVE_SUBDIR = "train"  # under paths.plots_dir
 LEARNING_CURVE_FILE = "learning_curve.png"
-# A resumed run must train the same model on the same data order.
-RESUME_FIXED_KEYS = (
-    "seed",
-    "model",
-    "data.src_lang",
-    "data.tgt_lang",
-    "data.max_train_pairs",
-    "data.filter",
-    "data.tokenizer",
-    "train.max_tokens",
-    "train.accumulate_grad_batches",
+# A resumed run must compute what an uninterrupted one would: every key of these sections must
+# match the checkpoint's, except RESUME_FREE_KEYS.
+RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
+# Keys that cannot change the weights a run ends with (where the corpus is read from, how
+# often it validates and logs, on which devices and how fast it runs, how many checkpoints it
+# keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
+RESUME_FREE_KEYS = (
+    "data.raw_dir",
+    "data.download",
+    "data.url",
+    "train.max_steps",
+    "train.val_check_interval",
+    "train.val_bleu",
+    "train.val_bleu_max_sentences",
+    "train.accelerator",
+    "train.devices",
+    "train.num_nodes",
+    "train.strategy",
+    "train.ddp_timeout",
+    "train.bf16_min_speedup",
+    "train.num_workers",
+    "train.save_top_k",
+    "train.early_stopping_patience",
+    "train.resume",
+    "train.compile",
+    "train.compile_loss",
+    "train.cpu_mmap_threshold_mb",
+    "train.onednn_primitive_cache",
+    "train.log_every_n_steps",
+    "train.progress_bar",
+    "train.deterministic",
 )
+REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
 
 
 # ---------------------------------------------------------------------- hardware
@@ -213,66 +235,112 @@ def _subtree(tree: dict, dotted: str):
     return tree
 
 
-def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
-    """A checkpoint may only be continued by a config that trains the same model on the
-    same data order; anything else is a ConfigError naming the key."""
-    saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
+    """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
+    split into those that change what the run computes and those that cannot."""
     current = to_dict(cfg)
+    fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
         before = _leaves(_subtree(saved, section), section)
         now = _leaves(_subtree(current, section), section)
         for key in sorted(set(before) | set(now)):
-            if before.get(key) != now.get(key):
-                raise ConfigError(
-                    f"config key '{key}' is {now.get(key)!r} but {checkpoint_path} was trained "
-                    f"with {before.get(key)!r}: a resumed run must keep it. Restore the value, "
-                    "or start over with train.resume=false (or another paths.train_dir)."
-                )
+            if before.get(key) == now.get(key):
+                continue
+            if key.startswith("data.sha256"):
+                free.append(key)
+            elif key == "train.max_steps":
+                cooldown = _subtree(current, "train.cooldown_steps")
+                (fixed if cooldown else free).append(key)  # the cool-down starts from it
+            else:
+                (free if key in RESUME_FREE_KEYS else fixed).append(key)
+    return fixed, free
 
 
-def resume_checkpoint(cfg: Config) -> Path | None:
-    """The checkpoint to continue from, or None to train anew (clearing a finished run).
+def _describe(key: str, saved: dict, cfg: Config) -> str:
+    return f"'{key}' is {_subtree(to_dict(cfg), key)!r} (the checkpoint's: {_subtree(saved, key)!r})"
 
-    With `train.resume`, a run continues its own checkpoint when that checkpoint is short of
-    `train.max_steps` and was trained with the same model, data and batching (an interrupted
-    run, or a longer run extending a finished one). A finished run (trained to its own
-    `max_steps`; DVC has cached its outputs) is cleared and trained anew, as `dvc repro` after a
-    code change or `dvc exp run -S model.heads=8` expect. A different config over an
-    *unfinished* run is a ConfigError naming the key: its checkpoints exist nowhere else.
+
+def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
+    """A checkpoint may only be continued by a config that computes the same run; anything
+    else is a ConfigError naming the key(s). Differences in keys that cannot change the result
+    (RESUME_FREE_KEYS) are listed in a warning."""
+    saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    fixed, free = config_differences(saved, cfg)
+    if fixed:
+        details = "; ".join(_describe(key, saved, cfg) for key in fixed)
+        raise ConfigError(
+            f"config key '{fixed[0]}' differs from {checkpoint_path}'s: {details}. A resumed run "
+            "must keep every setting that changes its result. Restore the value(s), or start "
+            "over with train.resume=false (the run is moved aside, not deleted) or another "
+            "paths.train_dir."
+        )
+    if free:
+        warnings.warn(
+            f"resuming {checkpoint_path} with other values of keys that do not change the "
+            f"result: {'; '.join(_describe(key, saved, cfg) for key in free)}",
+            stacklevel=2,
+        )
+
+
+def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
+    """The checkpoint to continue from, or None to train anew.
+
+    With `train.resume`:
+    - an interrupted run (short of its own `max_steps`) continues when the config computes the
+      same run (`check_resumable`); otherwise a ConfigError names the key, since its
+      checkpoints exist nowhere else. A `train.max_steps` below its progress is refused too;
+    - a finished run of the same config and the same code is done: it is returned, and
+      training restores it and stops at once (a `dvc repro` whose lock was never written
+      records it instead of retraining it). With a larger `train.max_steps` it is extended.
+      `keep_finished` (sweeps) keeps it whatever the code version;
+    - a finished run of another config or other code (`dvc repro` after a code change, `dvc exp
+      run -S model.heads=8`) is moved aside to `<train_dir>.replaced/` and trained anew.
+    `train.resume=false` also moves the previous run aside: nothing is deleted.
     """
     train_dir = Path(cfg.paths.train_dir)
     if not cfg.train.resume:
-        _start_over(train_dir, "train.resume=false")
+        _move_aside(train_dir, "train.resume=false")
         return None
     path = find_resume_checkpoint(train_dir)
     if path is None:
         return None
     checkpoint = read_checkpoint(path)
     step = int(checkpoint["global_step"])
-    trained_to = _subtree(checkpoint["hyper_parameters"]["config"], "train.max_steps")
-    finished = step >= trained_to
-    if finished:
-        try:
-            check_resumable(path, cfg)
-        except ConfigError as err:
-            _start_over(train_dir, f"the finished run there differs: {err}")
-            return None
-        if step >= cfg.train.max_steps:
-            _start_over(train_dir, f"its run already reached step {step} (train.max_steps)")
-            return None
-        return path  # a longer run extends the finished one
-    check_resumable(path, cfg)  # an interrupted run: refuse to discard it silently
-    return path
+    saved = checkpoint["hyper_parameters"]["config"]
+    trained_to = _subtree(saved, "train.max_steps")
+    if step < trained_to:  # an interrupted run: refuse to discard it silently
+        if cfg.train.max_steps < step:
+            raise ConfigError(
+                f"train.max_steps={cfg.train.max_steps} is below step {step}, which the "
+                f"interrupted run in {path.parent} already reached: raise it (to at least "
+                f"{step}), or start over with train.resume=false"
+            )
+        check_resumable(path, cfg)
+        return path
+    fixed, _ = config_differences(saved, cfg)
+    same_code = keep_finished or checkpoint.get("code_version") == code_version()
+    if fixed and fixed != ["train.max_steps"] or not same_code:
+        why = "its code differs" if not fixed else f"its config differs in {', '.join(fixed)}"
+        _move_aside(train_dir, f"the finished run there is another experiment ({why})")
+        return None
+    if cfg.train.max_steps < step:
+        _move_aside(train_dir, f"its run reached step {step}, beyond train.max_steps")
+        return None
+    return path  # done (nothing to train) or, with a larger max_steps, extended
 
 
-def _start_over(train_dir: Path, why: str) -> None:
+def _move_aside(train_dir: Path, why: str) -> None:
+    """Move a previous run's checkpoints to `<train_dir>.replaced/<time>/` (never delete)."""
     if rank_zero_only.rank != 0:
         return
-    removed = remove_checkpoints(train_dir)
-    if removed:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    destination = train_dir.with_name(train_dir.name + REPLACED_SUFFIX) / stamp
+    moved = move_checkpoints(train_dir, destination)
+    if moved:
         warnings.warn(
-            f"training anew in {checkpoint_dir(train_dir)}: {why}; removed {len(removed)} "
-            "checkpoint files of the previous run (`dvc checkout` restores a run DVC recorded)",
+            f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "
+            f"{len(moved)} checkpoint files to {destination} (delete it when you no longer "
+            "need it)",
             stacklevel=3,
         )
 
@@ -288,24 +356,28 @@ def run(
     run_name: str | None = None,
     group: str | None = None,
     wandb_run=None,
+    keep_finished: bool = False,
 ) -> dict:
     """Train per `cfg` (resuming its own checkpoint when `train.resume`), write
     `<metrics_dir>/train.json` and the learning curves, and return the summary metrics.
 
     `callbacks` are added to the Trainer's (an Optuna pruning callback, for instance);
     `job_type`, `run_name` and `group` label the W&B run this starts, unless `wandb_run` is
-    given: then training logs into that run and its owner finishes it.
+    given: then training logs into that run and its owner finishes it. `keep_finished`: a
+    finished run of this config is done even if the code changed since (see
+    `resume_checkpoint`).
     """
     started = time.perf_counter()
     if resolve_accelerator(cfg.train.accelerator) == "cpu":
         configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    ckpt_path = resume_checkpoint(cfg)
+    ckpt_path = resume_checkpoint(cfg, keep_finished=keep_finished)
 
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
     datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
+    module.code_version = code_version()
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
     wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
