@@ -1,24 +1,33 @@
-"""Ablation report: `python -m pipeline.report <study> [--storage URL]`.
+"""Ablation report: `python -m pipeline.report <study> [--update-readme README.md]`.
 
-Writes `ablations/results/<study>/`: `report.md` (a Table-3 style table: variant, changed factor,
-parameters, val PPL, test BLEU mean +- std over seeds, delta vs base, and the p-value of the
-difference from sacreBLEU's paired bootstrap resampling on the test set), `trials.csv` (every
-trial), and PNG charts (BLEU per variant with error bars, parameter importances, parallel
-coordinates, intermediate values of pruned trials). The same figures go to a W&B summary run
-in the study's group.
+Made from the study's committed files alone (`ablations/results/<study>/`: the finished trials'
+records `trials/<variant>-seed<seed>/`, the references, and `study.db` for the trial states), so
+that anyone with a clone re-makes it exactly:
+- `report.md`: a Table-3 shaped table, one row per variant: what changed, parameters, val
+  perplexity, val and test2016 BLEU (lc) as mean +- std over seeds, the difference to the base,
+  the paired-bootstrap p-value of that difference on test2016, and the paper's own Table 3
+  difference for the same change (the spec's `paper` entries); then one finding per row;
+- charts (PNG): BLEU per variant (every seed a point, the bootstrap interval), perplexity
+  against BLEU for the label-smoothing rows, learning curves of val BLEU per variant;
+- `--update-readme`: README's block between `<!-- ablation:<study>:begin -->` and
+  `<!-- ablation:<study>:end -->` gets the same table and findings (a test checks that the
+  committed README equals this command's output);
+- one W&B summary run in the study's group with the same table and charts (`--no-wandb` skips).
+A search study's report is its trials ranked by the objective.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from pipeline import sweep
 from pipeline.cli import main
@@ -26,6 +35,34 @@ from pipeline.errors import PipelineError
 from pipeline.evaluation import plots, scoring
 
 BASE_VARIANT = "base"
+TEST_SPLIT = "test_2016_flickr"
+VAL_SPLIT = "val"
+P_METRIC = "bleu_lc"
+SIGNIFICANCE = 0.05
+CHARTS = {
+    "bleu_per_variant": "bleu_per_variant.png",
+    "ppl_vs_bleu": "ppl_vs_bleu.png",
+    "learning_curves": "learning_curves.png",
+}
+
+
+@dataclass
+class TrialRecord:
+    """One finished trial, as `pipeline.sweep` records it."""
+
+    folder: Path
+    variant: str
+    seed: int
+    train: dict
+    eval: dict
+    curve: list[dict]
+    run: dict
+
+    def hypotheses(self, split: str) -> list[str]:
+        return _read_lines(self.folder / f"{split}.hyp")
+
+    def score(self, split: str, key: str = P_METRIC) -> float:
+        return self.eval[split][key]
 
 
 @dataclass
@@ -33,229 +70,354 @@ class VariantRow:
     variant: str
     factor: str
     parameters: int | None
-    val_ppl: float | None
-    bleu: list[float]
+    val_ppl: list[float]
+    val_bleu: list[float]
+    test_bleu: list[float]
+    test_half_widths: list[float]
+    seeds: list[int]
+    paper: dict[str, Any] = field(default_factory=dict)
     delta: float | None = None
     p_value: float | None = None
 
     @property
-    def bleu_mean(self) -> float:
-        return statistics.fmean(self.bleu)
+    def test_mean(self) -> float:
+        return statistics.fmean(self.test_bleu)
 
     @property
-    def bleu_std(self) -> float:
-        return statistics.stdev(self.bleu) if len(self.bleu) > 1 else 0.0
+    def test_half_width(self) -> float | None:
+        return statistics.fmean(self.test_half_widths) if self.test_half_widths else None
 
 
-def _read_lines(path: str | Path) -> list[str]:
-    return Path(path).read_text(encoding="utf-8").splitlines()
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
 
 
-def _references(trial: FrozenTrial) -> list[str]:
-    cfg = trial.user_attrs["config"]
-    test_split = cfg["data"]["test_splits"][0]
-    return _read_lines(Path(cfg["paths"]["prepared"]) / f"{test_split}.{cfg['data']['tgt_lang']}")
+def load_records(study_dir: Path) -> list[TrialRecord]:
+    """Every finished trial's record under `study_dir/trials/` (those with a run.json)."""
+    records = []
+    for folder in sorted((study_dir / "trials").glob("*")):
+        if not (folder / sweep.RUN_FILE).exists():
+            continue
+        run = json.loads((folder / sweep.RUN_FILE).read_text())
+        records.append(
+            TrialRecord(
+                folder=folder,
+                variant=run["params"]["variant"],
+                seed=int(run["params"]["seed"]),
+                train=json.loads((folder / "train.json").read_text()),
+                eval=json.loads((folder / "eval.json").read_text()),
+                curve=json.loads((folder / "curve.json").read_text()),
+                run=run,
+            )
+        )
+    return records
+
+
+def test_references(study_dir: Path) -> list[str]:
+    """The test2016 references the sweep kept beside the study's records."""
+    (path,) = sorted((study_dir / sweep.REFERENCES_DIR).glob(f"{TEST_SPLIT}.*"))
+    return _read_lines(path)
 
 
 def _factor(overrides: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(base recipe)"
 
 
-def _mean(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.fmean(present) if present else None
-
-
-def variant_rows(spec: sweep.StudySpec, trials: list[FrozenTrial]) -> list[VariantRow]:
-    """Group finished trials by variant; compare each with the base over matching seeds."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE and "test_bleu" in t.user_attrs]
-    by_variant: dict[str, list[FrozenTrial]] = {}
-    for trial in done:
-        by_variant.setdefault(trial.params["variant"], []).append(trial)
+def variant_rows(
+    spec: sweep.StudySpec, records: list[TrialRecord], references: list[str]
+) -> list[VariantRow]:
+    """One row per variant with finished trials, in the spec's order; each compared with the
+    base by a paired bootstrap over the seeds both ran, pooled."""
+    by_variant: dict[str, list[TrialRecord]] = {}
+    for record in records:
+        by_variant.setdefault(record.variant, []).append(record)
     rows = []
     for variant, overrides in spec.variants.items():
-        group = sorted(by_variant.get(variant, []), key=lambda t: t.params["seed"])
+        group = sorted(by_variant.get(variant, []), key=lambda r: r.seed)
         if not group:
             continue
         rows.append(
             VariantRow(
                 variant=variant,
                 factor=_factor(overrides),
-                parameters=group[0].user_attrs.get("parameters"),
-                val_ppl=_mean([t.user_attrs.get("val_ppl") for t in group]),
-                bleu=[t.user_attrs["test_bleu"] for t in group],
+                parameters=group[0].train.get("num_parameters"),
+                val_ppl=[r.train["last"]["val/ppl"] for r in group],
+                val_bleu=[r.score(VAL_SPLIT) for r in group],
+                test_bleu=[r.score(TEST_SPLIT) for r in group],
+                test_half_widths=[
+                    r.eval[TEST_SPLIT]["bleu_lc_ci"]
+                    for r in group
+                    if "bleu_lc_ci" in r.eval[TEST_SPLIT]
+                ],
+                seeds=[r.seed for r in group],
+                paper=spec.paper.get(variant, {}),
             )
         )
-    base_trials = {t.params["seed"]: t for t in by_variant.get(BASE_VARIANT, [])}
+    base = {r.seed: r for r in by_variant.get(BASE_VARIANT, [])}
     base_row = next((r for r in rows if r.variant == BASE_VARIANT), None)
     for row in rows:
         if base_row is None or row is base_row:
             continue
-        row.delta = row.bleu_mean - base_row.bleu_mean
-        row.p_value = _paired_p_value(base_trials, by_variant[row.variant])
+        row.delta = row.test_mean - base_row.test_mean
+        row.p_value = pooled_p_value(base, by_variant[row.variant], references)
     return rows
 
 
-def _paired_p_value(base: dict[int, FrozenTrial], variant: list[FrozenTrial]) -> float | None:
-    """The largest (most conservative) bootstrap p-value over seeds run by both."""
-    p_values = []
-    for trial in variant:
-        base_trial = base.get(trial.params["seed"])
-        if base_trial is None:
-            continue
-        result = scoring.paired_bootstrap(
-            _read_lines(base_trial.user_attrs["hypotheses"]),
-            _read_lines(trial.user_attrs["hypotheses"]),
-            _references(trial),
-            metrics=("bleu",),
-        )
-        p_values.append(result["bleu"].p_value)
-    return max(p_values) if p_values else None
+def pooled_p_value(
+    base: dict[int, TrialRecord], variant: list[TrialRecord], references: list[str]
+) -> float | None:
+    """sacreBLEU's paired bootstrap (1000 resamples, lowercased BLEU) of the variant against
+    the base on test2016, the seeds both ran pooled: seed k's hypotheses of each system side by
+    side over the test set repeated once per seed."""
+    pairs = [(base[r.seed], r) for r in variant if r.seed in base]
+    if not pairs:
+        return None
+    baseline, system, refs = [], [], []
+    for base_record, record in pairs:
+        baseline += base_record.hypotheses(TEST_SPLIT)
+        system += record.hypotheses(TEST_SPLIT)
+        refs += references
+    result = scoring.paired_bootstrap(baseline, system, refs, metrics=(P_METRIC,))
+    return result[P_METRIC].p_value
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _mean_std(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
-def grid_table(rows: list[VariantRow], metric_name: str) -> str:
+def _paper_cell(paper: dict[str, Any]) -> str:
+    if not paper:
+        return "-"
+    ppl = f" (PPL {paper['ppl']:+.2f})" if paper.get("ppl") is not None else ""
+    return f"{paper['bleu']:+.1f}{ppl}, {paper['rows']}"
+
+
+def grid_table(rows: list[VariantRow]) -> str:
     lines = [
-        f"| variant | changed factor | parameters | val PPL | {metric_name} mean +- std | seeds "
-        "| delta vs base | p (paired bootstrap) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | changed | parameters | val PPL | val BLEU (lc) | test2016 BLEU (lc) | "
+        "Δ test vs base | p (paired bootstrap) | seeds | paper, Table 3: Δ BLEU (PPL) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        params = f"{r.parameters / 1e6:.2f}M" if r.parameters else "-"
+        params = f"{r.parameters / 1e6:.2f} M" if r.parameters else "-"
         delta = "-" if r.delta is None else f"{r.delta:+.2f}"
+        p_value = "-" if r.p_value is None else f"{r.p_value:.3f}"
         lines.append(
-            f"| {r.variant} | {r.factor} | {params} | {_fmt(r.val_ppl)} | "
-            f"{r.bleu_mean:.2f} +- {r.bleu_std:.2f} | {len(r.bleu)} | {delta} | {_fmt(r.p_value, 3)} |"
+            f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_ppl)} | "
+            f"{_mean_std(r.val_bleu)} | {_mean_std(r.test_bleu)} | {delta} | {p_value} | "
+            f"{', '.join(map(str, r.seeds))} | {_paper_cell(r.paper)} |"
         )
     return "\n".join(lines)
 
 
-def search_table(trials: list[FrozenTrial]) -> str:
+def findings(rows: list[VariantRow]) -> list[str]:
+    """One sentence per compared row: does the paper's direction hold here, at p < 0.05?"""
+    lines = []
+    for r in rows:
+        if r.delta is None or r.p_value is None:
+            continue
+        measured = f"{r.delta:+.2f} BLEU (p = {r.p_value:.3f}, {len(r.seeds)} seed(s))"
+        significant = r.p_value < SIGNIFICANCE
+        if not r.paper:
+            verdict = "significant" if significant else "not significant"
+            lines.append(f"- {r.variant}: {measured}: {verdict}; the paper has no such row.")
+            continue
+        paper = r.paper["bleu"]
+        if not significant:
+            verdict = "not significant here, so neither confirms nor contradicts"
+        elif paper == 0 or (paper > 0) != (r.delta > 0):
+            verdict = "significant, against the paper's direction"
+        else:
+            verdict = "significant, in the paper's direction: holds"
+        lines.append(f"- {r.variant}: {measured} vs the paper's {paper:+.1f}: {verdict}.")
+    return lines
+
+
+def search_table(trials: list[optuna.trial.FrozenTrial]) -> str:
     done = sorted(
-        (t for t in trials if t.state == TrialState.COMPLETE),
-        key=lambda t: t.value,
-        reverse=True,
+        (t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=True
     )
     keys = sorted({k for t in done for k in t.params})
     lines = [
-        "| trial | " + " | ".join(keys) + " | val BLEU | test BLEU |",
+        "| trial | " + " | ".join(keys) + " | objective | test BLEU (lc) |",
         "|---" * (len(keys) + 3) + "|",
     ]
     for t in done:
         values = " | ".join(str(t.params.get(k)) for k in keys)
+        test = t.user_attrs.get("test_bleu_lc")
         lines.append(
-            f"| {t.number} | {values} | {_fmt(t.value)} | {_fmt(t.user_attrs.get('test_bleu'))} |"
+            f"| {t.number} | {values} | {t.value:.2f} | {'-' if test is None else f'{test:.2f}'} |"
         )
     return "\n".join(lines)
 
 
-def _save_optuna_figure(draw, study: optuna.Study, path: Path) -> Path | None:
-    """Optuna's matplotlib plots; None where the study has nothing to draw yet."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # optuna marks these plots experimental
-        try:
-            axes = draw(study)
-        except (ValueError, RuntimeError):
-            return None
-    figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
-    return plots.save_png(figure, path)
+# --------------------------------------------------------------------------- charts
 
 
 def charts(
-    spec: sweep.StudySpec, study: optuna.Study, rows: list[VariantRow], out: Path
+    spec: sweep.StudySpec, rows: list[VariantRow], records: list[TrialRecord], out: Path
 ) -> dict[str, Path]:
-    from optuna.visualization import matplotlib as optuna_plots
-
     made: dict[str, Path] = {}
-    if rows:
-        base = next((r.bleu_mean for r in rows if r.variant == BASE_VARIANT), None)
-        made["bleu_per_variant"] = plots.plot_bar_chart(
+    if not rows:
+        return made
+    base = next((r.test_mean for r in rows if r.variant == BASE_VARIANT), None)
+    made["bleu_per_variant"] = plots.save_png(
+        plots.seed_points_figure(
             [r.variant for r in rows],
-            [r.bleu_mean for r in rows],
-            [r.bleu_std for r in rows],
-            out / "bleu_per_variant.png",
-            ylabel="test BLEU (mean +- std over seeds)",
+            [r.test_bleu for r in rows],
+            [r.test_half_width for r in rows],
+            ylabel="test2016 BLEU (lc): seeds, mean, 95% bootstrap",
             title=f"{spec.study}: one factor at a time",
             baseline=base,
-        )
-    drawers = {
-        "param_importances": optuna_plots.plot_param_importances,
-        "parallel_coordinates": optuna_plots.plot_parallel_coordinate,
-        "intermediate_values": optuna_plots.plot_intermediate_values,
+        ),
+        out / CHARTS["bleu_per_variant"],
+    )
+    smoothing = {
+        f"{r.variant} ({r.factor})": list(zip(r.val_ppl, r.val_bleu))
+        for r in rows
+        if r.variant == BASE_VARIANT or "train.label_smoothing" in spec.variants[r.variant]
     }
-    for name, draw in drawers.items():
-        if name == "param_importances" and len(_complete(study)) < 2:
-            continue
-        if name == "intermediate_values" and not any(t.intermediate_values for t in study.trials):
-            continue
-        path = _save_optuna_figure(draw, study, out / f"{name}.png")
-        if path:
-            made[name] = path
+    if len(smoothing) > 1:
+        made["ppl_vs_bleu"] = plots.save_png(
+            plots.labelled_scatter_figure(
+                smoothing,
+                xlabel="val perplexity (last checkpoint)",
+                ylabel="val BLEU (lc), averaged checkpoints, beam",
+                title="label smoothing: perplexity against BLEU (paper 5.4)",
+            ),
+            out / CHARTS["ppl_vs_bleu"],
+        )
+    curves = {}
+    for row in rows:
+        runs = [r.curve for r in records if r.variant == row.variant]
+        steps = sorted(set.intersection(*({p["step"] for p in c if "val/bleu" in p} for c in runs)))
+        if steps:
+            by_step = [{p["step"]: p["val/bleu"] for p in c if "val/bleu" in p} for c in runs]
+            curves[row.variant] = (steps, [statistics.fmean(c[s] for c in by_step) for s in steps])
+    if curves:
+        made["learning_curves"] = plots.save_png(
+            plots.curves_figure(
+                curves, xlabel="update", ylabel="val BLEU (greedy, mean over seeds)",
+                title=f"{spec.study}: validation BLEU during training",
+            ),
+            out / CHARTS["learning_curves"],
+        )  # fmt: skip
     return made
 
 
-def _complete(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+# --------------------------------------------------------------------------- the report
 
 
-def write_report(
-    spec: sweep.StudySpec, study: optuna.Study, out: Path, log_to_wandb: bool = True
-) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    trials = study.get_trials(deepcopy=False)
-    if not trials:
-        raise PipelineError(f"study '{spec.study}' has no trials yet: run the sweep first")
-    frame = study.trials_dataframe()
-    frame = frame.drop(columns=[c for c in frame.columns if c == "user_attrs_config"])
-    frame.to_csv(out / "trials.csv", index=False)
-
-    rows = variant_rows(spec, trials) if spec.kind == "grid" else []
-    figures = charts(spec, study, rows, out)
-    states = {s.name: sum(t.state == s for t in trials) for s in TrialState}
-    table = grid_table(rows, "test BLEU") if spec.kind == "grid" else search_table(trials)
+def markdown(
+    spec: sweep.StudySpec, study_dir: Path, image_prefix: str = "", with_states: bool = True
+) -> str:
+    """The report's Markdown (table, states, findings, charts), from the committed files."""
+    records = load_records(study_dir)
+    rows = variant_rows(spec, records, test_references(study_dir))
+    states = trial_states(spec, study_dir) if with_states else ""
     lines = [
-        f"# Study `{spec.study}` ({spec.kind}, base experiment `{spec.base_experiment}`)",
+        f"Study `{spec.study}`: {len(records)} of {len(spec.grid())} trials finished"
+        + (f" ({states})" if states else "")
+        + f"; budget {_factor(spec.budget)}.",
         "",
-        "Trials: " + ", ".join(f"{n} {k.lower()}" for k, n in states.items() if n),
-        f"Objective: {spec.direction} `{spec.metric}`; budget: {_factor(spec.budget)}.",
+        grid_table(rows),
         "",
-        table,
+        "BLEU (lc) is sacreBLEU's lowercased BLEU of the averaged checkpoints' beam search; val "
+        "PPL is the last checkpoint's per-subword perplexity on val. p is sacreBLEU's paired "
+        "bootstrap (1000 resamples) of the variant against the base on test2016, the seeds "
+        "both ran pooled (each seed's test set side by side). The paper's column is its own "
+        "Table 3 difference for the same change (newstest2013, base model, 100k steps).",
         "",
-        "Test BLEU is sacreBLEU (13a, cased) on the first test split; p is the largest paired "
-        "bootstrap p-value against the base over the seeds both ran (1000 resamples).",
+        *(findings(rows) or ["- no variant has been compared with the base yet."]),
         "",
     ]
-    lines += [f"![{name}]({path.name})" for name, path in figures.items()]
-    report = out / "report.md"
-    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines += [
+        f"![{name}]({image_prefix}{CHARTS[name]})"
+        for name in CHARTS
+        if (study_dir / CHARTS[name]).exists()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def trial_states(spec: sweep.StudySpec, study_dir: Path) -> str:
+    database = study_dir / "study.db"
+    if not database.exists():
+        return ""
+    study = optuna.load_study(study_name=spec.study, storage=f"sqlite:///{database.resolve()}")
+    counts = {s.name.lower(): 0 for s in TrialState}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name.lower()] += 1
+    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + " in study.db"
+
+
+def write_report(spec: sweep.StudySpec, study_dir: Path, log_to_wandb: bool = True) -> Path:
+    if spec.kind == "search":
+        return _write_search_report(spec, study_dir)
+    records = load_records(study_dir)
+    if not records:
+        raise PipelineError(
+            f"{study_dir}: no finished trials of study '{spec.study}' yet: run the sweep first"
+        )
+    rows = variant_rows(spec, records, test_references(study_dir))
+    figures = charts(spec, rows, records, study_dir)
+    report = study_dir / "report.md"
+    report.write_text(f"# Ablation study `{spec.study}`\n\n" + markdown(spec, study_dir))
     if log_to_wandb:
-        _log_summary(spec, out, figures)
+        _log_summary(spec, study_dir, rows, figures)
     return report
 
 
-def _log_summary(spec: sweep.StudySpec, out: Path, figures: dict[str, Path]) -> None:
+def _write_search_report(spec: sweep.StudySpec, study_dir: Path) -> Path:
+    storage = f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    trials = optuna.load_study(study_name=spec.study, storage=storage).get_trials()
+    if not trials:
+        raise PipelineError(f"study '{spec.study}' has no trials yet: run the sweep first")
+    report = study_dir / "report.md"
+    report.write_text(f"# Search `{spec.study}`\n\n{search_table(trials)}\n")
+    return report
+
+
+def readme_markers(study: str) -> tuple[str, str]:
+    return f"<!-- ablation:{study}:begin -->", f"<!-- ablation:{study}:end -->"
+
+
+def readme_block(spec: sweep.StudySpec, study_dir: Path, readme: Path) -> str:
+    """The generated text between README's markers for this study (charts linked from it)."""
+    prefix = Path(os.path.relpath(study_dir.resolve(), readme.resolve().parent)).as_posix()
+    # Without the storage's trial states, which change while workers run.
+    return markdown(spec, study_dir, image_prefix=f"{prefix}/", with_states=False)
+
+
+def update_readme(readme: Path, block: str, study: str) -> None:
+    begin, end = readme_markers(study)
+    text = readme.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise PipelineError(f"{readme}: no '{begin}' ... '{end}' block to fill")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{block}{end}{tail}", encoding="utf-8")
+
+
+def _log_summary(
+    spec: sweep.StudySpec, study_dir: Path, rows: list[VariantRow], figures: dict[str, Path]
+) -> None:
     import wandb
 
     from pipeline.tracking import start_wandb_run
 
-    # Laid out like a trial's directory, so the run lands beside the trials' W&B runs.
-    paths = sweep.TrialPaths(work=out / "summary", record=out / "trials" / "summary")
+    paths = sweep.TrialPaths(work=study_dir / "summary", record=study_dir / "trials" / "summary")
     cfg = sweep.trial_config(spec, {}, paths)
     run = start_wandb_run(cfg, job_type="report", name=f"{spec.study}-report", group=spec.study)
     try:
-        run.log({name: wandb.Image(str(path)) for name, path in figures.items()})
-        run.log({"trials": wandb.Table(dataframe=_read_csv(out / "trials.csv"))})
+        columns = ["variant", "changed", "val_ppl", "val_bleu_lc", "test_bleu_lc", "delta", "p"]
+        table = wandb.Table(columns=columns)
+        for r in rows:
+            table.add_data(r.variant, r.factor, statistics.fmean(r.val_ppl),
+                           statistics.fmean(r.val_bleu), r.test_mean, r.delta, r.p_value)  # fmt: skip
+        run.log({"ablation_table": table, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
     finally:
         run.finish()
-
-
-def _read_csv(path: Path):
-    import pandas
-
-    return pandas.read_csv(path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,8 +427,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
     )
-    parser.add_argument("--storage", help="SQLAlchemy URL (default: the sweep's SQLite file)")
     parser.add_argument("--results-dir", type=Path, default=sweep.RESULTS_ROOT)
+    parser.add_argument("--update-readme", type=Path, help="fill this README's study block")
     parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
     return parser.parse_args(argv)
 
@@ -277,13 +439,13 @@ def cli(argv: list[str] | None = None) -> None:
     if spec_path.suffix not in (".yaml", ".yml"):
         spec_path = Path("ablations") / f"{args.study}.yaml"
     spec = sweep.load_spec(spec_path)
-    storage = args.storage or sweep.default_storage(spec, args.results_dir)
-    try:
-        study = optuna.load_study(study_name=spec.study, storage=storage)
-    except KeyError:
-        raise PipelineError(f"no study '{spec.study}' in {storage}: run the sweep first") from None
-    report = write_report(spec, study, args.results_dir / spec.study, not args.no_wandb)
-    print(f"wrote {report}")
+    study_dir = args.results_dir / spec.study
+    report = write_report(spec, study_dir, log_to_wandb=not args.no_wandb)
+    if args.update_readme:
+        update_readme(
+            args.update_readme, readme_block(spec, study_dir, args.update_readme), spec.study
+        )
+    print(report.read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

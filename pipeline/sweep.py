@@ -63,7 +63,9 @@ log = logging.getLogger(__name__)
 
 RESULTS_ROOT = Path("ablations/results")
 # Checkpoints and other bulky trial outputs live outside the repository (never in git).
-WORK_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
+WORK_ROOT = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
+)
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
 ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attempt of the point
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
@@ -100,6 +102,8 @@ class StudySpec:
     n_trials: int | None = None
     sampler_seed: int = 0
     pruner: dict[str, Any] | None = None
+    # The paper's own result for a variant, for the report: {variant: {bleu, ppl, rows}}
+    paper: dict[str, dict[str, Any]] = field(default_factory=dict)
     settings: SweepSettings = field(default_factory=SweepSettings)
 
     @property
@@ -142,6 +146,11 @@ def load_spec(path: str | Path) -> StudySpec:
         raise ConfigError(f"{path}: key 'objective.direction' must be maximize or minimize")
     if spec.kind == "grid" and not spec.variants:
         raise ConfigError(f"{path}: a grid study needs 'variants'")
+    for name, entry in spec.paper.items():
+        if name not in spec.variants:
+            raise ConfigError(f"{path}: paper.{name}: no such variant")
+        if not isinstance(entry, dict) or not {"bleu", "rows"} <= set(entry):
+            raise ConfigError(f"{path}: paper.{name} needs 'bleu' and 'rows' (and may give 'ppl')")
     if spec.kind == "search" and (not spec.space or not spec.n_trials):
         raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")
     # Trials share one prepared + tokenized copy of the data (see ensure_data).
@@ -288,8 +297,9 @@ class RetryInterruptedTrial:
                 params=trial.params,
                 distributions=trial.distributions,
                 user_attrs=trial.user_attrs,
-                system_attrs={"failed_trial": history[0], "retry_history": history,
-                              "deaths": deaths},
+                # The sampler's own attributes (GridSampler's grid_id) come along.
+                system_attrs={**trial.system_attrs, "failed_trial": history[0],
+                              "retry_history": history, "deaths": deaths},
             )
         )  # fmt: skip
 
@@ -771,6 +781,25 @@ def ensure_data(cfg: config_lib.Config, data_root: Path, study_results: Path | N
                     shutil.copyfile(data_root / "prepared" / name, references / name)
 
 
+# --------------------------------------------------------------------------- committing a study
+
+
+def git_add_study(study_results: Path) -> None:
+    """`git add` the study's records and its SQLite storage while holding the storage's write
+    lock, so that the committed database is a consistent snapshot even while workers run
+    (they wait on the lock for the moment it takes)."""
+    import sqlite3
+
+    database = study_results / "study.db"
+    connection = sqlite3.connect(database, timeout=120, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")  # no writer can be mid-transaction now
+        subprocess.run(["git", "add", "--", str(study_results)], check=True)
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -782,6 +811,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", help="SQLAlchemy URL (default: SQLite under the results dir)")
     parser.add_argument("--n-trials", type=int, help="run at most this many trials in this worker")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
+    parser.add_argument(
+        "--git-add",
+        action="store_true",
+        help="run no trial: stage the study's records and a consistent copy of its SQLite "
+        "storage for a commit (safe while workers run)",
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -797,10 +832,11 @@ def cli(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = load_spec(args.spec)
     storage = args.storage or default_storage(spec, args.results_dir)
+    if args.git_add:
+        git_add_study(args.results_dir / spec.study)
+        return
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
-        run_trial_rank(
-            spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir
-        )
+        run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir)
         return
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)

@@ -196,7 +196,9 @@ def test_resume_refuses_a_run_dir_with_progress_but_no_readable_checkpoint(tmp_p
     with pytest.raises(DataError, match="training progress was recorded .*train.resume=false"):
         find_resume_checkpoint(tmp_path)
     moved = move_checkpoints(tmp_path, tmp_path / "aside")
-    assert {p.name for p in moved} == {PROGRESS_NAME} and (tmp_path / "aside" / PROGRESS_NAME).exists()
+    assert {p.name for p in moved} == {PROGRESS_NAME} and (
+        tmp_path / "aside" / PROGRESS_NAME
+    ).exists()
     assert find_resume_checkpoint(tmp_path) is None
 
 

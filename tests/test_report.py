@@ -1,108 +1,173 @@
-"""pipeline.report: Table-3 table, CSV and charts from a real Optuna study.
+"""pipeline.report: the Table-3 table, findings, charts and README block from a study's records.
 
-The study's trials carry what sweep trials record (test BLEU, hypotheses files); the
-hypotheses are real Multi30k references with controlled damage, so the expected numbers can
-be computed independently here.
+The records are laid out as `pipeline.sweep` writes them; their hypotheses are real Multi30k
+references with controlled damage, so the expected numbers are computed independently here
+with sacreBLEU itself.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import statistics
 
 import matplotlib.image
-import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState
+import sacrebleu
 
 from pipeline import report, sweep
-from pipeline.evaluation import scoring
 from tests.conftest import REPO_ROOT
 
-N_SENTENCES = 200
+N_SENTENCES = 300
+SPLIT = report.TEST_SPLIT
 
 
 @pytest.fixture
 def references(multi30k_dir):
-    with gzip.open(multi30k_dir / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+    with gzip.open(multi30k_dir / f"{SPLIT}.de.gz", "rt", encoding="utf-8") as f:
         return [line.strip() for line in f][:N_SENTENCES]
 
 
-def damaged(references: list[str], every: int) -> list[str]:
+def damaged(references: list[str], every: int, offset: int = 0) -> list[str]:
     """Drop the last word of every `every`-th sentence: a worse system, by a known amount."""
-    return [" ".join(r.split()[:-1]) if i % every == 0 else r for i, r in enumerate(references)]
+    return [
+        " ".join(r.split()[:-1]) if i % every == offset else r for i, r in enumerate(references)
+    ]
+
+
+def lc_bleu(hypotheses: list[str], references: list[str]) -> float:
+    return sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+
+
+# (every, offset): heads_8 damages as many sentences as base seed 1, other ones
+DAMAGE = {
+    ("base", 1): (3, 0),
+    ("base", 2): (4, 0),
+    ("heads_1", 1): (1, 0),
+    ("heads_1", 2): (1, 0),
+    ("heads_8", 1): (3, 1),
+}
 
 
 @pytest.fixture
 def study(tmp_path, references):
+    """A smoke-spec study folder with five finished trials' records."""
     spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
-    prepared = tmp_path / "prepared"
-    prepared.mkdir()
-    (prepared / "test_2016_flickr.de").write_text("\n".join(references) + "\n")
-    damage = {("base", 1): 2, ("base", 2): 3, ("heads_1", 1): 1, ("heads_1", 2): 1}
-    study = optuna.create_study(
-        study_name="smoke", storage=f"sqlite:///{tmp_path / 'study.db'}", direction="maximize"
-    )
-    for (variant, seed), every in damage.items():
-        hyps = damaged(references, every)
-        hyp_path = tmp_path / f"{variant}-{seed}.hyp"
-        hyp_path.write_text("\n".join(hyps) + "\n")
-        bleu = scoring.score(hyps, references)["bleu"]
-        study.add_trial(
-            optuna.create_trial(
-                state=TrialState.COMPLETE,
-                value=bleu,
-                params={"variant": variant, "seed": seed},
-                distributions={
-                    "variant": CategoricalDistribution(["base", "heads_1"]),
-                    "seed": CategoricalDistribution([1, 2]),
-                },
-                user_attrs={
-                    "test_bleu": bleu,
-                    "val_ppl": 10.0 + seed,
-                    "parameters": 1_000_000,
-                    "hypotheses": str(hyp_path),
-                    "config": {
-                        "data": {"test_splits": ["test_2016_flickr"], "tgt_lang": "de"},
-                        "paths": {"prepared": str(prepared)},
-                    },
-                },
-            )
-        )
-    return spec, study
+    spec.variants["heads_8"] = {"model.heads": 8}
+    spec.paper = {"heads_1": {"bleu": -0.6, "ppl": 0.29, "rows": "(A) h=1 vs h=4"}}
+    study_dir = tmp_path / "results" / spec.study
+    (study_dir / sweep.REFERENCES_DIR).mkdir(parents=True)
+    (study_dir / sweep.REFERENCES_DIR / f"{SPLIT}.de").write_text("\n".join(references) + "\n")
+    for (variant, seed), (every, offset) in DAMAGE.items():
+        folder = study_dir / "trials" / f"{variant}-seed{seed}"
+        folder.mkdir(parents=True)
+        hyps = damaged(references, every, offset)
+        (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
+        val = 30.0 + seed + (variant == "heads_1")
+        files = {
+            "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
+            "eval.json": {
+                SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
+                "val": {"bleu_lc": val},
+            },
+            "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
+            sweep.RUN_FILE: {"params": {"variant": variant, "seed": seed}},
+        }
+        for name, content in files.items():
+            (folder / name).write_text(json.dumps(content))
+    (study_dir / "trials" / "heads_8-seed2").mkdir()  # unfinished: no run.json, not counted
+    return spec, study_dir
 
 
 def test_variant_rows_match_independent_numbers(study, references):
-    spec, study = study
-    rows = {r.variant: r for r in report.variant_rows(spec, study.trials)}
-    base_bleus = [scoring.score(damaged(references, e), references)["bleu"] for e in (2, 3)]
-    worse = scoring.score(damaged(references, 1), references)["bleu"]
-    assert rows["base"].bleu_mean == pytest.approx(statistics.fmean(base_bleus))
-    assert rows["base"].bleu_std == pytest.approx(statistics.stdev(base_bleus))
-    assert rows["heads_1"].delta == pytest.approx(worse - statistics.fmean(base_bleus))
-    assert rows["heads_1"].factor == "model.heads=1"
-    # Damaging every sentence vs every 2nd/3rd: a real difference, so a small p-value.
-    assert rows["heads_1"].p_value is not None and rows["heads_1"].p_value < 0.05
+    spec, study_dir = study
+    rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir),
+                                                      references)}  # fmt: skip
+    base = [lc_bleu(damaged(references, e), references) for e in (3, 4)]
+    worse = lc_bleu(damaged(references, 1), references)
+    assert rows["base"].test_bleu == pytest.approx(base)
+    assert rows["base"].test_half_width == pytest.approx(1.65)
+    assert rows["heads_1"].delta == pytest.approx(worse - statistics.fmean(base))
+    assert rows["heads_1"].val_bleu == [32.0, 33.0] and rows["heads_1"].val_ppl == [11.0, 12.0]
+    assert rows["heads_8"].seeds == [1]  # its unfinished seed is not counted
+    # Damaging every sentence vs every 3rd/4th: a real difference, so a small p-value; heads_8
+    # (as many damaged sentences as base seed 1, other ones) cannot be told apart from it.
+    assert rows["heads_1"].p_value < 0.05
+    assert rows["heads_8"].p_value > 0.3
     assert rows["base"].p_value is None
 
 
-def test_report_files(study, tmp_path):
-    spec, study = study
-    out = tmp_path / "report"
-    path = report.write_report(spec, study, out, log_to_wandb=False)
+def test_pooled_p_value_is_sacrebleus_paired_bootstrap_over_the_seeds_side_by_side(
+    study, references
+):
+    spec, study_dir = study
+    records = {(r.variant, r.seed): r for r in report.load_records(study_dir)}
+    base = {seed: records[("base", seed)] for seed in (1, 2)}
+    variant = [records[("heads_1", 1)], records[("heads_1", 2)]]
+    pooled = report.pooled_p_value(base, variant, references)
+    baseline = damaged(references, 3) + damaged(references, 4)
+    system = damaged(references, 1) + damaged(references, 1)
+    from sacrebleu.compat import BLEU
+    from sacrebleu.significance import PairedTest
+
+    with sacrebleu_seed():
+        test = PairedTest([("baseline", baseline), ("system", system)],
+                          {"bleu": BLEU(lowercase=True)}, references=[references * 2],
+                          test_type="bs", n_samples=1000)  # fmt: skip
+        _, results = test()
+    assert pooled == pytest.approx(results["BLEU"][1].p_value)
+
+
+def sacrebleu_seed():
+    from pipeline.evaluation.scoring import DEFAULT_BOOTSTRAP_SEED, _sacrebleu_seed
+
+    return _sacrebleu_seed(DEFAULT_BOOTSTRAP_SEED)
+
+
+def test_findings_say_what_the_p_values_support(study, references):
+    spec, study_dir = study
+    rows = report.variant_rows(spec, report.load_records(study_dir), references)
+    lines = report.findings(rows)
+    heads_1 = next(line for line in lines if line.startswith("- heads_1"))
+    assert "vs the paper's -0.6: significant, in the paper's direction: holds" in heads_1
+    heads_8 = next(line for line in lines if line.startswith("- heads_8"))
+    assert "not significant" in heads_8 and "no such row" in heads_8
+
+
+def test_report_files_and_readme_block(study, tmp_path):
+    spec, study_dir = study
+    path = report.write_report(spec, study_dir, log_to_wandb=False)
     text = path.read_text()
-    assert "| base | (base recipe) |" in text and "| heads_1 | model.heads=1 |" in text
-    csv_lines = (out / "trials.csv").read_text().splitlines()
-    assert len(csv_lines) == 1 + 4
-    for name in ("bleu_per_variant", "param_importances", "parallel_coordinates"):
-        image = matplotlib.image.imread(out / f"{name}.png")
+    assert "| base | (base recipe) | 1.00 M | 11.50 ± 0.71 | 31.50 ± 0.71 |" in text
+    assert "| heads_1 | model.heads=1 |" in text and "-0.6 (PPL +0.29), (A) h=1 vs h=4 |" in text
+    assert "Study `smoke`: 5 of 6 trials finished" in text
+    for chart in ("bleu_per_variant", "learning_curves"):
+        image = matplotlib.image.imread(study_dir / report.CHARTS[chart])
         assert image.shape[0] > 100 and image.shape[1] > 100
-        assert f"({name}.png)" in text
+        assert f"({report.CHARTS[chart]})" in text
+
+    readme = tmp_path / "README.md"
+    begin, end = report.readme_markers(spec.study)
+    readme.write_text(f"# A\n\n{begin}\nold\n{end}\n\nafter\n")
+    block = report.readme_block(spec, study_dir, readme)
+    report.update_readme(readme, block, spec.study)
+    updated = readme.read_text()
+    assert f"{begin}\n{block}{end}\n\nafter" in updated and "\nold\n" not in updated
+    assert "(results/smoke/bleu_per_variant.png)" in block  # linked from README's folder
 
 
-def test_empty_study_is_a_clear_error(tmp_path):
+def test_no_finished_trial_is_a_clear_error(tmp_path):
     spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="smoke")
-    with pytest.raises(report.PipelineError, match="no trials"):
-        report.write_report(spec, study, tmp_path / "out", log_to_wandb=False)
+    with pytest.raises(report.PipelineError, match="no finished trials of study 'smoke'"):
+        report.write_report(spec, tmp_path / "smoke", log_to_wandb=False)
+
+
+def test_readme_ablation_block_is_the_reports_output():
+    """README's Table-3 section is exactly what `python -m pipeline.report table3
+    --update-readme README.md` makes of the committed records."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
+    readme = REPO_ROOT / "README.md"
+    begin, end = report.readme_markers(spec.study)
+    committed = readme.read_text().split(begin, 1)[1].split(end, 1)[0]
+    assert committed == "\n" + report.readme_block(spec, study_dir, readme)

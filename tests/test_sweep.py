@@ -237,9 +237,10 @@ def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
 
 
 @pytest.mark.slow
-def test_preempted_trial_is_left_for_another_worker_to_rerun(tmp_path):
-    """A trial whose training was preempted (checkpoint saved, `Preempted` raised) is not a
-    failure: the worker stops, and the trial is re-run like a killed worker's."""
+def test_preempted_trial_is_queued_again_at_once(tmp_path):
+    """A trial whose training was preempted (checkpoint saved, `Preempted` raised): the worker
+    stops, the attempt is closed as preempted and its point is queued again at once (no wait
+    for a stale heartbeat), not counted as a death."""
     url = f"sqlite:///{tmp_path / 'study.db'}"
     spec_path = write_spec(tmp_path, f"preempt-{uuid.uuid4().hex[:8]}", variants=2)
     env = {**os.environ, "PREEMPT_SLOW_POINT": "1"}
@@ -248,7 +249,9 @@ def test_preempted_trial_is_left_for_another_worker_to_rerun(tmp_path):
     assert victim.returncode != 0 and "Preempted: training stopped by SIGTERM" in out
     preempted = [t for t in load(spec_path, url).trials if t.params.get("variant") == "heads_1"
                  and t.params.get("seed") == 1]  # fmt: skip
-    assert [t.state for t in preempted] == [TrialState.RUNNING]  # not FAIL: it will be re-run
+    assert [t.state for t in preempted] == [TrialState.FAIL, TrialState.WAITING]
+    assert preempted[0].user_attrs["preempted"] is True
+    assert preempted[1].system_attrs["deaths"] == 0  # a preemption is not a death
 
     wait_all([start_worker(tmp_path, spec_path, url, slow_point="1-heads_1")], timeout=120)
     study = load(spec_path, url)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import matplotlib.image
 import optuna
@@ -35,15 +37,17 @@ def run_study(spec: dict, tmp_path) -> tuple[optuna.Study, object]:
     spec_path = tmp_path / f"{spec['study']}.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     results = tmp_path / "results"
-    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results))
+    run_cli("pipeline.sweep", str(spec_path), "--results-dir", str(results),
+            "--work-dir", str(tmp_path / "work"))  # fmt: skip
     storage = f"sqlite:///{results / spec['study'] / 'study.db'}"
     return optuna.load_study(study_name=spec["study"], storage=storage), results
 
 
 def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
-    results = tmp_path / "results"
-    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results))
+    results, work = tmp_path / "results", tmp_path / "work"
+    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results),
+            "--work-dir", str(work))  # fmt: skip
 
     storage = f"sqlite:///{results / 'smoke' / 'study.db'}"
     study = optuna.load_study(study_name="smoke", storage=storage)
@@ -52,7 +56,13 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     for trial in study.trials:
         attrs = trial.user_attrs
         assert {"val_bleu", "test_bleu", "test_chrf", "parameters", "checkpoint_dir"} <= set(attrs)
-        assert os.path.exists(attrs["hypotheses"])
+        record = results / "smoke" / "trials" / attrs["record"]
+        assert attrs["record"] == f"{trial.params['variant']}-seed{trial.params['seed']}"
+        for name in ("train.json", "eval.json", "params.yaml", "curve.json", "run.json",
+                     "val.hyp", "test_2016_flickr.hyp"):  # fmt: skip
+            assert (record / name).exists(), name
+        assert not list(record.rglob("*.ckpt"))  # checkpoints stay in the work dir
+        assert attrs["checkpoint_dir"].startswith(str(work))
     points = {(t.params["variant"], t.params["seed"]) for t in study.trials}
     assert points == {("base", 1), ("base", 2), ("heads_1", 1), ("heads_1", 2)}
 
@@ -67,18 +77,86 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     assert {r["config"]["model"]["heads"] for r in trial_runs} == {1, 4}
 
     # Re-running the finished study's command runs nothing new.
-    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results))
+    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results),
+            "--work-dir", str(work))  # fmt: skip
     assert len(optuna.load_study(study_name="smoke", storage=storage).trials) == 4
 
     run_cli("pipeline.report", "smoke", "--results-dir", str(results))
     report = (results / "smoke" / "report.md").read_text()
     assert "| base |" in report and "| heads_1 | model.heads=1 |" in report
-    for chart in ("bleu_per_variant", "param_importances", "parallel_coordinates"):
+    for chart in ("bleu_per_variant", "learning_curves"):
         assert matplotlib.image.imread(results / "smoke" / f"{chart}.png").shape[0] > 100
     summary = [
         tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
     ]
     assert sum(r["run"]["job_type"] == "report" for r in summary) == 1
+
+
+def start_worker(spec_path, results, work) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "pipeline.sweep", str(spec_path), "--results-dir",
+               str(results), "--work-dir", str(work)]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_dir, monkeypatch):
+    """The study machinery as a preemptible machine uses it: two workers share a grid; one is
+    stopped by a real SIGTERM mid-training; the same command run again resumes that point
+    from its checkpoint (not from step 0) in the point's own work dir; the records and the
+    report come out complete."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    steps = 200
+    spec = {
+        "study": "resume_smoke",
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "budget": {"train.max_steps": steps, "train.val_check_interval": 10, "eval.average": 1},
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": [1],
+        "variants": {"base": {}, "heads_1": {"model.heads": 1}},
+        "settings": {"heartbeat_interval": 1, "grace_period": 3, "poll_interval": 0.5},
+    }
+    spec_path = tmp_path / "resume_smoke.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    results, work = tmp_path / "results", tmp_path / "work"
+
+    first = start_worker(spec_path, results, work)
+    progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
+    deadline = time.monotonic() + 240
+    while not (progress.exists() and json.loads(progress.read_text())["step"] >= 20):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.2)
+    second = start_worker(spec_path, results, work)  # takes the other point
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 3, out
+    assert "run the same command again to resume from it" in out
+    stopped_at = json.loads(progress.read_text())["step"]
+    assert 20 <= stopped_at < steps
+
+    again = start_worker(spec_path, results, work)
+    for worker in (second, again):
+        out, _ = worker.communicate(timeout=600)
+        assert worker.returncode == 0, out
+
+    storage = f"sqlite:///{results / 'resume_smoke' / 'study.db'}"
+    trials = optuna.load_study(study_name="resume_smoke", storage=storage).trials
+    states = sorted((t.params["variant"], t.state.name) for t in trials)
+    assert states == [("base", "COMPLETE"), ("base", "FAIL"), ("heads_1", "COMPLETE")]
+    record = results / "resume_smoke" / "trials" / "base-seed1"
+    run = json.loads((record / "run.json").read_text())
+    assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
+        ("preempted", stopped_at), ("finished", steps)]  # fmt: skip
+    train = json.loads((record / "train.json").read_text())
+    assert train["resumed_from"] and train["steps"] == steps
+    curve_steps = [p["step"] for p in json.loads((record / "curve.json").read_text())]
+    assert curve_steps == list(range(10, steps + 1, 10))  # every validation once
+
+    report = run_cli("pipeline.report", str(spec_path), "--results-dir", str(results),
+                     "--no-wandb")  # fmt: skip
+    assert "2 of 2 trials finished" in report and "| heads_1 | model.heads=1 |" in report
+    assert (results / "resume_smoke" / "bleu_per_variant.png").exists()
 
 
 def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, monkeypatch):

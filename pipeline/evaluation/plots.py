@@ -224,3 +224,91 @@ def plot_bar_chart(
     """Write a bar chart with error bars as a PNG."""
     fig = bar_chart_figure(labels, values, errors, ylabel=ylabel, title=title, baseline=baseline)
     return save_png(fig, path)
+
+
+# --------------------------------------------------------------------------- ablation charts
+
+
+def seed_points_figure(
+    labels: Sequence[str],
+    seed_values: Sequence[Sequence[float]],
+    half_widths: Sequence[float | None],
+    *,
+    ylabel: str,
+    title: str | None = None,
+    baseline: float | None = None,
+) -> Figure:
+    """One column per variant: every seed's score as a point, their mean as a bar, and the
+    mean's 95% bootstrap interval (`half_widths`, the test set's own sampling noise)."""
+    if not labels or len(labels) != len(seed_values) or len(labels) != len(half_widths):
+        raise ValueError("give one list of seed values and one half-width per label")
+    fig = Figure(figsize=(max(4.0, 0.75 * len(labels) + 1.5), 4.2), layout="constrained")
+    ax = fig.subplots()
+    for position, (values, half_width) in enumerate(zip(seed_values, half_widths)):
+        mean = float(np.mean(values))
+        ax.bar(position, mean, color="tab:blue", alpha=0.35, width=0.6)
+        if half_width is not None:
+            ax.errorbar(position, mean, yerr=half_width, color="black", capsize=5, linewidth=1)
+        offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else [0.0]
+        ax.plot(position + np.asarray(offsets), values, "o", color="tab:blue", markersize=5)
+    ax.set_xticks(np.arange(len(labels)), labels=labels, rotation=30, ha="right")
+    finite = [v for values in seed_values for v in values]
+    spread = max(finite) - min(finite) if finite else 1.0
+    widest = max((h for h in half_widths if h is not None), default=0.0)
+    ax.set_ylim(
+        min(finite) - widest - 0.2 * spread - 0.5, max(finite) + widest + 0.2 * spread + 0.5
+    )
+    ax.set_ylabel(ylabel)
+    if baseline is not None:
+        ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="base (mean)")
+        ax.legend(loc="lower left")
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def labelled_scatter_figure(
+    points: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+) -> Figure:
+    """Each label's (x, y) points in one colour, labelled at their mean."""
+    if not points:
+        raise ValueError("no points to plot")
+    fig = Figure(figsize=(5.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for label, pairs in points.items():
+        xs, ys = zip(*pairs)
+        ax.plot(xs, ys, "o", markersize=6, label=label)
+        ax.annotate(label, (float(np.mean(xs)), float(np.mean(ys))), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8)  # fmt: skip
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def curves_figure(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+) -> Figure:
+    """One line per label: (steps, values)."""
+    if not curves:
+        raise ValueError("no curves to plot")
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for label, (steps, values) in curves.items():
+        ax.plot(steps, values, "-", linewidth=1.3, label=label)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.legend(fontsize=7, ncol=2)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return fig

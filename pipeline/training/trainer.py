@@ -257,7 +257,9 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
 
 
 def _describe(key: str, saved: dict, cfg: Config) -> str:
-    return f"'{key}' is {_subtree(to_dict(cfg), key)!r} (the checkpoint's: {_subtree(saved, key)!r})"
+    return (
+        f"'{key}' is {_subtree(to_dict(cfg), key)!r} (the checkpoint's: {_subtree(saved, key)!r})"
+    )
 
 
 def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
