@@ -26,8 +26,8 @@ from pipeline.training.checkpoints import (
     average_checkpoints,
     checkpoint_dir,
     find_resume_checkpoint,
-    read_checkpoint,
     move_checkpoints,
+    read_checkpoint,
     select_checkpoints,
 )
 
