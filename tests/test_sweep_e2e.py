@@ -231,9 +231,14 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
     assert short.user_attrs["test_bleu"] is not None  # evaluated after DDP training
 
     for trial, steps in ((long, 20), (short, 10)):
-        (train_json,) = (results / "ddp_smoke" / "trials" / f"{trial.number:04d}").rglob(
-            "train.json"
+        # in the point's work dir: a pruned trial leaves no record
+        point = (
+            tmp_path
+            / "work"
+            / "ddp_smoke"
+            / f"{trial.params['variant']}-seed{trial.params['seed']}"
         )
+        train_json = point / "metrics" / "train.json"
         summary = json.loads(train_json.read_text())
         assert summary["world_size"] == 2
         assert summary["steps"] == steps  # the pruned trial stopped at the pruning step
