@@ -113,10 +113,13 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
     return records
 
 
-def test_references(study_dir: Path) -> list[str]:
-    """The test2016 references the sweep kept beside the study's records."""
-    (path,) = sorted((study_dir / sweep.REFERENCES_DIR).glob(f"{TEST_SPLIT}.*"))
-    return _read_lines(path)
+def test_references(spec: sweep.StudySpec) -> list[str]:
+    """The study's test2016 references, read from the corpus and normalised as `prepare`
+    does (the corpus is never copied into the repository)."""
+    from pipeline.data.corpus import clean_split, read_corpus
+
+    data = sweep.point_config(spec, {"seed": spec.seeds[0]}).data
+    return clean_split(read_corpus(data)[TEST_SPLIT], data)[0].tgt
 
 
 def _factor(overrides: dict[str, Any]) -> str:
@@ -314,7 +317,7 @@ def markdown(
 ) -> str:
     """The report's Markdown (table, states, findings, charts), from the committed files."""
     records = load_records(study_dir)
-    rows = variant_rows(spec, records, test_references(study_dir))
+    rows = variant_rows(spec, records, test_references(spec))
     states = trial_states(spec, study_dir) if with_states else ""
     lines = [
         f"Study `{spec.study}`: {len(records)} of {len(spec.grid())} trials finished"
@@ -359,7 +362,7 @@ def write_report(spec: sweep.StudySpec, study_dir: Path, log_to_wandb: bool = Tr
         raise PipelineError(
             f"{study_dir}: no finished trials of study '{spec.study}' yet: run the sweep first"
         )
-    rows = variant_rows(spec, records, test_references(study_dir))
+    rows = variant_rows(spec, records, test_references(spec))
     figures = charts(spec, rows, records, study_dir)
     report = study_dir / "report.md"
     report.write_text(f"# Ablation study `{spec.study}`\n\n" + markdown(spec, study_dir))

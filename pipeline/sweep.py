@@ -166,7 +166,7 @@ def load_spec(path: str | Path) -> StudySpec:
     composed: dict[str, dict[str, Any]] = {}
     for name, overrides in spec.variants.items():
         try:
-            cfg = config_lib.to_dict(_point_config(spec, {**overrides, "seed": spec.seeds[0]}))
+            cfg = config_lib.to_dict(point_config(spec, {**overrides, "seed": spec.seeds[0]}))
         except PipelineError as err:
             raise ConfigError(f"{path}: variant '{name}': {err}") from None
         twin = next((other for other, seen in composed.items() if seen == cfg), None)
@@ -186,7 +186,7 @@ def _overrides_text(overrides: dict[str, Any]) -> str:
     return ", ".join(_as_override(k, v) for k, v in overrides.items())
 
 
-def _point_config(spec: StudySpec, params: dict[str, Any]) -> config_lib.Config:
+def point_config(spec: StudySpec, params: dict[str, Any]) -> config_lib.Config:
     """A trial's config before its paths are set (what variants are compared by)."""
     return trial_config(spec, params, TrialPaths(Path("/nonexistent"), Path("/nonexistent")))
 
@@ -544,7 +544,7 @@ def run_trial(
     params = suggest_params(spec, trial)
     paths = trial_paths(results_root, work_root, spec, trial)
     cfg = trial_config(spec, params, paths)
-    ensure_data(cfg, work_root / spec.study / "data", results_root / spec.study)
+    ensure_data(cfg, work_root / spec.study / "data")
     run = start_wandb_run(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
@@ -640,7 +640,7 @@ def run_trial_rank(
     paths = trial_paths(results_root, work_root, spec, trial)
     cfg = trial_config(spec, params, paths)
     # done by rank 0: sets the paths
-    ensure_data(cfg, work_root / spec.study / "data", results_root / spec.study)
+    ensure_data(cfg, work_root / spec.study / "data")
     with contextlib.suppress(optuna.TrialPruned):
         _train(spec, trial, cfg, wandb_run=None)
 
@@ -752,13 +752,8 @@ def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:
 # --------------------------------------------------------------------------- data, once
 
 
-REFERENCES_DIR = "references"
-
-
-def ensure_data(cfg: config_lib.Config, data_root: Path, study_results: Path | None = None) -> None:
-    """Prepare + tokenize once per machine for the study (a file lock serialises workers), and
-    keep the val and test references beside the study's records, so that its report can be made
-    from a fresh clone."""
+def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
+    """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
     from pipeline.data.corpus import prepare
     from pipeline.data.tokenizer import tokenize
 
@@ -772,13 +767,6 @@ def ensure_data(cfg: config_lib.Config, data_root: Path, study_results: Path | N
             prepare(cfg)
             tokenize(cfg)
             done.write_text("ok\n")
-        if study_results is not None:
-            references = study_results / REFERENCES_DIR
-            references.mkdir(parents=True, exist_ok=True)
-            for split in (cfg.data.val_split, *cfg.data.test_splits):
-                name = f"{split}.{cfg.data.tgt_lang}"
-                if not (references / name).exists():
-                    shutil.copyfile(data_root / "prepared" / name, references / name)
 
 
 # --------------------------------------------------------------------------- committing a study

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
+import unicodedata
 
 import matplotlib.image
 import pytest
@@ -18,14 +19,14 @@ import sacrebleu
 from pipeline import report, sweep
 from tests.conftest import REPO_ROOT
 
-N_SENTENCES = 300
 SPLIT = report.TEST_SPLIT
 
 
 @pytest.fixture
 def references(multi30k_dir):
+    """The whole test split, normalised as `prepare` does (what the report scores against)."""
     with gzip.open(multi30k_dir / f"{SPLIT}.de.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f][:N_SENTENCES]
+        return [" ".join(unicodedata.normalize("NFC", line).split()) for line in f]
 
 
 def damaged(references: list[str], every: int, offset: int = 0) -> list[str]:
@@ -56,8 +57,7 @@ def study(tmp_path, references):
     spec.variants["heads_8"] = {"model.heads": 8}
     spec.paper = {"heads_1": {"bleu": -0.6, "ppl": 0.29, "rows": "(A) h=1 vs h=4"}}
     study_dir = tmp_path / "results" / spec.study
-    (study_dir / sweep.REFERENCES_DIR).mkdir(parents=True)
-    (study_dir / sweep.REFERENCES_DIR / f"{SPLIT}.de").write_text("\n".join(references) + "\n")
+    study_dir.mkdir(parents=True)
     for (variant, seed), (every, offset) in DAMAGE.items():
         folder = study_dir / "trials" / f"{variant}-seed{seed}"
         folder.mkdir(parents=True)
@@ -154,6 +154,11 @@ def test_report_files_and_readme_block(study, tmp_path):
     updated = readme.read_text()
     assert f"{begin}\n{block}{end}\n\nafter" in updated and "\nold\n" not in updated
     assert "(results/smoke/bleu_per_variant.png)" in block  # linked from README's folder
+
+
+def test_references_are_the_prepared_test_split(study, references):
+    spec, _ = study
+    assert report.test_references(spec) == references
 
 
 def test_no_finished_trial_is_a_clear_error(tmp_path):
