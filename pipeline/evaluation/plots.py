@@ -268,6 +268,20 @@ def seed_points_figure(
     return fig
 
 
+def _axes_figure(size: tuple[float, float], what: str, items: Mapping) -> tuple[Figure, object]:
+    if not items:
+        raise ValueError(f"no {what} to plot")
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, fig.subplots()
+
+
+def _label_axes(ax, xlabel: str, ylabel: str, title: str | None) -> None:
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def labelled_scatter_figure(
     points: Mapping[str, Sequence[tuple[float, float]]],
     *,
@@ -276,19 +290,13 @@ def labelled_scatter_figure(
     title: str | None = None,
 ) -> Figure:
     """Each label's (x, y) points in one colour, labelled at their mean."""
-    if not points:
-        raise ValueError("no points to plot")
-    fig = Figure(figsize=(5.5, 4.2), layout="constrained")
-    ax = fig.subplots()
+    fig, ax = _axes_figure((5.5, 4.2), "points", points)
     for label, pairs in points.items():
         xs, ys = zip(*pairs)
         ax.plot(xs, ys, "o", markersize=6, label=label)
         ax.annotate(label, (float(np.mean(xs)), float(np.mean(ys))), textcoords="offset points",
                     xytext=(6, 4), fontsize=8)  # fmt: skip
-    ax.set(xlabel=xlabel, ylabel=ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label_axes(ax, xlabel, ylabel, title)
     return fig
 
 
@@ -300,15 +308,9 @@ def curves_figure(
     title: str | None = None,
 ) -> Figure:
     """One line per label: (steps, values)."""
-    if not curves:
-        raise ValueError("no curves to plot")
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.subplots()
+    fig, ax = _axes_figure((7.5, 4.5), "curves", curves)
     for label, (steps, values) in curves.items():
         ax.plot(steps, values, "-", linewidth=1.3, label=label)
-    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.legend(fontsize=7, ncol=2)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label_axes(ax, xlabel, ylabel, title)
     return fig
