@@ -7,13 +7,17 @@ TORCH_VERSION ?= 2.13.0
 # e.g. `make setup TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"`.
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
-.PHONY: setup test test-all lint repro smoke params clean
+# Every package pinned: the environment README's results were made with (pip constraints).
+LOCK := requirements.lock
+EXTRAS := dev,bench,export
+
+.PHONY: setup test test-all lint repro smoke params clean lock
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	$(BIN)/pip install --quiet -c $(LOCK) --upgrade pip
+	$(BIN)/pip install --quiet -c $(LOCK) "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[$(EXTRAS)]"
 
 setup: $(BIN)/activate
 
@@ -35,6 +39,19 @@ smoke: setup
 # Recompose params.yaml from conf/ (DVC does this itself on `dvc exp run`).
 params: setup
 	$(BIN)/python -m pipeline.config > params.yaml
+
+# Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
+# dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the
+# pin, so one lock serves the CPU and the CUDA wheel of the same release.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --upgrade pip
+	.lock-venv/bin/pip install --quiet "$(TORCH_SPEC)"
+	.lock-venv/bin/pip install --quiet -e ".[$(EXTRAS)]"
+	{ echo "# make lock: every package of .[$(EXTRAS)] with $(TORCH_SPEC), Python $$(.lock-venv/bin/python -c 'import platform; print(platform.python_version())')"; \
+	  .lock-venv/bin/pip freeze --all --exclude-editable | sed -E 's/^(torch==[^+]+)\+.*/\1/'; } > $(LOCK)
+	rm -rf .lock-venv
 
 clean:
 	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive

@@ -1,21 +1,74 @@
-"""Entry-point helper: user errors print their message, not a traceback."""
+"""Entry-point helper: user errors print their message, not a traceback; a DVC stage refuses
+to finish when params.yaml changed under it."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from pipeline.errors import PipelineError
+import yaml
+
+from pipeline.errors import ConfigError, PipelineError
 
 EXIT_USER_ERROR = 2
+PARAMS_FILE = "params.yaml"  # what every stage reads (pipeline.config.load), in its cwd
+PIPELINE_FILE = "dvc.yaml"
 
 
-def main(entry: Callable[[], object]) -> None:
+def _stage_params(stage: str) -> list[str] | None:
+    """The params.yaml keys `stage` depends on, as dvc.yaml lists them (None: no such list,
+    every key counts)."""
+    try:
+        stages = yaml.safe_load(Path(PIPELINE_FILE).read_text(encoding="utf-8"))["stages"]
+        listed = stages[stage]["params"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return [key for key in listed if isinstance(key, str)]  # {file: [...]}: other files
+
+
+def _params_snapshot(stage: str) -> dict:
+    """The leaf values of the stage's params now ({} without a params file)."""
+    from pipeline.config import leaves, subtree  # not at import: the train stage starts fast
+
+    try:
+        params = yaml.safe_load(Path(PARAMS_FILE).read_text(encoding="utf-8")) or {}
+    except OSError:
+        return {}
+    keys = _stage_params(stage) or list(params)
+    found = {}
+    for key in keys:
+        found.update(leaves(subtree(params, key), key))
+    return found
+
+
+def _check_params_unchanged(stage: str, before: dict) -> None:
+    """Another command (`dvc exp run -S ...` in the same workspace) may rewrite params.yaml
+    while a stage runs: DVC would then record this stage's outputs under values they were not
+    made with. Refuse to finish instead (the outputs stay; the next `dvc repro` decides)."""
+    after = _params_snapshot(stage)
+    changed = sorted(key for key in before.keys() | after.keys()
+                     if before.get(key) != after.get(key))  # fmt: skip
+    if changed:
+        details = "; ".join(f"'{k}' was {before.get(k)!r}, now {after.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"{PARAMS_FILE} changed while the {stage} stage ran: {details}. This stage worked "
+            f"with the values it started with, so it does not report success under the new "
+            "ones (DVC would record them). Run it again (`dvc repro`) once the other command "
+            "is done."
+        )
+
+
+def main(entry: Callable[[], object], stage: str | None = None) -> None:
     """Run `entry`; a PipelineError prints `error: <message>` and exits with its `exit_code`:
     2 (EXIT_USER_ERROR) for user errors, 3 for a preempted training run (checkpoint saved,
-    run again to resume; see `pipeline.training.preemption`)."""
+    run again to resume; see `pipeline.training.preemption`). With `stage` (a DVC stage
+    reading params.yaml), finishing is refused if that stage's params changed meanwhile."""
     try:
+        before = _params_snapshot(stage) if stage else None
         entry()
+        if stage:
+            _check_params_unchanged(stage, before)
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", EXIT_USER_ERROR))

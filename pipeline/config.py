@@ -245,6 +245,20 @@ def validate(cfg: Config) -> Config:
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
+    # Lightning's save_top_k: -1 keeps every validation's checkpoint, k >= 1 the newest/best k;
+    # 0 keeps none (only last.ckpt), and the evaluate stage would have nothing to average.
+    _check(
+        t.save_top_k == -1 or t.save_top_k >= 1,
+        "train.save_top_k",
+        f"must be -1 (keep every checkpoint) or >= 1 (keep the newest/best that many, for "
+        f"the evaluate stage to average), got {t.save_top_k}",
+    )
+    _check(
+        bool(e.checkpoint) or t.save_top_k == -1 or t.save_top_k >= e.average,
+        "train.save_top_k",
+        f"keeps {t.save_top_k} checkpoints, fewer than the eval.average={e.average} that the "
+        f"evaluate stage averages: set it to -1 or >= {e.average}, or lower eval.average",
+    )
     _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
     _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     _check(
@@ -259,6 +273,21 @@ def validate(cfg: Config) -> Config:
     _check(e.beam_size >= 1, "eval.beam_size", "must be >= 1")
     _check(1 <= e.nbest <= e.beam_size, "eval.nbest", "must be in [1, eval.beam_size]")
     _check(e.average >= 1, "eval.average", "must be >= 1")
+    # A hypothesis has at most floor(max_len_a * source tokens + max_len_b) tokens.
+    for key in ("max_len_a", "max_len_b"):
+        value = getattr(e, key)
+        _check(
+            value >= 0,
+            f"eval.{key}",
+            f"must be >= 0, got {value} (at most eval.max_len_a * source length + "
+            "eval.max_len_b tokens are generated; a negative term cuts translations short)",
+        )
+    _check(
+        e.max_len_a + e.max_len_b >= 1,
+        "eval.max_len_b",
+        f"eval.max_len_a + eval.max_len_b must be >= 1, got {e.max_len_a} + {e.max_len_b}: a "
+        "one-token source would get an empty translation",
+    )
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
     _check(
         e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,
@@ -283,6 +312,23 @@ def _to_config(raw: DictConfig | dict, origin: str) -> Config:
         first_line = str(err.msg).splitlines()[0]
         raise ConfigError(f"{origin}: config key '{key}': {first_line}") from None
     return cfg
+
+
+def leaves(tree, prefix: str) -> dict:
+    """{"model.heads": 4, ...}: the leaf values of the (dict) subtree at dotted `prefix`."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    found = {}
+    for key, value in tree.items():
+        found.update(leaves(value, f"{prefix}.{key}"))
+    return found
+
+
+def subtree(tree: dict, dotted: str):
+    """tree["model"]["heads"] for "model.heads" (None where a part is missing)."""
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 def load(path: str | os.PathLike = "params.yaml") -> Config:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
+from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
+from pipeline.environment import provenance
 from pipeline.errors import DataError
 from pipeline.evaluation.scoring import LITERATURE_METRIC
 
@@ -33,27 +32,6 @@ RUN_FILE = "run.json"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"  # README's generated block
 TEST_SPLIT = "test_2016_flickr"
 VAL_SPLIT = "val"
-
-
-def hardware() -> str:
-    """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
-    import torch
-
-    from pipeline.training.precision import CPU_BF16_FLAGS, cpu_flags
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    model = platform.processor() or "CPU"
-    with_cpuinfo = Path("/proc/cpuinfo")
-    if with_cpuinfo.exists():
-        for line in with_cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-                break
-    bf16 = set(CPU_BF16_FLAGS) & cpu_flags()
-    extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
-    return f"{model}, {os.cpu_count()} cores{extra}"
 
 
 def record(
@@ -80,16 +58,12 @@ def record(
     if eval_dir is not None:
         for hypotheses in sorted(eval_dir.glob("*.hyp")):
             shutil.copyfile(hypotheses, row / hypotheses.name)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     run = {
         "command": command,
-        "hardware": hardware(),
-        "commit": commit or None,
+        **provenance(),
         "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
-    (row / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(row / RUN_FILE, run)
     return row
 
 

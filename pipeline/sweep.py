@@ -56,6 +56,7 @@ from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 from sqlalchemy import event
 
 from pipeline import config as config_lib
+from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import main
 from pipeline.errors import ConfigError, PipelineError, Preempted
 
@@ -567,7 +568,7 @@ def run_trial(
 def _attempt_logged(work: Path, trial: optuna.Trial):
     """Append one line per training attempt at the point (trial, steps, wall time, machine),
     also for an attempt that was preempted: the record sums them."""
-    from pipeline.results import hardware
+    from pipeline.environment import hardware
 
     started = time.perf_counter()
     outcome = "interrupted"
@@ -681,7 +682,7 @@ class StepPruningCallback(PyTorchLightningPruningCallback):
 def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds) -> None:
     """Copy what the report needs into the point's record folder (committed with the study) and
     keep the headline numbers on the trial itself. `run.json` is written last."""
-    from pipeline.results import hardware
+    from pipeline.environment import provenance
 
     record = paths.record
     record.mkdir(parents=True, exist_ok=True)
@@ -689,29 +690,25 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
         shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
     for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
         shutil.copyfile(hypotheses, record / hypotheses.name)
-    (record / "params.yaml").write_text(
-        yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False), encoding="utf-8"
+    write_text_atomic(
+        record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
     )
-    (record / "curve.json").write_text(json.dumps(validation_curve(cfg), indent=1) + "\n")
+    write_json_atomic(record / "curve.json", validation_curve(cfg))
     attempts = [
         json.loads(line)
         for line in (paths.work / ATTEMPTS_FILE).read_text(encoding="utf-8").splitlines()
     ]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     run = {
         "trial": trial.number,
         "params": trial.params,
-        "commit": commit or None,
-        "hardware": hardware(),
+        **provenance(),
         "precision": train_metrics.get("precision"),
         "threads": torch.get_num_threads(),
         "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
         "eval_wall_time_s": round(eval_seconds, 1),
         "attempts": attempts,
     }
-    (record / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(record / RUN_FILE, run)
 
     test_split = cfg.data.test_splits[0] if cfg.data.test_splits else None
     test = eval_metrics.get(test_split, {}) if test_split else {}

@@ -19,6 +19,7 @@ import yaml
 from pipeline.config import to_dict
 from pipeline.errors import DataError, DiskFullError
 from pipeline.training.checkpoints import (
+    CORRUPT_SUFFIX,
     LAST_NAME,
     PROGRESS_NAME,
     AtomicCheckpointIO,
@@ -30,6 +31,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     select_checkpoints,
 )
+from pipeline.training.trainer import resume_checkpoint
 
 
 def _checkpoint(step: int, seed: int = 0) -> dict:
@@ -55,8 +57,9 @@ def _truncate(path) -> None:
         f.truncate(size // 2)
 
 
-def test_atomic_save_survives_a_kill_mid_write(tmp_path):
-    target = tmp_path / LAST_NAME
+def test_atomic_save_survives_a_kill_mid_write_and_resume_removes_its_leftover(make_config):
+    cfg = make_config("train.resume=false")
+    target = checkpoint_dir(cfg.paths.train_dir) / LAST_NAME
     _save(target, step=1)
     # A child process writes a large checkpoint over it and is killed while writing.
     script = (
@@ -76,7 +79,13 @@ def test_atomic_save_survives_a_kill_mid_write(tmp_path):
     child.wait()
     assert temp.exists(), "the kill should have hit during the write"
     assert read_checkpoint(target)["global_step"] == 1  # the old file is intact
-    assert json.loads((tmp_path / PROGRESS_NAME).read_text())["step"] == 1
+    assert json.loads((target.parent / PROGRESS_NAME).read_text())["step"] == 1
+
+    # The next run removes the dead writer's half-written file, even one that starts anew
+    # (which moves the previous run aside).
+    with pytest.warns(UserWarning, match="training anew"):
+        assert resume_checkpoint(cfg) is None
+    assert not temp.exists() and not target.exists()
 
 
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(small_disk):
@@ -184,6 +193,60 @@ def test_resume_falls_back_from_a_corrupt_last_checkpoint(tmp_path):
     _truncate(directory / LAST_NAME)
     with pytest.warns(UserWarning, match="resuming from .*step-0000020.ckpt"):
         assert find_resume_checkpoint(tmp_path) == directory / "step-0000020.ckpt"
+
+
+def _flip_a_byte_of_tensor_data(path) -> None:
+    """Damage the file as a bad disk or copy would: one byte in the middle of the last (the
+    largest) tensor record of the archive; its size and structure stay intact."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    with open(path, "r+b") as f:
+        f.seek(record.header_offset)
+        header = f.read(30)  # the local file header: the data follows its name and extra field
+        name_length, extra_length = (int.from_bytes(header[i : i + 2], "little") for i in (26, 28))
+        f.seek(record.header_offset + 30 + name_length + extra_length + record.file_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_flipped_byte_in_tensor_data_is_a_corrupt_checkpoint(tmp_path):
+    path = tmp_path / "step-0000010.ckpt"
+    big = _checkpoint(10)
+    big["state_dict"]["model.weight"] = torch.randn(256, 256)
+    AtomicCheckpointIO().save_checkpoint(big, path)
+    _flip_a_byte_of_tensor_data(path)
+    assert torch.load(path, weights_only=True)["global_step"] == 10  # torch loads it silently
+    with pytest.raises(DataError, match="step-0000010.ckpt: corrupt checkpoint \\(CRC mismatch"):
+        read_checkpoint(path)
+    with pytest.raises(DataError, match="corrupt checkpoint"):
+        average_checkpoints([path])
+
+
+def test_resume_takes_a_step_checkpoint_newer_than_last(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / "step-0000010.ckpt", step=10)
+    _save(directory / LAST_NAME, step=10)
+    _save(directory / "step-0000020.ckpt", step=20)  # killed before last.ckpt was rewritten
+    with pytest.warns(UserWarning, match="step-0000020.ckpt \\(step 20\\): it is newer than"):
+        assert find_resume_checkpoint(tmp_path) == directory / "step-0000020.ckpt"
+
+
+def test_resume_sets_aside_newer_corrupt_checkpoints_so_averaging_skips_them(tmp_path):
+    directory = checkpoint_dir(tmp_path)
+    for step in (10, 20, 30):
+        _save(directory / f"step-{step:07d}.ckpt", step=step)
+    _save(directory / LAST_NAME, step=20)
+    _truncate(directory / "step-0000030.ckpt")
+    with pytest.warns(UserWarning, match="Set aside: .*step-0000030.ckpt" + CORRUPT_SUFFIX):
+        assert find_resume_checkpoint(tmp_path) == directory / LAST_NAME
+    assert (directory / ("step-0000030.ckpt" + CORRUPT_SUFFIX)).exists()  # kept, not deleted
+    assert [p.name for p in select_checkpoints(tmp_path, 2, by="last")] == [
+        "step-0000020.ckpt",
+        "step-0000010.ckpt",
+    ]
 
 
 def test_resume_refuses_a_run_dir_with_progress_but_no_readable_checkpoint(tmp_path):

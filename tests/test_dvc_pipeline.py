@@ -106,3 +106,79 @@ def test_killed_stage_leaves_lock_and_reruns_to_same_hash(repo):
     # Deterministic stages: a forced re-run produces identical output hashes.
     sh(["dvc", "repro", "-f", "tokenize"], repo)
     assert {**lock_outs(repo, "prepare"), **lock_outs(repo, "tokenize")} == clean
+
+
+def _file_hashes(directory: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrained(repo):
+    """SIGTERM to the `dvc repro` process alone: its train stage runs on to the end but DVC
+    never records it. The next `dvc repro` must keep that run (same config, same code) and let
+    DVC record it, not train it again."""
+    import psutil
+
+    compose_params(repo, "experiment=smoke", "train.max_steps=40", "train.val_check_interval=20",
+                   "train.progress_bar=false")  # fmt: skip
+    sh(["dvc", "repro", "tokenize"], repo)
+    checkpoints = repo / "models/train/checkpoints"
+    with open(repo / "first.log", "w") as log:
+        dvc = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=_env(), stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not (checkpoints / "progress.json").exists():  # training is under way
+            assert dvc.poll() is None, (repo / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+        stage = [p for p in psutil.Process(dvc.pid).children(recursive=True)
+                 if "pipeline.stages.train" in " ".join(p.cmdline())]  # fmt: skip
+        assert stage, "the train stage is not a child of dvc"
+        dvc.send_signal(signal.SIGTERM)  # the dvc process only, not its group
+        dvc.wait(timeout=60)
+        _, alive = psutil.wait_procs(stage, timeout=600)  # it trains on to the end
+        assert not alive, "the train stage did not finish"
+    assert "train" not in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    finished = _file_hashes(checkpoints)
+    first = yaml.safe_load((repo / "metrics/train.json").read_text())
+    assert first["steps"] == 40 and first["train/tokens_per_sec"] > 0
+
+    again = sh(["dvc", "repro", "train"], repo)
+    output = again.stdout + again.stderr
+    assert "training anew" not in output and not (repo / "models/train.replaced").exists()
+    assert _file_hashes(checkpoints) == finished  # the run kept as it was: nothing retrained
+    assert lock_outs(repo, "train")  # and DVC recorded it
+    summary = yaml.safe_load((repo / "metrics/train.json").read_text())
+    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 40
+    # The figures are the run's own (as of its last checkpoint), not those of a process that
+    # trained nothing.
+    assert summary["train/tokens_per_sec"] == pytest.approx(first["train/tokens_per_sec"], rel=0.02)
+    assert summary["wall_time_s"] >= first["wall_time_s"]
+    assert summary["val/loss"] == pytest.approx(first["val/loss"])
+
+
+def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
+    """What `dvc exp run -S ...` in the same workspace does to a running `dvc repro`: it
+    rewrites params.yaml. The running train stage must not report success (DVC would record
+    its checkpoints under the new values); its checkpoints stay."""
+    overrides = ["experiment=smoke", "train.max_steps=40", "train.val_check_interval=20",
+                 "train.progress_bar=false"]  # fmt: skip
+    compose_params(repo, *overrides)
+    sh(["dvc", "repro", "tokenize"], repo)
+    checkpoints = repo / "models/train/checkpoints"
+    dvc = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (checkpoints / "progress.json").exists():  # training is under way
+        assert dvc.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.2)
+    compose_params(repo, *overrides, "train.lr_factor=0.5")
+    output, _ = dvc.communicate(timeout=600)
+    assert dvc.returncode != 0, output[-3000:]
+    assert (
+        "error: params.yaml changed while the train stage ran: 'train.lr_factor' was 2.0, now 0.5"
+        in output
+    )
+    assert "train" not in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert (checkpoints / "last.ckpt").exists()  # the run is kept for the next repro to judge

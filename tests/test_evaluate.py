@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
 from tests.conftest import run_stage
 
@@ -306,3 +306,17 @@ def test_stage_reports_a_user_error_without_traceback(tokenized_smoke, tmp_path)
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert "never_trained" in result.stderr and "train" in result.stderr
     assert not (tmp_path / "metrics_dir" / "eval.json").exists()
+
+
+def test_checkpoints_of_another_config_are_refused_naming_the_key(trained_smoke, tmp_path):
+    """params.yaml changed after (or while) the train stage ran: the evaluate stage must not
+    score the old model under the new parameters."""
+    cfg = eval_config(trained_smoke, tmp_path)
+    cfg.model.heads = 2 * trained_smoke.model.heads
+    with pytest.raises(ConfigError, match="config key 'model.heads' differs from .*step-") as err:
+        evaluate.run(cfg)
+    assert "run the train stage first" in str(err.value)
+    assert not Path(cfg.paths.eval_dir).exists()  # refused before any output
+    cfg = eval_config(trained_smoke, tmp_path)
+    cfg.train.progress_bar = not cfg.train.progress_bar  # cannot change the weights: accepted
+    evaluate.check_trained_with(evaluate.source_checkpoints(cfg), cfg)

@@ -58,7 +58,8 @@ EXIT_BOUND_S = 30  # a preempted run must have saved and exited within this long
 # Trains `cfg.json` with `trainer.run` behind the stage CLI helper (exit codes 2/3), appending
 # [step, example ids] of every training batch, as it starts, to batches.rank<r>.jsonl; optional
 # `--signal STEP:NAME:RANK` sends NAME to itself as step STEP starts, `--fail STEP:RANK:HOW`
-# raises (HOW=raise) or hangs (HOW=hang) there, noting the time in `failed_at`.
+# raises (HOW=raise) or hangs (HOW=hang) there, noting the time in `failed_at`, and
+# `--kill-after-saving NAME` SIGKILLs itself as soon as checkpoint NAME is written.
 SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -84,6 +85,14 @@ SCRIPT = textwrap.dedent(
                 raise RuntimeError(f"rank {rank} fails at step {step}")
 
     args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+    if "--kill-after-saving" in args:  # SIGKILL right after writing the checkpoint of that name
+        from pipeline.training.checkpoints import AtomicCheckpointIO
+        save = AtomicCheckpointIO.save_checkpoint
+        def save_then_die(self, checkpoint, path, storage_options=None):
+            save(self, checkpoint, path, storage_options)
+            if os.path.basename(path) == args["--kill-after-saving"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        AtomicCheckpointIO.save_checkpoint = save_then_die
     signal_at = fail_at = None
     if "--signal" in args:
         step, name, rank = args["--signal"].split(":")
@@ -163,6 +172,27 @@ def _progress_step(cfg: config_lib.Config) -> int:
         return -1
 
 
+def _logged(cfg: config_lib.Config) -> dict[str, list[tuple[int, float]]]:
+    """What DVCLive wrote for `dvc plots`: [(step, value)] per training metric."""
+    folder = Path(cfg.paths.plots_dir) / "train" / "plots" / "metrics" / "train"
+    logged = {}
+    for path in sorted(folder.glob("*.tsv")):
+        rows = [line.split("\t") for line in path.read_text().splitlines()[1:]]
+        logged[path.stem] = [(int(step), float(value)) for step, value, *_ in rows]
+    return logged
+
+
+def _assert_same_logs(cfg: config_lib.Config, uninterrupted: dict) -> None:
+    """Every logged training metric of the resumed run equals the uninterrupted run's, one row
+    per step (`tokens_per_sec` measures this process's speed, not the run)."""
+    logged, expected = _logged(cfg), uninterrupted["logged"]
+    assert logged.keys() == expected.keys() and "loss" in logged and "ppl" in logged
+    for name in logged.keys() - {"tokens_per_sec"}:
+        assert [step for step, _ in logged[name]] == [step for step, _ in expected[name]], name
+        for (step, value), (_, reference) in zip(logged[name], expected[name], strict=True):
+            assert value == pytest.approx(reference, rel=1e-5, abs=1e-6), (name, step)
+
+
 def _wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -211,7 +241,8 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     datamodule.setup("fit")
     per_epoch = len(datamodule.train_dataloader())
     assert per_epoch < MAX_STEPS  # the runs cross an epoch boundary
-    return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch}
+    return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch,
+            "logged": _logged(cfg)}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- fast checks
@@ -273,14 +304,38 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(
     expected = uninterrupted["batches"]
     assert all(ids == expected[step] for step, ids in resumed)  # nothing skipped or repeated
     assert _last(cfg)["history"] == uninterrupted["last"]["history"]  # logs, validations
+    _assert_same_logs(cfg, uninterrupted)
     summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert summary["resumed_from"].endswith(LAST_NAME) and summary["steps"] == MAX_STEPS
 
 
 @pytest.mark.slow
+def test_sigkill_between_a_step_checkpoint_and_last_resumes_from_the_newer_one(
+    tokenized_smoke, tmp_path, uninterrupted
+):
+    """Killed after writing step-0000020.ckpt, before last.ckpt (still at step 10): the re-run
+    continues from step 20 instead of training steps 11-20 again."""
+    cfg = _config(tokenized_smoke, tmp_path / "killed")
+    returncode, _ = _finish(_start(cfg, "--kill-after-saving", "step-0000020.ckpt"))
+    assert returncode == -signal.SIGKILL
+    assert _last(cfg)["global_step"] == 10
+    killed_log = len(_batches(cfg))
+
+    returncode, stderr = _finish(_start(cfg))
+    assert returncode == 0, stderr[-3000:]
+    assert "resuming from" in stderr and "step-0000020.ckpt (step 20): it is newer than" in stderr
+    resumed = _batches(cfg)[killed_log:]
+    assert [step for step, _ in resumed] == list(range(21, MAX_STEPS + 1))  # none redone
+    _assert_same_training_state(_last(cfg), uninterrupted["last"])
+    summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
+    assert summary["resumed_from"].endswith("step-0000020.ckpt")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signal_name", "step"),
-    [("SIGTERM", 15), ("SIGUSR1", 20)],  # 15: between validations; 20: a validation step
+    # 17: between validations, inside a logging window (every 5); 20: a validation step
+    [("SIGTERM", 17), ("SIGUSR1", 20)],
 )
 def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
     tokenized_smoke, tmp_path, uninterrupted, signal_name, step
@@ -305,6 +360,7 @@ def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
     assert all(ids == uninterrupted["batches"][s] for s, ids in resumed)
     history = _last(cfg)["history"]
     assert history == uninterrupted["last"]["history"]  # every log and validation, once
+    _assert_same_logs(cfg, uninterrupted)
 
 
 @pytest.mark.slow
@@ -337,6 +393,29 @@ def test_train_stage_saves_and_exits_promptly_on_sigterm_to_its_process_group(
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert summary["resumed_from"].endswith(LAST_NAME) and summary["steps"] == step + 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+def test_a_signal_while_the_train_stage_starts_exits_3_with_the_message(
+    tokenized_smoke, tmp_path, signal_name
+):
+    """In its first second the stage is still loading torch and Lightning: the signal must
+    not kill it with status 143 and no word, nor be lost; nothing is trained."""
+    cfg = _config(tokenized_smoke, tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(config_lib.to_dict(cfg)))
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.stages.train"], cwd=tmp_path,
+                               env=ONE_THREAD_ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)
+    process.send_signal(getattr(signal, signal_name))
+    returncode, stderr = _finish(process, timeout=120)
+    assert returncode == EXIT_PREEMPTED, stderr[-3000:]
+    assert (
+        f"error: training stopped by {signal_name} before its first step; run the same "
+        "command again to resume from the start" in stderr
+    )
+    assert _progress_step(cfg) == -1  # no checkpoint: nothing was trained
 
 
 # ---------------------------------------------------------------------- DDP, 2 CPU ranks

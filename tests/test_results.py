@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from pipeline import results
+from pipeline.environment import lock_hash
 from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
 
@@ -74,6 +75,7 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert "- `bleu_lc`: `nrefs:1|case:lc|tok:13a`" in block
     run = json.loads((root / "a.en-de" / "run.json").read_text())
     assert run["command"] == "make repro" and "cores" in run["hardware"]
+    assert run["environment_lock"] == lock_hash() and run["commit"]
     # The row keeps the run's hypotheses, one file per split, as the run wrote them
     for split in ("val", "test_2016_flickr"):
         kept = root / "b.de-en" / f"{split}.hyp"

@@ -31,7 +31,6 @@ import codecs
 import contextlib
 import gzip
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from pipeline.atomic import write_json_atomic
 from pipeline.config import RAW_DIR_ENV, Config, DataConfig
 from pipeline.errors import ConfigError, DataError, disk_full_error, is_disk_full
 
@@ -448,26 +448,6 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     os.replace(staging, target)
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
-
-
-def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write JSON via a temp file in the same folder and os.replace (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_UMASK)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except OSError as err:
-        if is_disk_full(err):
-            raise disk_full_error(path, previous_existed=path.exists()) from err
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def write_lines(path: Path, lines: list[str]) -> None:

@@ -80,6 +80,21 @@ def source_checkpoints(cfg: Config) -> list[Path]:
     return select_checkpoints(cfg.paths.train_dir, cfg.eval.average, by=cfg.eval.average_by)
 
 
+def check_trained_with(sources: Sequence[Path], cfg: Config) -> None:
+    """Refuse checkpoints that another config made (params.yaml changed after the train stage
+    ran, or under it): their scores would be recorded under parameters they were not trained
+    with. Keys that cannot change the weights (RESUME_FREE_KEYS) may differ."""
+    from pipeline.training.trainer import check_same_run
+
+    for path in sources:
+        check_same_run(
+            path,
+            cfg,
+            "These are not the checkpoints of the run the params describe: run the train "
+            "stage first (`dvc repro`), or restore the value(s).",
+        )
+
+
 def write_model_checkpoint(sources: Sequence[Path], target: Path) -> dict:
     """Save the average of `sources` (or the single one) as a slim Lightning checkpoint:
     the hyperparameters of the first (newest/best) source, no optimizer state."""
@@ -309,6 +324,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
     started = time.perf_counter()
     corpora = read_references(cfg)  # every input is checked before any compute is spent
     sources = source_checkpoints(cfg)
+    check_trained_with(sources, cfg)
 
     results: dict = {}
     signatures: dict = {}

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pipeline.atomic import atomic_write
+
 DPI = 100
 PANEL_INCHES_PER_TOKEN = 0.22  # heatmap panels grow with the sentence, so labels stay legible
 MIN_PANEL_INCHES = 1.6
@@ -23,12 +25,11 @@ CURVE_KEYS = ("train/loss", "val/loss", "val/bleu")
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
-    """Render `fig` with the Agg canvas into a PNG at `path` (parent folders created)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Render `fig` with the Agg canvas into a PNG at `path` (parent folders created; written
+    atomically, a full disk raises DiskFullError)."""
     FigureCanvasAgg(fig)
-    fig.savefig(path, format="png", dpi=DPI)
-    return path
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=DPI))
+    return Path(path)
 
 
 # --------------------------------------------------------------------------- attention

@@ -15,4 +15,4 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, stage="tokenize")

@@ -10,8 +10,10 @@ Layout of `<train_dir>/checkpoints/`:
 
 Every file is written to a temporary name beside its target, fsynced and renamed over it
 (`os.replace` is atomic on POSIX), so a killed process leaves either the old or the new file,
-never half of one. `progress.json` records that checkpoints were written: a run directory that
-recorded progress but holds no readable checkpoint is an error, not a silent fresh start.
+never half of one. Reading a checkpoint verifies the CRC-32 of each record of its archive, so
+flipped bytes are an error, not silently wrong weights. `progress.json` records that
+checkpoints were written: a run directory that recorded progress but holds no readable
+checkpoint is an error, not a silent fresh start.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import re
 import shutil
 import warnings
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,11 +32,13 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from pipeline.errors import DataError, disk_full_error, is_disk_full
+from pipeline.atomic import atomic_write
+from pipeline.errors import DataError
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
+CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint set aside by resume
 STEP_TEMPLATE = "step-{step:07d}"  # ModelCheckpoint filename templates (".ckpt" is appended)
 BEST_TEMPLATES = {
     "val/bleu": "best-step-{step:07d}-bleu-{val/bleu:.4f}",
@@ -48,39 +53,6 @@ _REQUIRED_KEYS = ("state_dict", "global_step", "hyper_parameters")
 
 def checkpoint_dir(train_dir: str | os.PathLike) -> Path:
     return Path(train_dir) / CHECKPOINT_DIR
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call `write(file)` on a temporary file beside `path`, fsync it, rename it over `path`.
-
-    A full disk raises DiskFullError naming `path`; the previous file is left as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except Exception as err:
-        if is_disk_full(err):
-            raise disk_full_error(path, previous_existed=path.exists()) from err
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -98,9 +70,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write(path.parent / PROGRESS_NAME, lambda f: f.write(json.dumps(progress).encode()))
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint on the CPU; a truncated or foreign file raises DataError naming it."""
+def verify_archive(path: str | os.PathLike) -> None:
+    """Check the CRC-32 of every record of a checkpoint archive (torch.save's zip format), so
+    that flipped bytes in tensor data are an error instead of silently wrong weights."""
     path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as err:
+        raise DataError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err})") from None
+    if damaged is not None:
+        raise DataError(f"{path}: corrupt checkpoint (CRC mismatch in its record {damaged})")
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """Load a checkpoint on the CPU after verifying its checksums; a corrupt, truncated or
+    foreign file raises DataError naming it."""
+    path = Path(path)
+    verify_archive(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
@@ -117,39 +104,71 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.ckpt") if not p.name.startswith("."))
 
 
+def _named_step(path: Path) -> int | None:
+    """The step in a `step-*` or `best-step-*` file name (None for last.ckpt and others)."""
+    match = _STEP_FILE.match(path.name) or _BEST_FILE.match(path.name)
+    return int(match["step"]) if match else None
+
+
+def _set_aside(paths: Sequence[Path]) -> list[Path]:
+    """Rename unreadable checkpoints to `<name>.corrupt`: out of resume's and averaging's way,
+    not deleted."""
+    moved = []
+    for path in paths:
+        target = path.with_name(path.name + CORRUPT_SUFFIX)
+        path.replace(target)
+        moved.append(target)
+    return moved
+
+
 def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
     """The checkpoint a resumed run continues from, or None for a fresh directory.
 
-    `last.ckpt` when it is readable; otherwise (with a warning) the newest readable checkpoint
-    by step. A directory whose files or `progress.json` show that training ran but that holds
-    no readable checkpoint raises DataError: resuming would silently start over.
+    The newest readable checkpoint by step: `last.ckpt`, unless a `step-*`/`best-*` file is
+    newer (a run killed between writing them) or `last.ckpt` is unreadable. Unreadable files
+    newer than the chosen one are renamed `*.corrupt`, with a warning. A directory whose files
+    or `progress.json` show that training ran but that holds no readable checkpoint raises
+    DataError: resuming would silently start over.
     """
     directory = checkpoint_dir(train_dir)
     files = _checkpoint_files(directory) if directory.is_dir() else []
     progress_file = directory / PROGRESS_NAME
     last = directory / LAST_NAME
-    problems = []
+    problems, unreadable = [], []
+    chosen: tuple[int, Path] | None = None
     if last in files:
         try:
-            read_checkpoint(last)
-            return last
+            chosen = (int(read_checkpoint(last)["global_step"]), last)
         except DataError as err:
             problems.append(str(err))
-    candidates = []
-    for path in files:
-        if path == last:
-            continue
+            unreadable.append(last)
+    named = sorted(
+        ((step, path) for path in files if (step := _named_step(path)) is not None),
+        reverse=True,
+    )
+    for step, path in named:
+        if chosen is not None and step <= chosen[0]:
+            break
         try:
-            candidates.append((int(read_checkpoint(path)["global_step"]), path))
+            read_checkpoint(path)
         except DataError as err:
             problems.append(str(err))
-    if candidates:
-        step, path = max(candidates)
-        warnings.warn(
-            f"{last} is missing or unreadable; resuming from {path} (step {step}) instead. "
-            + " ".join(problems),
-            stacklevel=2,
-        )
+            unreadable.append(path)
+            continue
+        chosen = (step, path)
+        break
+    if chosen is not None:
+        step, path = chosen
+        if path != last or unreadable:
+            set_aside = _set_aside(unreadable)
+            last_ok = last in files and last not in unreadable
+            why = f"it is newer than {last}" if last_ok else f"{last} is missing or unreadable"
+            warnings.warn(
+                f"resuming from {path} (step {step}): {why}. "
+                + " ".join(problems)
+                + (f" Set aside: {', '.join(str(p) for p in set_aside)}." if set_aside else ""),
+                stacklevel=2,
+            )
         return path
     if problems or progress_file.exists():
         recorded = progress_file.read_text(encoding="utf-8") if progress_file.exists() else ""

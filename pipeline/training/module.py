@@ -31,6 +31,8 @@ from pipeline.model.transformer import Transformer
 from pipeline.training.loss import output_layer_loss
 from pipeline.training.preemption import PreemptionCallback
 
+# The running means of the logging window (train.log_every_n_steps), saved in checkpoints.
+TRAIN_WINDOW_METRICS = ("train_loss", "train_nll")
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
 BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
 
@@ -152,7 +154,12 @@ class TranslationModule(L.LightningModule):
         self._window_start: float | None = None
         self.total_train_tokens = 0  # this rank, this process
         self.total_train_seconds = 0.0
+        # The run's totals before this process (all ranks; from the checkpoint it resumed),
+        # so that a resumed or already finished run reports the throughput of the whole run.
+        self.resumed_totals = {"train_tokens": 0.0, "train_seconds": 0.0, "wall_seconds": 0.0}
+        self.process_started = time.perf_counter()  # trainer.run resets it when it starts
         self._rng_to_restore: dict | None = None
+        self._window_to_restore: dict | None = None
         # Set by `trainer.run`: stops training on a preemption signal at the end of a step.
         self.preemption: PreemptionCallback | None = None
         self._last_step = 0
@@ -244,6 +251,9 @@ class TranslationModule(L.LightningModule):
     def on_train_start(self) -> None:
         self._window_start = time.perf_counter()
         self._last_step = self.trainer.global_step
+        if self._window_to_restore is not None:  # the metrics are on their device by now
+            self._restore_logging_window(self._window_to_restore)
+            self._window_to_restore = None
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         # Resume: continue the random streams (dropout) exactly where the checkpoint left
@@ -284,16 +294,33 @@ class TranslationModule(L.LightningModule):
         self.total_train_seconds += seconds
         self._window_tokens, self._window_seconds, self._window_start = 0, 0.0, now
 
-    def on_train_end(self) -> None:
-        self.check_finite()
-        if self._window_start is not None:
-            now = time.perf_counter()
-            self.total_train_seconds += self._window_seconds + now - self._window_start
-            self._window_start = None
-        # Target tokens per second of training (validation excluded), all ranks together.
+    def _train_seconds(self) -> float:
+        """This process's training time so far (validation excluded)."""
+        seconds = self.total_train_seconds + self._window_seconds
+        if self._window_start is not None and not self.trainer.validating:
+            seconds += time.perf_counter() - self._window_start
+        return seconds
+
+    def run_totals(self) -> dict[str, float]:
+        """Target tokens (all ranks), training seconds and wall seconds of the whole run so
+        far: those before this process (`resumed_totals`) and this process's. Every rank must
+        call it (it reduces over ranks)."""
         tokens = torch.tensor(float(self.total_train_tokens), device=self.device)
         tokens = float(self.trainer.strategy.reduce(tokens, reduce_op="sum"))
-        self.throughput = tokens / self.total_train_seconds if self.total_train_seconds else 0.0
+        before = self.resumed_totals
+        return {
+            "train_tokens": before["train_tokens"] + tokens,
+            "train_seconds": before["train_seconds"] + self._train_seconds(),
+            "wall_seconds": before["wall_seconds"] + time.perf_counter() - self.process_started,
+        }
+
+    def on_train_end(self) -> None:
+        self.check_finite()
+        totals = self.run_totals()
+        self._window_start = None
+        # Target tokens per second of training (validation excluded), all ranks together.
+        seconds = totals["train_seconds"]
+        self.throughput = totals["train_tokens"] / seconds if seconds else 0.0
 
     # ------------------------------------------------------------------ validation
 
@@ -368,15 +395,42 @@ class TranslationModule(L.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _logging_window(self) -> dict[str, dict[str, Tensor]]:
+        """The train/loss and train/nll_loss sums of the steps since the last log, summed over
+        ranks (every rank saves a checkpoint together): a run resumed inside a logging window
+        logs what the uninterrupted run would."""
+        window = {}
+        for name in TRAIN_WINDOW_METRICS:
+            states = getattr(self, name).metric_state
+            window[name] = {
+                key: self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum").cpu()
+                for key, value in states.items()
+            }
+        return window
+
+    def _restore_logging_window(self, window: dict[str, dict[str, Tensor]]) -> None:
+        """Rank zero continues the saved window sums (the other ranks' shares are in them)."""
+        for name in TRAIN_WINDOW_METRICS:
+            metric = getattr(self, name)
+            metric.reset()
+            if name in window and self.global_rank == 0:
+                metric.merge_state({k: v.to(self.device) for k, v in window[name].items()})
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.check_finite()  # raising here keeps the previous (good) checkpoint on disk
         checkpoint["history"] = self.history
         checkpoint["rng_states"] = _rng_states()
         checkpoint["code_version"] = self.code_version
+        checkpoint["logging_window"] = self._logging_window()
+        checkpoint["run_totals"] = self.run_totals()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = list(checkpoint.get("history", []))
         self._rng_to_restore = checkpoint.get("rng_states")
+        self._window_to_restore = checkpoint.get("logging_window")
+        self.resumed_totals = {**self.resumed_totals, **checkpoint.get("run_totals", {})}
+        seconds = self.resumed_totals["train_seconds"]  # a finished run trains nothing more
+        self.throughput = self.resumed_totals["train_tokens"] / seconds if seconds else 0.0
 
     # ------------------------------------------------------------------ summaries
 

@@ -30,9 +30,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from pipeline.errors import Preempted
+from pipeline.training import early_signals
+from pipeline.training.early_signals import PREEMPTION_SIGNALS
 
 EXIT_PREEMPTED = Preempted.exit_code  # 3
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def validation_follows(trainer: L.Trainer) -> bool:
@@ -82,6 +83,8 @@ class PreemptionCallback(Callback):
         """Handle the preemption signals here (only the main thread may set handlers)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        if self.received is None:  # one that came while the stage was starting
+            self.received = early_signals.received()
         for signum in self.signals:
             previous = signal.signal(signum, self._on_signal)
             self._original_handlers.setdefault(signum, previous)

@@ -18,7 +18,6 @@ collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank en
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import warnings
@@ -28,16 +27,17 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from dvclive.lightning import DVCLiveLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from pipeline.config import Config, to_dict
+from pipeline.atomic import remove_stale_temps, write_json_atomic
+from pipeline.config import Config, leaves, subtree, to_dict
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
+from pipeline.training import early_signals
 from pipeline.training.checkpoints import (
     BEST_TEMPLATES,
     LAST_NAME,
@@ -50,6 +50,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
+from pipeline.training.live import SafeDVCLiveLogger
 from pipeline.training.module import TranslationModule
 from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback
@@ -219,37 +220,21 @@ def build_trainer(
 # ---------------------------------------------------------------------- resume
 
 
-def _leaves(tree, prefix: str) -> dict:
-    """{"model.heads": 4, ...} for the subtree at `prefix`."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    leaves = {}
-    for key, value in tree.items():
-        leaves.update(_leaves(value, f"{prefix}.{key}"))
-    return leaves
-
-
-def _subtree(tree: dict, dotted: str):
-    for key in dotted.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
-
-
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
     current = to_dict(cfg)
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
-        before = _leaves(_subtree(saved, section), section)
-        now = _leaves(_subtree(current, section), section)
+        before = leaves(subtree(saved, section), section)
+        now = leaves(subtree(current, section), section)
         for key in sorted(set(before) | set(now)):
             if before.get(key) == now.get(key):
                 continue
             if key.startswith("data.sha256"):
                 free.append(key)
             elif key == "train.max_steps":
-                cooldown = _subtree(current, "train.cooldown_steps")
+                cooldown = subtree(current, "train.cooldown_steps")
                 (fixed if cooldown else free).append(key)  # the cool-down starts from it
             else:
                 (free if key in RESUME_FREE_KEYS else fixed).append(key)
@@ -257,29 +242,38 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
 
 
 def _describe(key: str, saved: dict, cfg: Config) -> str:
-    return (
-        f"'{key}' is {_subtree(to_dict(cfg), key)!r} (the checkpoint's: {_subtree(saved, key)!r})"
-    )
+    return f"'{key}' is {subtree(to_dict(cfg), key)!r} (the checkpoint's: {subtree(saved, key)!r})"
+
+
+def check_same_run(checkpoint_path: Path, cfg: Config, refusal: str) -> list[str]:
+    """Raise a ConfigError naming the key(s), followed by `refusal`, if `cfg` differs from the
+    checkpoint's config in a key that changes what the run computes; return the keys that
+    differ but cannot change it (RESUME_FREE_KEYS) as descriptions."""
+    saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    fixed, free = config_differences(saved, cfg)
+    if fixed:
+        details = "; ".join(_describe(key, saved, cfg) for key in fixed)
+        raise ConfigError(
+            f"config key '{fixed[0]}' differs from {checkpoint_path}'s: {details}. {refusal}"
+        )
+    return [_describe(key, saved, cfg) for key in free]
 
 
 def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
     """A checkpoint may only be continued by a config that computes the same run; anything
     else is a ConfigError naming the key(s). Differences in keys that cannot change the result
     (RESUME_FREE_KEYS) are listed in a warning."""
-    saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
-    fixed, free = config_differences(saved, cfg)
-    if fixed:
-        details = "; ".join(_describe(key, saved, cfg) for key in fixed)
-        raise ConfigError(
-            f"config key '{fixed[0]}' differs from {checkpoint_path}'s: {details}. A resumed run "
-            "must keep every setting that changes its result. Restore the value(s), or start "
-            "over with train.resume=false (the run is moved aside, not deleted) or another "
-            "paths.train_dir."
-        )
+    free = check_same_run(
+        checkpoint_path,
+        cfg,
+        "A resumed run must keep every setting that changes its result. Restore the value(s), "
+        "or start over with train.resume=false (the run is moved aside, not deleted) or "
+        "another paths.train_dir.",
+    )
     if free:
         warnings.warn(
             f"resuming {checkpoint_path} with other values of keys that do not change the "
-            f"result: {'; '.join(_describe(key, saved, cfg) for key in free)}",
+            f"result: {'; '.join(free)}",
             stacklevel=2,
         )
 
@@ -300,6 +294,8 @@ def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
     `train.resume=false` also moves the previous run aside: nothing is deleted.
     """
     train_dir = Path(cfg.paths.train_dir)
+    if rank_zero_only.rank == 0:  # half-written files of a writer that was killed
+        remove_stale_temps(checkpoint_dir(train_dir))
     if not cfg.train.resume:
         _move_aside(train_dir, "train.resume=false")
         return None
@@ -309,7 +305,7 @@ def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
     checkpoint = read_checkpoint(path)
     step = int(checkpoint["global_step"])
     saved = checkpoint["hyper_parameters"]["config"]
-    trained_to = _subtree(saved, "train.max_steps")
+    trained_to = subtree(saved, "train.max_steps")
     if step < trained_to:  # an interrupted run: refuse to discard it silently
         if cfg.train.max_steps < step:
             raise ConfigError(
@@ -374,16 +370,18 @@ def run(
         configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path = resume_checkpoint(cfg, keep_finished=keep_finished)
+    _stop_if_signalled(ckpt_path)
 
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
     datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
     module.code_version = code_version()
+    module.process_started = started
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
     wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
-    dvclive = DVCLiveLogger(
+    dvclive = SafeDVCLiveLogger(
         dir=str(Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR),
         resume=ckpt_path is not None,
         save_dvc_exp=False,  # the DVC stage (or the sweep) owns experiments
@@ -393,13 +391,11 @@ def run(
     preemption = PreemptionCallback(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     module.preemption = preemption
     trainer, precision = build_trainer(cfg, [wandb, dvclive], [*callbacks, preemption])
+    _stop_if_signalled(ckpt_path)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except SIGTERMException:  # Lightning's handler, in the moment before ours took over
-        raise Preempted(
-            "training stopped by SIGTERM before its first step; run the same command again "
-            f"to resume from {ckpt_path or 'the start'}"
-        ) from None
+        raise _stopped_before_training(signal.SIGTERM, ckpt_path) from None
     except Preempted:
         raise  # every rank saved and stopped at the same step
     except BaseException:
@@ -416,6 +412,20 @@ def run(
         write_outputs(cfg, summary, module.history)
         _finish_wandb(wandb, summary)
     return summary
+
+
+def _stopped_before_training(signum: int, ckpt_path: Path | None) -> Preempted:
+    return Preempted(
+        f"training stopped by {signal.Signals(signum).name} before its first step; run the "
+        f"same command again to resume from {ckpt_path or 'the start'}"
+    )
+
+
+def _stop_if_signalled(ckpt_path: Path | None) -> None:
+    """A preemption signal that came while the stage was starting (`early_signals`) stops it
+    before it spends compute."""
+    if (signum := early_signals.received()) is not None:
+        raise _stopped_before_training(signum, ckpt_path)
 
 
 def summarize(
@@ -444,7 +454,9 @@ def summarize(
         "train/tokens_per_sec": module.throughput,
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
-        "wall_time_s": wall_time,
+        # The whole run's, across resumes (work lost to a kill excluded); this process's too.
+        "wall_time_s": module.resumed_totals["wall_seconds"] + wall_time,
+        "process_wall_time_s": wall_time,
         "precision": precision,
         "world_size": trainer.world_size,
         "resumed_from": str(resumed_from) if resumed_from else None,
@@ -455,9 +467,7 @@ def summarize(
 def write_outputs(cfg: Config, summary: dict, history: list[dict]) -> None:
     from pipeline.evaluation.plots import plot_learning_curves
 
-    metrics_path = Path(cfg.paths.metrics_dir) / METRICS_FILE
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(Path(cfg.paths.metrics_dir) / METRICS_FILE, summary)
     if history:
         curve = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / LEARNING_CURVE_FILE
         plot_learning_curves(history, curve, title=cfg.experiment_name)

@@ -1,0 +1,116 @@
+"""Where a result comes from: the commit, the machine and the locked environment.
+
+`requirements.lock` pins every package of the environment the results were made with (pip
+constraints; `make setup` installs from it, `make lock` re-resolves it from pyproject.toml).
+Every results row records the lock's hash beside the commit, and `lock_problems` checks that
+the lock satisfies pyproject.toml (tests/test_environment.py, run by CI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCK_FILE = REPO_ROOT / "requirements.lock"
+PYPROJECT = REPO_ROOT / "pyproject.toml"
+LOCKED_EXTRAS = ("dev", "bench", "export")  # what `make setup` installs
+HASH_CHARS = 16
+
+
+def hardware() -> str:
+    """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
+    import torch
+
+    from pipeline.training.precision import CPU_BF16_FLAGS, cpu_flags
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    model = platform.processor() or "CPU"
+    with_cpuinfo = Path("/proc/cpuinfo")
+    if with_cpuinfo.exists():
+        for line in with_cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+                break
+    bf16 = set(CPU_BF16_FLAGS) & cpu_flags()
+    extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
+    return f"{model}, {os.cpu_count()} cores{extra}"
+
+
+def git_commit() -> str | None:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+    ).stdout.strip()
+    return commit or None
+
+
+def lock_hash(lock: Path = LOCK_FILE) -> str | None:
+    """The first HASH_CHARS hex digits of the lock file's SHA-256 (None without a lock)."""
+    if not lock.exists():
+        return None
+    return hashlib.sha256(lock.read_bytes()).hexdigest()[:HASH_CHARS]
+
+
+def provenance() -> dict:
+    """What every results row records about how it was made."""
+    return {"commit": git_commit(), "environment_lock": lock_hash(), "hardware": hardware()}
+
+
+def read_lock(lock: Path = LOCK_FILE) -> dict[str, str]:
+    """{canonical name: pinned version} of a `name==version` constraints file."""
+    pins = {}
+    for number, line in enumerate(lock.read_text(encoding="utf-8").splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        if not sep:
+            raise ValueError(f"{lock}:{number}: not a 'name==version' pin: {line!r}")
+        pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def project_requirements(pyproject: Path = PYPROJECT) -> list[Requirement]:
+    """The dependencies and the locked extras' requirements of pyproject.toml."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    listed = list(project["dependencies"])
+    for extra in LOCKED_EXTRAS:
+        listed += project.get("optional-dependencies", {}).get(extra, [])
+    return [Requirement(text) for text in listed]
+
+
+def lock_problems(pyproject: Path = PYPROJECT, lock: Path = LOCK_FILE) -> list[str]:
+    """Each requirement of pyproject.toml the lock leaves unpinned or pins outside its range."""
+    pins = read_lock(lock)
+    problems = []
+    for requirement in project_requirements(pyproject):
+        pinned = pins.get(canonicalize_name(requirement.name))
+        if pinned is None:
+            problems.append(f"{requirement} is not pinned in {lock.name}")
+        elif not requirement.specifier.contains(pinned, prereleases=True):
+            problems.append(f"{requirement} is not satisfied by {lock.name}'s =={pinned}")
+    return problems
+
+
+def installed_differences(lock: Path = LOCK_FILE) -> list[str]:
+    """Each locked package whose installed version differs (or that is not installed)."""
+    differences = []
+    for name, pinned in read_lock(lock).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            differences.append(f"{name}=={pinned} is not installed")
+            continue
+        if installed.split("+")[0] != pinned.split("+")[0]:
+            differences.append(f"{name}=={pinned} is installed as {installed}")
+    return differences

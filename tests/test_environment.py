@@ -1,0 +1,40 @@
+"""The locked environment: requirements.lock satisfies pyproject.toml, this environment was
+installed from it (what CI checks on a fresh clone), and results record its hash."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pipeline import environment
+from pipeline.environment import LOCK_FILE, PYPROJECT
+
+
+def test_the_lock_pins_every_requirement_of_pyproject_within_its_range():
+    assert environment.lock_problems() == []
+
+
+def test_this_environment_is_the_locked_one():
+    assert environment.installed_differences() == []
+
+
+def test_a_lock_that_disagrees_with_pyproject_is_reported(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        PYPROJECT.read_text(encoding="utf-8").replace('"sacrebleu>=2.4"', '"sacrebleu>=99"')
+    )
+    lock = tmp_path / "requirements.lock"
+    pins = LOCK_FILE.read_text(encoding="utf-8").splitlines()
+    lock.write_text("\n".join(line for line in pins if not line.startswith("dvc==")) + "\n")
+    problems = environment.lock_problems(pyproject, lock)
+    assert any(p.startswith("sacrebleu>=99 is not satisfied by requirements.lock's ==")
+               for p in problems)  # fmt: skip
+    assert "dvc>=3.50 is not pinned in requirements.lock" in problems
+    assert len(problems) == 2
+
+
+def test_provenance_names_the_lock_by_its_hash():
+    expected = hashlib.sha256(LOCK_FILE.read_bytes()).hexdigest()[: environment.HASH_CHARS]
+    recorded = environment.provenance()
+    assert recorded["environment_lock"] == expected
+    assert recorded["commit"]  # CI runs in a clone
+    assert "cores" in recorded["hardware"] or " x " in recorded["hardware"]  # CPU or GPU
