@@ -456,3 +456,32 @@ def test_max_positions_shorter_than_the_data_is_refused_before_training(tokenize
         run(cfg)
     assert not checkpoint_dir(cfg.paths.train_dir).exists()  # nothing trained, nothing saved
     assert offline_run_dirs(cfg.paths.wandb_dir) == []  # no W&B run started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("full", "named"),
+    [
+        ("metrics_dir", "train.json"),  # the run trains to its end, then cannot write its summary
+        ("plots_dir", "metrics.json"),  # DVCLive's summary: its first write does not fit
+    ],
+)
+def test_a_full_disk_for_metrics_or_plots_exits_2_naming_the_file_and_keeps_the_run(
+    train_config, tmp_path, small_disk, full, named
+):
+    cfg = train_config(*TINY, "train.max_steps=10", "train.val_check_interval=5",
+                       "train.log_every_n_steps=5")  # fmt: skip
+    setattr(cfg.paths, full, str(small_disk.path / full))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(config_lib.to_dict(cfg)))
+    small_disk.fill(free=0)
+    result = run_stage("train", tmp_path, env=ONE_THREAD_ENV)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"{named}: disk full (no space left on device) while writing it" in result.stderr, (
+        result.stderr[-600:]
+    )
+    written = [p for p in small_disk.path.rglob("*") if p.is_file() and p.name != ".filler"]
+    assert all(p.stat().st_size > 0 for p in written), written  # no empty or half files
+    assert not [p for p in written if ".tmp-" in p.name]
+    if full == "metrics_dir":  # the run is kept: the same command records it once there is room
+        assert read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["global_step"] == 10
