@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from pipeline import config as config_lib
 from pipeline.errors import ConfigError
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_stage, write_params
 
 
 def test_params_yaml_is_the_composed_default():
@@ -60,6 +60,54 @@ def test_experiment_preset_selects_values():
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         config_lib.compose([override])
+
+
+@pytest.mark.parametrize(
+    ("refused", "key", "allowed", "accepted"),
+    [
+        # 0 keeps no step-/best- checkpoint: training would finish, evaluate find none to average
+        (["train.save_top_k=0"], "train.save_top_k", "must be -1 (keep every checkpoint) or >= 1",
+         ["train.save_top_k=-1", "eval.average=10"]),  # Lightning's "keep all"
+        (["train.save_top_k=-2"], "train.save_top_k", "must be -1 (keep every checkpoint) or >= 1",
+         ["train.save_top_k=1", "eval.average=1"]),
+        # evaluate would average fewer checkpoints than asked for (unless it takes one given)
+        (["train.save_top_k=4", "eval.average=5"], "train.save_top_k", "set it to -1 or >= 5",
+         ["train.save_top_k=1", "eval.average=5", "eval.checkpoint=model.ckpt"]),
+        # at most floor(a * source length + b) tokens: empty or truncated hypotheses
+        (["eval.max_len_b=-100"], "eval.max_len_b", "must be >= 0, got -100",
+         ["eval.max_len_a=2", "eval.max_len_b=0"]),
+        (["eval.max_len_a=-0.5"], "eval.max_len_a", "must be >= 0, got -0.5",
+         ["eval.max_len_a=0", "eval.max_len_b=200"]),  # fairseq's default: a fixed limit
+        (["eval.max_len_a=0", "eval.max_len_b=0"], "eval.max_len_b", "must be >= 1",
+         ["eval.max_len_a=0", "eval.max_len_b=1"]),
+    ],
+)  # fmt: skip
+def test_meaningless_checkpoint_and_length_limits_are_refused(refused, key, allowed, accepted):
+    """Refused naming the key and the allowed range; the legitimate neighbour still passes."""
+    with pytest.raises(ConfigError) as error:
+        config_lib.compose(refused)
+    assert str(error.value).startswith(f"config key '{key}': ")
+    assert allowed in str(error.value)
+    config_lib.compose(accepted)
+
+
+@pytest.mark.parametrize(
+    ("stage", "override", "key"),
+    [
+        # the train stage imports Lightning first: ~30 s on the loaded 2-core machine
+        pytest.param("train", "train.save_top_k=0", "train.save_top_k", marks=pytest.mark.slow),
+        ("evaluate", "eval.max_len_b=-100", "eval.max_len_b"),
+    ],
+)
+def test_stage_cli_refuses_a_meaningless_value_before_any_compute(tmp_path, stage, override, key):
+    """The stage reads params.yaml (composed, not validated, as `make params` writes it) and
+    exits 2 with the key named, having written nothing: no data read, no model built."""
+    write_params(tmp_path, "experiment=smoke", override)
+    result = run_stage(stage, tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(f"error: config key '{key}': must be ")
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
 def test_unknown_key_in_params_file_names_file_and_key(tmp_path):

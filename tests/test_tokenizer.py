@@ -17,7 +17,9 @@ from pipeline.data.corpus import prepared_path
 from pipeline.data.tokenizer import (
     COLUMNS,
     MODEL_FILE,
+    OVER_SPM_LIMIT,
     SPLITS_DIR,
+    SPM_MAX_SENTENCE_BYTES,
     Tokenizer,
     load_tokenized,
     tokenize,
@@ -270,6 +272,120 @@ def test_tokenize_stage_cli(tokenized_smoke, tmp_path, multi30k_dir):
     model = Path(tokenized_smoke.paths.tokenized, MODEL_FILE).read_bytes()
     assert (tokenized / MODEL_FILE).read_bytes() == model  # same input, same bytes
     assert json.loads((tmp_path / "metrics" / "tokenize.json").read_text())["vocab_size"] == 1000
+
+
+# ---- sentences over sentencepiece's limit on a training sentence ------------------------------
+
+LIMIT = SPM_MAX_SENTENCE_BYTES
+
+
+def sentence_of(size: int, text: str) -> str:
+    """The words of `text`, repeated, as a sentence of exactly `size` UTF-8 bytes."""
+    words = " ".join([text] * (size // len(text) + 1)).encode("utf-8")
+    sentence = words[:size].decode("utf-8", "ignore").rstrip()
+    return sentence + "." * (size - len(sentence.encode("utf-8")))
+
+
+def replace_lines(path: Path, changes: dict[int, str]) -> None:
+    """Put `changes` ({line number from 1: sentence}) into a prepared text file."""
+    text = lines(path)
+    for line, sentence in changes.items():
+        text[line - 1] = sentence
+    path.write_text("".join(f"{line}\n" for line in text), encoding="utf-8")
+
+
+def sentencepiece_trains_on(size: int) -> None:
+    """sentencepiece's trainer on 30 sentences of exactly `size` UTF-8 bytes each."""
+    sentences = [sentence_of(size, f"Ein Hund {i} läuft im Schnee.") for i in range(30)]
+    assert {len(s.encode("utf-8")) for s in sentences} == {size}
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=io.BytesIO(), vocab_size=30,
+        input_sentence_size=0, num_threads=1, minloglevel=2,
+    )  # fmt: skip
+
+
+def test_a_training_pair_over_the_limit_is_dropped_named_and_counted(tokenized_smoke, tmp_path):
+    """sentencepiece would skip the sentence without a word; tokenize drops its pair (both
+    sides stay aligned), warns with file, line, bytes and limit, and counts it in
+    tokenize.json. A val sentence of any length is kept whole: only training is limited."""
+    cfg = copy_of(tokenized_smoke, tmp_path)
+    train = {lang: prepared_path(cfg, "train", lang) for lang in ("en", "de")}
+    before = {lang: lines(path) for lang, path in train.items()}
+    replace_lines(train["en"], {5: sentence_of(LIMIT + 1, before["en"][4]),
+                                20: sentence_of(LIMIT, before["en"][19])})  # fmt: skip
+    replace_lines(train["de"], {10: sentence_of(LIMIT + 1, before["de"][9])})
+    val = prepared_path(cfg, "val", "de")
+    long_val = sentence_of(3 * LIMIT, lines(val)[2])
+    replace_lines(val, {3: long_val})
+    with pytest.warns(UserWarning, match="training pairs dropped") as caught:
+        tokenize(cfg)
+    [warning] = [str(w.message) for w in caught if "training pairs dropped" in str(w.message)]
+    assert warning.startswith(
+        f"2 of 2000 training pairs dropped: a sentence over sentencepiece's limit of {LIMIT} "
+        f"UTF-8 bytes cannot train the subword model ({train['en']}:5: {LIMIT + 1} bytes; "
+        f"{train['de']}:10: {LIMIT + 1} bytes)"
+    )
+    splits = load_tokenized(cfg.paths.tokenized)
+    kept = [i for i in range(2000) if i not in (4, 9)]  # the one at exactly LIMIT stays
+    assert splits["train"]["src_text"] == [lines(train["en"])[i] for i in kept]
+    assert splits["train"]["tgt_text"] == [lines(train["de"])[i] for i in kept]
+    metrics = json.loads(Path(cfg.paths.metrics_dir, "tokenize.json").read_text())
+    assert metrics["splits"]["train"]["dropped"] == {OVER_SPM_LIMIT: 2}
+    assert metrics["splits"]["train"]["sentences"] == 1998
+    assert splits["val"]["tgt_text"] == lines(val)  # nothing dropped from val
+    tok = Tokenizer.load(Path(cfg.paths.tokenized) / MODEL_FILE)
+    assert tok.decode(splits["val"]["tgt_ids"][2]) == long_val  # encoded whole
+
+
+def test_tokenize_stage_refuses_training_text_with_every_sentence_over_the_limit(
+    tokenized_smoke, tmp_path
+):
+    """Before: sentencepiece's `[!sentences_.empty()]` and advice about vocab_size."""
+    # SPM_MAX_SENTENCE_BYTES is sentencepiece's own limit: sentences of that many bytes train,
+    # one byte longer are all skipped, which is the error the stage used to pass on.
+    sentencepiece_trains_on(LIMIT)
+    with pytest.raises(RuntimeError, match=r"sentences_\.empty\(\)"):
+        sentencepiece_trains_on(LIMIT + 1)
+    write_params(tmp_path, "experiment=smoke")
+    prepared = tmp_path / "data" / "prepared"
+    shutil.copytree(tokenized_smoke.paths.prepared, prepared)
+    for lang, size in (("en", LIMIT + 100), ("de", LIMIT + 50)):
+        path = prepared / f"train.{lang}"
+        path.write_text("".join(f"{sentence_of(size, t)}\n" for t in lines(path)[:50]), "utf-8")
+    done = run_stage("tokenize", tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(
+        f"error: data/prepared/train.en:1: {LIMIT + 100} bytes, over sentencepiece's limit of "
+        f"{LIMIT} UTF-8 bytes for a training sentence, and every one of the 50 training pairs "
+        "has a sentence that long"
+    )
+    assert "vocab_size" not in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "tokenized").exists()
+
+
+@pytest.mark.slow
+def test_a_long_val_sentence_is_kept_and_training_refuses_it_naming_its_line(
+    tokenized_smoke, tmp_path
+):
+    """A val sentence over the limit is tokenized whole; longer than model.max_positions, the
+    train stage refuses it with advice for val (not the training filter, which val is not
+    under), naming its line."""
+    write_params(tmp_path, "experiment=smoke")
+    prepared = tmp_path / "data" / "prepared"
+    shutil.copytree(tokenized_smoke.paths.prepared, prepared)
+    long_val = sentence_of(LIMIT + 1, lines(prepared / "val.de")[7])
+    replace_lines(prepared / "val.de", {8: long_val})
+    tokenized = run_stage("tokenize", tmp_path)
+    assert tokenized.returncode == 0, tokenized.stderr[-3000:]
+    assert load_tokenized(tmp_path / "data" / "tokenized")["val"]["tgt_text"][7] == long_val
+    refused = run_stage("train", tmp_path)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "split 'val' example 7 has a target of" in refused.stderr
+    assert (
+        "shorten or remove that pair (line 8 of data/prepared/val.de) in the 'val' corpus "
+        "files, or add 'val' to data.filter.apply_to (now ['train'])" in refused.stderr
+    )
+    assert "training pairs" not in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_disk_full_while_tokenizing_keeps_the_previous_output(tokenized_smoke, small_disk):

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline.config import Config
 from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
+from pipeline.data.corpus import prepared_path
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.errors import ConfigError, DataError
 
@@ -162,11 +163,24 @@ class TranslationDataModule(L.LightningDataModule):
         if worst is not None and worst[0] > limit:
             positions, name, index, side = worst
             plus = " (its tokens + bos/eos)" if side == "target" else ""
+            applied = self.cfg.data.filter.apply_to
+            if name in applied:
+                shorten = f"drop long pairs of '{name}' (data.filter.max_words)"
+            else:
+                where = ""
+                if name != self.cfg.data.train_split:  # tokenize drops no row: row = line
+                    lang = self.cfg.data.src_lang if side == "source" else self.cfg.data.tgt_lang
+                    where = f" (line {index + 1} of {prepared_path(self.cfg, name, lang)})"
+                shorten = (
+                    f"shorten or remove that pair{where} in the '{name}' corpus files, or add "
+                    f"'{name}' to data.filter.apply_to (now {list(applied)}) to filter it by "
+                    "data.filter.max_words"
+                )
             raise ConfigError(
                 f"config key 'model.max_positions'={limit} is shorter than the data: split "
                 f"'{name}' example {index} has a {side} of {positions} positions{plus}. Raise "
-                f"model.max_positions to at least {positions}, or drop long training pairs "
-                "(data.filter.max_words) and re-run `dvc repro tokenize`"
+                f"model.max_positions to at least {positions}, or {shorten}, and re-run "
+                "`dvc repro tokenize`"
             )
 
     @property

@@ -11,6 +11,13 @@ characters are in the vocabulary (all of them with character_coverage=1.0). With
 `data.tokenizer.case_fold` the model instead folds case (sentencepiece's `nfkc_cf` rule, kept
 inside spm.model): the lowercased setting of the Multi30k literature, in which the model reads
 and writes lowercase text, while the prepared references keep their case.
+
+sentencepiece trains on sentences of at most SPM_MAX_SENTENCE_BYTES UTF-8 bytes and would skip
+a longer one without a word at our log level. A training pair with such a sentence is dropped
+instead, as `data.filter` drops one (the subword model and the Transformer see the same pairs),
+with a warning naming the file and line, and counted in tokenize.json (the train split's
+`dropped`); a training split with nothing left is a DataError naming the first such line.
+Encoding has no such limit: val and test sentences are never dropped, whatever their length.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -40,6 +48,12 @@ MANIFEST_FILE = "manifest.json"  # sizes + SHA-256 of every saved file, checked 
 COLUMNS = ("src_ids", "tgt_ids", "src_len", "tgt_len", "src_text", "tgt_text")
 ENCODE_CHUNK = 2048  # sentences per progress-bar step
 REPRO_HINT = "re-run `dvc repro tokenize` (or `python -m pipeline.stages.tokenize`)"
+# sentencepiece's own limit on a training sentence, in UTF-8 bytes: TrainerSpec's
+# max_sentence_length default, which the trainer is left at (setting it, even to this value,
+# changes spm.model's bytes and so every DVC hash downstream).
+SPM_MAX_SENTENCE_BYTES = 4192
+OVER_SPM_LIMIT = "over_sentencepiece_max_bytes"  # the reason, in tokenize.json's `dropped`
+SHOWN_LINES = 5  # over-long lines a warning lists by file and line
 
 
 class Tokenizer:
@@ -142,6 +156,32 @@ def train_tokenizer(
     return model_path
 
 
+def spm_trainable(train: ParallelText) -> tuple[ParallelText, list[str]]:
+    """The training pairs that sentencepiece can train on (both sentences at most
+    SPM_MAX_SENTENCE_BYTES UTF-8 bytes, its limit), and `file:line: N bytes` for the longer
+    over-long sentence of each pair left out (lines of the prepared files, from 1).
+
+    A split in which no pair is left is a DataError naming the first over-long line.
+    """
+    src, tgt, over = [], [], []
+    for line, pair in enumerate(zip(train.src, train.tgt), start=1):
+        sizes = [len(text.encode("utf-8")) for text in pair]
+        if max(sizes) <= SPM_MAX_SENTENCE_BYTES:
+            src.append(pair[0])
+            tgt.append(pair[1])
+            continue
+        origin = train.src_origin if sizes[0] >= sizes[1] else train.tgt_origin
+        over.append(f"{origin}:{line}: {max(sizes)} bytes")
+    if not src:
+        raise DataError(
+            f"{over[0]}, over sentencepiece's limit of {SPM_MAX_SENTENCE_BYTES} UTF-8 bytes for "
+            f"a training sentence, and every one of the {len(over)} training pairs has a "
+            "sentence that long: no text is left to train the subword model on. A corpus "
+            "file must hold one sentence per line: fix the training files, then `dvc repro`"
+        )
+    return ParallelText(train.split, src, tgt, train.src_origin, train.tgt_origin), over
+
+
 def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
     """Columns of one split (see COLUMNS), encoded in chunks with a progress bar."""
     src_ids: list[list[int]] = []
@@ -179,7 +219,17 @@ def tokenize(cfg: Config) -> dict:
 
     data = cfg.data
     corpus = read_prepared(cfg)
-    train = corpus[data.train_split]
+    train, over = spm_trainable(corpus[data.train_split])
+    if over:
+        more = f", and {len(over) - SHOWN_LINES} more" if len(over) > SHOWN_LINES else ""
+        warnings.warn(
+            f"{len(over)} of {len(corpus[data.train_split].src)} training pairs dropped: a "
+            f"sentence over sentencepiece's limit of {SPM_MAX_SENTENCE_BYTES} UTF-8 bytes cannot "
+            f"train the subword model ({'; '.join(over[:SHOWN_LINES])}{more}); counted in "
+            f"tokenize.json as splits.{data.train_split}.dropped.{OVER_SPM_LIMIT}",
+            stacklevel=2,
+        )
+    corpus[data.train_split] = train
     splits, metrics = {}, {}
     with atomic_directory(cfg.paths.tokenized) as staging:
         model_path = train_tokenizer(
@@ -193,6 +243,7 @@ def tokenize(cfg: Config) -> dict:
             columns = encode_split(tokenizer, pair)
             splits[split] = datasets.Dataset.from_dict(columns)
             metrics[split] = _token_stats(columns, tokenizer.unk_id)
+        metrics[data.train_split]["dropped"] = {OVER_SPM_LIMIT: len(over)}
         datasets.DatasetDict(splits).save_to_disk(str(staging / SPLITS_DIR))
         manifest = {
             "num_rows": {split: len(table) for split, table in splits.items()},
