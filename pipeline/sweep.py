@@ -407,8 +407,13 @@ def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
 
 
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
-    """Atomically move one WAITING trial to RUNNING for this worker (None when none is left)."""
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    """Atomically move one WAITING trial to RUNNING for this worker (None when none is left).
+
+    Retries of interrupted points first (RetryInterruptedTrial queues them last): they resume
+    from their checkpoints, while a fresh point starts from step 0; each group by number."""
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    waiting.sort(key=lambda trial: ("failed_trial" not in trial.system_attrs, trial.number))
+    for frozen in waiting:
         try:
             if study._storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
                 return optuna.Trial(study, frozen._trial_id)

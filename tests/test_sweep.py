@@ -195,6 +195,22 @@ def test_concurrent_claims_never_hand_one_waiting_trial_to_two_workers(storage_u
     assert len(claims) == 60 and set(claims.values()) == {1}, claims.most_common(3)
 
 
+def test_a_retried_point_is_claimed_before_fresh_ones(tmp_path):
+    """An interrupted point resumes from its checkpoint: it goes first, not after the grid."""
+    storage = sweep.open_storage(f"sqlite:///{tmp_path / 'study.db'}", sweep.SweepSettings())
+    study = optuna.create_study(study_name="order", storage=storage)
+    for x in range(3):
+        study.enqueue_trial({"x": x})
+    first = sweep.claim_waiting_trial(study)
+    assert first.number == 0
+    study.tell(first, state=TrialState.FAIL)
+    sweep.RetryInterruptedTrial(max_retries=3)(study, study.trials[0], preempted=True)
+    retry = sweep.claim_waiting_trial(study)
+    assert retry.number == 3 and study.trials[3].system_attrs["failed_trial"] == 0
+    assert [sweep.claim_waiting_trial(study).number for _ in range(2)] == [1, 2]
+    assert sweep.claim_waiting_trial(study) is None
+
+
 @pytest.mark.slow
 def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"race-{uuid.uuid4().hex[:8]}")
