@@ -10,13 +10,27 @@ The mode is `logger.wandb.mode` unless the environment sets `WANDB_MODE` (W&B's 
 switch, so `WANDB_MODE=online dvc exp run` works without editing the config): an explicit
 `wandb.init(mode=...)` would override the environment, hence the one environment read here.
 If an online start fails (no API key, no network, `logger.wandb.init_timeout` passed) the run
-starts offline with a warning. An outage costs at most `init_timeout`: the server must first
-answer one HTTP request within it (a refused connection falls back at once, a server that
-accepts but never answers after `init_timeout`), because W&B's own online start spends ~10 s
-more on an account lookup, and a process that once started online spends ~20 s at exit
-probing a silent server for its usage telemetry. That telemetry follows W&B's process-wide
-mode, which is therefore set to the run's: `offline` connects only to the local socket of
-W&B's own service process, `disabled` to nothing at all (tests/test_tracking.py watches).
+starts offline with a warning.
+
+Every wait on the W&B server is bounded by `init_timeout`, exit included, so an outage costs at
+most about that much (tests/test_tracking.py runs real servers that refuse, stay silent, or
+answer HEAD but hold every POST):
+- the server must first answer one HTTP request within it (a refused connection falls back at
+  once, a server that accepts but never answers after `init_timeout`);
+- W&B's own start waits `init_timeout` (its `init_timeout` setting) for the run's creation, and
+  skips the account lookup it does only to print "logged in as" (`x_disable_viewer`: two
+  fixed 5 s tries on a server that does not answer);
+- an online run's `run.finish()` (and W&B's exit handler) waits at most `init_timeout` for
+  the upload (W&B's `finish_timeout`; W&B then warns and names `wandb sync`): the run's
+  folder holds all of it, and `wandb sync <run folder>` uploads what was not sent (an offline
+  run waits on no server and writes everything);
+- W&B's usage telemetry is off unless the environment asks for it (`WANDB_ERROR_REPORTING`,
+  W&B's documented switch, set to false where unset): it would POST to
+  `<server>/sdk/otel/v1/metrics` from this process and from W&B's service at exit, with
+  10 s timeouts of its own, and reach for the network even when the run fell back offline.
+A run that is not online (offline, disabled, or fallen back) sets W&B's process-wide mode to
+its own too: `offline` connects only to the local socket of W&B's own service process,
+`disabled` to nothing at all.
 
 `read_offline_run` reads a run's `.wandb` file back (config, history, summary) with W&B's own
 protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
@@ -41,6 +55,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from pipeline.config import Config, to_dict
 
 MODE_ENV = "WANDB_MODE"
+TELEMETRY_ENV = "WANDB_ERROR_REPORTING"
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 
 
@@ -52,6 +67,7 @@ def resolve_mode(configured: str) -> str:
 
 def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: str | None = None):
     """Start a W&B run for `cfg` (see the module docstring for mode and fallback)."""
+    os.environ.setdefault(TELEMETRY_ENV, "false")  # read when W&B's service process starts
     import wandb
     from wandb.sdk import wandb_setup
 
@@ -67,15 +83,20 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
         "tags": list(settings.tags),
         "config": to_dict(cfg),
         "dir": str(directory),
-        "settings": wandb.Settings(init_timeout=settings.init_timeout),
     }
+    timeout = settings.init_timeout
     mode = resolve_mode(settings.mode)
     if mode == "online":
+        # Every wait on the server bounded by init_timeout (see the module docstring); set
+        # process-wide too, as W&B's login and its exit read those settings, not the run's.
+        bounded = wandb.Settings(init_timeout=timeout, finish_timeout=timeout,
+                                 x_disable_viewer=True)  # fmt: skip
         base_url = wandb_setup.singleton().settings.base_url  # env, `wandb login --host`
-        failure = no_answer(base_url, settings.init_timeout)
+        failure = no_answer(base_url, timeout)
         if failure is None:
+            wandb.setup(bounded)
             try:
-                return wandb.init(mode="online", **init_args)
+                return wandb.init(mode="online", settings=bounded, **init_args)
             except Exception as err:  # no API key, no network, timeout: W&B raises several
                 failure = f"{type(err).__name__}: {err}"
         warnings.warn(
@@ -84,10 +105,12 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
             stacklevel=2,
         )
         mode = "offline"
-    # The process-wide mode too: W&B's usage telemetry follows it, not the run's, and would
-    # reach for the server at exit (a DNS lookup; ~20 s when the server is silent).
-    wandb.setup(wandb.Settings(mode=mode))
-    return wandb.init(mode=mode, **init_args)
+    # The process-wide mode too: W&B's usage telemetry (if asked for) follows it, not the
+    # run's, and would reach for the server at exit (a DNS lookup; ~20 s when it is silent).
+    # An offline run waits on no server: its finish is unbounded again (finish_timeout 0, W&B's
+    # default), so that it writes everything.
+    wandb.setup(wandb.Settings(mode=mode, finish_timeout=0.0))
+    return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
 
 
 def no_answer(url: str, timeout: float) -> str | None:

@@ -295,3 +295,168 @@ def test_disabled_and_offline_training_open_no_network_connection(
         assert network == []
         if mode == "disabled":
             assert local == []  # (glibc's user-name lookups may ask nscd: not W&B, not network)
+
+
+# ------------------------------------------------ a server that answers HEAD but holds POSTs
+
+# Starts a W&B run from `cfg.json` (argv[1]) with `start_wandb_run`, logs three steps, finishes
+# it and writes `result.json` beside it: whether it fell back offline, the seconds spent in the
+# start and in `finish()`, and the end time (the parent measures the exit after it).
+RUN_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import wandb  # imported before the clock starts: the start is W&B's, not Python's
+    from pipeline.config import from_dict
+    from pipeline.tracking import start_wandb_run
+
+    folder = os.path.dirname(os.path.abspath(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        cfg = from_dict(json.load(f))
+    began = time.monotonic()
+    run = start_wandb_run(cfg, job_type="train")
+    started, offline = time.monotonic(), run.offline
+    for step in range(1, 4):
+        run.log({"train/loss": 1.0 / step, "trainer/global_step": step})
+    run.finish()
+    result = {"offline": offline, "start_s": started - began,
+              "finish_s": time.monotonic() - started, "ended": time.time()}
+    with open(os.path.join(folder, "result.json"), "w") as f:
+        json.dump(result, f)
+    """
+)
+
+
+def _graphql_answer(server_url: str, request: dict) -> dict:
+    """Just enough of W&B's GraphQL API for wandb-core to start a run and list its files."""
+    variables = request.get("variables") or {}
+    operation = request.get("operationName")
+    if operation == "UpsertBucket":
+        project = {"id": "cA==", "name": variables.get("project") or "p",
+                   "entity": {"id": "ZQ==", "name": "e"}}  # fmt: skip
+        bucket = {"id": "Yg==", "name": variables.get("name") or "r", "displayName": "r",
+                  "project": project}  # fmt: skip
+        return {"upsertBucket": {"bucket": bucket, "inserted": True}}
+    if operation == "Viewer":
+        return {"viewer": {"id": "dQ==", "entity": "e", "username": "u", "email": "",
+                           "flags": "{}", "teams": {"edges": []}}}  # fmt: skip
+    if operation == "CreateRunFiles":
+        files = [{"name": name, "uploadUrl": f"{server_url}/upload/{name}"}
+                 for name in variables.get("files", [])]  # fmt: skip
+        return {"createRunFiles": {"runID": "cg==", "uploadHeaders": [], "files": files}}
+    if operation == "ServerFeaturesQuery":
+        return {"serverInfo": {"features": []}}
+    return {}
+
+
+@contextlib.contextmanager
+def holding_server(answer_graphql: bool = False):
+    """A real HTTP server that answers HEAD and GET at once but holds every POST and PUT
+    unanswered until it stops (with `answer_graphql`, it answers GraphQL and holds the run's
+    file stream and uploads); yields (url, the (method, path) of every request)."""
+    import http.server
+
+    requests: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_HEAD(self) -> None:
+            requests.append((self.command, self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def do_POST(self) -> None:
+            requests.append((self.command, self.path))
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not (answer_graphql and self.path == "/graphql"):
+                stop.wait()  # held: no answer, the connection stays open
+                return
+            answer = json.dumps({"data": _graphql_answer(url, json.loads(body))}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        do_PUT = do_POST
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield url, requests
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _start_and_finish(make_config, root: Path, env: dict, *overrides: str):
+    """Run RUN_SCRIPT in a subprocess; (result, stderr, exit delay s, cfg)."""
+    cfg = make_config(*overrides, root=root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cfg.json").write_text(json.dumps(to_dict(cfg)))
+    (root / "run.py").write_text(RUN_SCRIPT)
+    result = subprocess.run([sys.executable, "run.py", "cfg.json"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    exited = time.time()
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads((root / "result.json").read_text())
+    return outcome, result.stderr, exited - outcome["ended"], cfg
+
+
+@pytest.mark.slow
+def test_a_server_holding_posts_costs_at_most_init_timeout_exit_included(
+    make_config, tmp_path, no_wandb_account
+):
+    """Issue #20 item 7: a server that answers HEAD but holds POSTs cost +10 s (account
+    lookups; then W&B's usage telemetry POSTed to /sdk/otel/v1/metrics at exit, 10 s a try).
+    Now every wait is bounded by init_timeout, no telemetry is sent, nothing of the run is lost
+    (`wandb sync` uploads it later). Two servers: one holds every POST (the start falls back
+    offline), one takes the run but holds its file stream and uploads (finish gives up)."""
+    init_timeout = 3.0
+    env = _wandb_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env.pop("WANDB_ERROR_REPORTING", None)  # as users run it: telemetry not asked for, not off
+    baseline, _, baseline_exit, _ = _start_and_finish(make_config, tmp_path / "offline", env)
+    online = ["logger.wandb.mode=online", f"logger.wandb.init_timeout={init_timeout}"]
+    fake_key = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"}  # 40 characters
+    for name, answer_graphql in [("holds-posts", False), ("holds-uploads", True)]:
+        with holding_server(answer_graphql) as (url, requests):
+            outcome, stderr, exit_delay, cfg = _start_and_finish(
+                make_config, tmp_path / name, {**env, "WANDB_BASE_URL": url, **fake_key}, *online
+            )
+        start = outcome["start_s"] - baseline["start_s"]
+        print(f"{name}: start {start:+.2f} s, finish {outcome['finish_s']:.2f} s, exit "
+              f"{exit_delay:.2f} s (offline: finish {baseline['finish_s']:.2f} s, exit "
+              f"{baseline_exit:.2f} s); requests {sorted(set(requests))}")  # fmt: skip
+        posted = {path for method, path in requests if method != "HEAD"}
+        assert not [path for path in posted if "otel" in path], posted  # no usage telemetry
+        assert ("HEAD", "/") in requests  # it was reached, and answered
+        assert start < init_timeout + 3  # + noise between two runs on shared cores
+        assert outcome["finish_s"] < init_timeout + 3
+        assert exit_delay < baseline_exit + 3
+        wandb_dir = Path(cfg.paths.wandb_dir) / "wandb"
+        if answer_graphql:  # started online; what was not uploaded stays in its run folder
+            assert not outcome["offline"]
+            assert "/graphql" in posted and any("file_stream" in path for path in posted)
+            assert "wandb sync" in stderr
+            (run_dir,) = wandb_dir.glob("run-*")
+        else:  # fell back offline after init_timeout
+            assert outcome["offline"]
+            assert "W&B online start failed" in stderr and "/graphql" in stderr
+            assert posted == {"/graphql"}  # the run's creation, nothing else
+            (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+        saved = read_offline_run(run_dir)
+        assert saved["complete"] and saved["config"] == to_dict(cfg)
+        losses = [row["train/loss"] for row in saved["history"] if "train/loss" in row]
+        assert losses == pytest.approx([1.0, 0.5, 1 / 3])
