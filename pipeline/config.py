@@ -127,6 +127,8 @@ class TrainConfig:
     compile: bool = False
     loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
     compile_loss: bool = True  # each chunk's softmax + loss + gradient as one compiled function
+    float32_matmul_precision: str = "highest"  # GPU: torch.set_float32_matmul_precision
+    cpu_speed_paths: bool = True  # CPU-only speed paths (pipeline.cpu_paths); false: generic
     # CPU only (pipeline.training.cpu_memory): heap-allocate activations up to this many MiB
     # and never trim the heap; cache this many oneDNN kernels. None keeps the defaults.
     cpu_mmap_threshold_mb: Optional[int] = 32
@@ -245,6 +247,12 @@ def validate(cfg: Config) -> Config:
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
+    _check(
+        t.float32_matmul_precision in ("highest", "high", "medium"),
+        "train.float32_matmul_precision",
+        f"must be highest, high or medium (torch.set_float32_matmul_precision), got "
+        f"{t.float32_matmul_precision!r}",
+    )
     # Lightning's save_top_k: -1 keeps every validation's checkpoint, k >= 1 the newest/best k;
     # 0 keeps none (only last.ckpt), and the evaluate stage would have nothing to average.
     _check(

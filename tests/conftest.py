@@ -65,6 +65,19 @@ def run_stage(
     )  # fmt: skip
 
 
+@pytest.fixture(params=["cpu_speed_paths", "generic_paths"])
+def speed_paths(request):
+    """Run the test twice: with the CPU-only speed paths, and with the generic paths a GPU
+    takes (`pipeline.cpu_paths`), so both meet the same oracle."""
+    from pipeline import cpu_paths
+
+    if request.param == "generic_paths":
+        with cpu_paths.generic():
+            yield request.param
+    else:
+        yield request.param
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 16 MiB tmpfs mounted at tmp_path/disk (needs root; skips where it cannot be

@@ -189,3 +189,25 @@ def test_config_rejects_heads_not_dividing_d_model(make_config):
 
     with pytest.raises(ConfigError, match="model.heads"):
         make_config("model.d_model=10", "model.heads=3")
+
+
+@pytest.mark.parametrize("query_len", [1, T_Q])  # a cached decoding step; a training block
+def test_bf16_attention_matches_the_fp32_reference_on_either_path(qkv, speed_paths, query_len):
+    """Under CPU bf16 autocast the CPU path runs the explicit formula (torch's fused backward
+    is slow there), the generic path torch's kernel: both agree with fp32 attention, forward
+    and backward, to bf16's precision."""
+    from pipeline.model.attention import _fused_kernel_is_slow
+
+    q, k, v = (t.clone().requires_grad_() for t in qkv)
+    q_block = q[:, :, :query_len]
+    mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
+    reference = F.scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
+    (grad_q_ref,) = torch.autograd.grad(reference.square().sum(), q)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _fused_kernel_is_slow(q_block.bfloat16(), query_len) == (
+            speed_paths == "cpu_speed_paths"
+        )
+        ours, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask, fused=True)
+    (grad_q,) = torch.autograd.grad(ours.float().square().sum(), q)
+    torch.testing.assert_close(ours.float(), reference, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(grad_q, grad_q_ref, atol=6e-2, rtol=6e-2)

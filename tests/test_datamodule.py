@@ -208,3 +208,12 @@ def test_max_positions_shorter_than_the_data_is_refused_naming_split_and_length(
         f"'{split}' example {index} has a {side} of {positions} positions"
     )
     assert f"at least {positions}" in str(refused.value)
+
+
+def test_loaders_pin_memory_only_when_asked(tokenized_smoke):
+    """Training on a GPU pins batches (the trainer asks for it there), so that Lightning's
+    non-blocking copies overlap the step; on a CPU pinning would only cost."""
+    assert not TranslationDataModule(tokenized_smoke).val_dataloader().pin_memory
+    pinned = TranslationDataModule(tokenized_smoke, pin_memory=True)
+    pinned.setup("fit")
+    assert pinned.train_dataloader().pin_memory and pinned.val_dataloader().pin_memory

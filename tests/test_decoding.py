@@ -199,7 +199,7 @@ def source_batch():
     return src
 
 
-def test_cached_beam_search_equals_recomputation(transformer, source_batch):
+def test_cached_beam_search_equals_recomputation(transformer, source_batch, speed_paths):
     kwargs = dict(
         beam_size=4, length_penalty=0.6, nbest=4, **decode_kwargs(max_len_a=1.2, max_len_b=4)
     )
@@ -212,7 +212,7 @@ def test_cached_beam_search_equals_recomputation(transformer, source_batch):
         assert [h.score for h in ours] == pytest.approx([h.score for h in reference], abs=1e-5)
 
 
-def test_cached_greedy_equals_recomputation_and_beam_one(transformer, source_batch):
+def test_cached_greedy_equals_recomputation_and_beam_one(transformer, source_batch, speed_paths):
     kwargs = decode_kwargs(max_len_a=1.2, max_len_b=4)
     cached = greedy_decode(transformer, source_batch, **kwargs)
     assert cached == greedy_decode(transformer, source_batch, **kwargs, use_cache=False)

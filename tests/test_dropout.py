@@ -10,7 +10,7 @@ from pipeline.model.dropout import MASK_BITS, Dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
-def test_drops_a_fraction_p_and_scales_the_rest_by_one_over_keep(p):
+def test_drops_a_fraction_p_and_scales_the_rest_by_one_over_keep(p, speed_paths):
     torch.manual_seed(0)
     x = torch.rand(200, 50, 64) + 0.5  # no zeros of its own
     y = Dropout(p).train()(x)
@@ -25,7 +25,7 @@ def test_eval_mode_and_p_zero_are_the_identity():
     assert Dropout(0.0).train()(x) is x
 
 
-def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16():
+def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16(speed_paths):
     torch.manual_seed(1)
     x = torch.randn(30, 40, dtype=torch.bfloat16, requires_grad=True)
     y = Dropout(0.25).train()(x)
@@ -35,7 +35,7 @@ def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16():
     torch.testing.assert_close(x.grad, expected)
 
 
-def test_same_rng_state_same_mask():
+def test_same_rng_state_same_mask(speed_paths):
     x = torch.ones(64, 64)
     state = torch.get_rng_state()
     first = Dropout(0.3).train()(x)

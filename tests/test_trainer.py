@@ -35,6 +35,7 @@ from pipeline.training.module import DivergedError, TranslationModule, inverse_s
 from pipeline.training.trainer import (
     build_callbacks,
     check_resumable,
+    config_differences,
     device_count,
     resolve_strategy,
     resume_checkpoint,
@@ -213,6 +214,19 @@ def test_resume_lists_the_free_keys_that_differ(make_config):
         resume_checkpoint(longer)
 
 
+def test_a_checkpoint_older_than_a_config_key_resumes_as_its_default(make_config):
+    """Keys added since a checkpoint was written default to what ran before them: the run
+    resumes (a study's interrupted trial after a code update); another value is refused."""
+    cfg = make_config()
+    saved = config_lib.to_dict(cfg)
+    del saved["train"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
+    fixed, _ = config_differences(saved, cfg)
+    assert fixed == []
+    cfg.train.cpu_speed_paths = False  # not what the older code ran
+    fixed, _ = config_differences(saved, cfg)
+    assert fixed == ["train.cpu_speed_paths"]
+
+
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):
     cfg = make_config()
     directory = checkpoint_dir(cfg.paths.train_dir)
@@ -303,8 +317,10 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     assert wandb_run["summary"]["best/val/bleu"] == pytest.approx(metrics["val/bleu"])
 
 
-def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config):
-    common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3"]
+@pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes
+def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config, speed_paths):
+    common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3",
+              f"train.cpu_speed_paths={speed_paths}", "model.dropout=0.1"]  # fmt: skip
     steps = 6
     interrupted = train_config(*common, f"train.max_steps={steps}", name="interrupted")
     per_epoch = _train_batches_per_epoch(interrupted)

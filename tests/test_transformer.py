@@ -88,7 +88,7 @@ def make_model(**overrides) -> Transformer:
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_logits_match_torch_transformer(norm_first, positional):
+def test_logits_match_torch_transformer(norm_first, positional, speed_paths):
     model = make_model(norm_first=norm_first, positional=positional, encoder_layers=3)
     oracle = TorchOracle(model).train()  # train mode, dropout 0: torch's general (non-fast) path
     for seed in range(3):
@@ -105,7 +105,7 @@ def test_logits_match_torch_transformer(norm_first, positional):
         torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-5)
 
 
-def test_gradients_match_torch_transformer():
+def test_gradients_match_torch_transformer(speed_paths):
     model = make_model()
     oracle = TorchOracle(model).train()
     src, tgt_in = random_batch([5, 3], [4, 2])
@@ -180,7 +180,7 @@ def test_max_positions_error_names_the_key():
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_cached_decoding_equals_full_decoding(norm_first):
+def test_cached_decoding_equals_full_decoding(norm_first, speed_paths):
     model = make_model(norm_first=norm_first)
     src, tgt_in = random_batch([6, 3], [7, 7], seed=1)
     memory, src_pad = model.encode(src)
@@ -207,7 +207,7 @@ def test_cache_reorders_beams():
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_beams_sharing_one_memory_row_equal_per_beam_copies(fused):
+def test_beams_sharing_one_memory_row_equal_per_beam_copies(fused, speed_paths):
     """Beam search passes one encoder row per sentence for its k beams: the logits (cached and
     not), the cache after dropping a sentence, and the attention weights equal the per-beam copies."""
     model = make_model(fused_attention=fused)

@@ -118,9 +118,12 @@ class ResumableDataLoader(DataLoader):
 class TranslationDataModule(L.LightningDataModule):
     """Train/val/test loaders over `cfg.paths.tokenized` (see the module docstring)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, pin_memory: bool = False) -> None:
+        """`pin_memory`: batches in page-locked host memory (training on a GPU), so that the
+        copies Lightning makes with `non_blocking=True` overlap the previous step."""
         super().__init__()
         self.cfg = cfg
+        self.pin_memory = pin_memory
         self.tokenizer: Tokenizer | None = None
         self.splits: dict[str, TokenizedSplit] = {}
         self.train_sampler: TokenBatchSampler | None = None
@@ -228,13 +231,15 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=self._collate(),
             num_workers=workers,
             persistent_workers=workers > 0,
+            pin_memory=self.pin_memory,
         )
 
     def dataloader_for_split(self, name: str) -> DataLoader:
         """Deterministic loader over a whole split, batched by eval.max_tokens source tokens."""
         dataset = self.split(name)
         batches = eval_batches([len(ids) for ids in dataset.src_ids], self.cfg.eval.max_tokens)
-        return DataLoader(dataset, batch_sampler=batches, collate_fn=self._collate())
+        return DataLoader(dataset, batch_sampler=batches, collate_fn=self._collate(),
+                          pin_memory=self.pin_memory)  # fmt: skip
 
     def val_dataloader(self) -> DataLoader:
         return self.dataloader_for_split(self.cfg.data.val_split)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline import cpu_paths
+
 
 def padding_attention_mask(key_padding_mask: Tensor) -> Tensor:
     """(B, T_k) bool, True = pad  ->  (B, 1, 1, T_k) bool, True = may attend (broadcast over h, T_q)."""
@@ -89,7 +91,7 @@ def _fused_kernel_is_slow(q: Tensor, query_len: int) -> bool:
     than the explicit formula with bf16 matmuls (benchmarks/train_throughput.py); for a single
     query (a decoding step with the cache: 600 rows x 8 heads over 20-50 keys) it takes
     ~1.8x the explicit formula's time, in fp32 too (benchmarks/decode_throughput.py)."""
-    if q.device.type != "cpu":
+    if not cpu_paths.enabled_for(q.device):
         return False
     return q.dtype in (torch.bfloat16, torch.float16) or query_len == 1
 

@@ -9,7 +9,8 @@ CPU dropout kernel (`bernoulli_`) took ~19 ns per entry and `torch.rand` 7-11 ns
 mask here compares 16-bit slices of random 64-bit integers, one draw per four entries (~3 ns
 per entry, 2-3x faster than `torch.rand`), so p is rounded to a multiple of 2^-15
 (0.3 -> 0.299988). Same default generator throughout, so seeding and the
-checkpointed RNG state reproduce it exactly. Elsewhere (a GPU) `torch.rand` is already cheap.
+checkpointed RNG state reproduce it exactly. Elsewhere (a GPU) `torch.rand` is already cheap;
+`pipeline.cpu_paths` switches the CPU path off.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 
 import torch
 from torch import Tensor, nn
+
+from pipeline import cpu_paths
 
 MASK_BITS = 15  # mask entries compare 16-bit slices of random integers: p in steps of 2^-15
 
@@ -42,7 +45,7 @@ class Dropout(nn.Module):
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
     """Bool mask of `shape`, each entry True with probability 1 - p (p rounded to 2^-15 on a CPU)."""
-    if device.type != "cpu":
+    if not cpu_paths.enabled_for(device):
         return torch.rand(shape, device=device) >= p
     count = math.prod(shape)
     # random_() on int64 fills [0, 2^63): of the four 16-bit slices of each number, three are

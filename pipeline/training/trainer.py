@@ -32,6 +32,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from pipeline import cpu_paths
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import Config, leaves, subtree, to_dict
 from pipeline.data.datamodule import TranslationDataModule
@@ -77,6 +78,7 @@ RESUME_FREE_KEYS = (
     "train.num_nodes",
     "train.strategy",
     "train.ddp_timeout",
+    "train.float32_matmul_precision",  # GPU numerics, like the device itself
     "train.bf16_min_speedup",
     "train.num_workers",
     "train.save_top_k",
@@ -90,6 +92,7 @@ RESUME_FREE_KEYS = (
     "train.progress_bar",
     "train.deterministic",
 )
+GPU_ACCELERATORS = ("gpu", "cuda")
 REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
 
 
@@ -223,10 +226,12 @@ def build_trainer(
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
-    current = to_dict(cfg)
+    current, defaults = to_dict(cfg), to_dict(Config())
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
-        before = leaves(subtree(saved, section), section)
+        # A key the checkpoint's config lacks is newer than it: its default is what ran.
+        before = {**leaves(subtree(defaults, section), section),
+                  **leaves(subtree(saved, section), section)}  # fmt: skip
         now = leaves(subtree(current, section), section)
         for key in sorted(set(before) | set(now)):
             if before.get(key) == now.get(key):
@@ -363,16 +368,25 @@ def run(
     `job_type`, `run_name` and `group` label the W&B run this starts, unless `wandb_run` is
     given: then training logs into that run and its owner finishes it. `keep_finished`: a
     finished run of this config is done even if the code changed since (see
-    `resume_checkpoint`).
+    `resume_checkpoint`). `train.cpu_speed_paths` holds for this run (`pipeline.cpu_paths`).
     """
+    with cpu_paths.configured(cfg.train.cpu_speed_paths):
+        return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+
+
+def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
     started = time.perf_counter()
-    if resolve_accelerator(cfg.train.accelerator) == "cpu":
+    accelerator = resolve_accelerator(cfg.train.accelerator)
+    if accelerator == "cpu" and cfg.train.cpu_speed_paths:
         configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
+    on_gpu = accelerator in GPU_ACCELERATORS
+    if on_gpu:  # TF32 tensor cores for float32 matmuls (32-true); bf16-mixed is unaffected
+        torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path = resume_checkpoint(cfg, keep_finished=keep_finished)
     _stop_if_signalled(ckpt_path)
 
-    datamodule = TranslationDataModule(cfg)
+    datamodule = TranslationDataModule(cfg, pin_memory=on_gpu)
     datamodule.setup("fit")
     datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
