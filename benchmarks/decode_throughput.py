@@ -1,6 +1,7 @@
 """Decoding throughput: beam search on the real test set (test_2016_flickr sources) with our
-incremental-decoding cache, ours re-decoding the whole prefix at every step, and Hugging Face
-Marian's `generate`, all with the same sizes and untrained weights.
+incremental-decoding cache, ours re-decoding the whole prefix at every step, Hugging Face
+Marian's `generate`, and our model exported to CTranslate2 (`pipeline.export`) with float32 and
+with int8 weights, all with the same sizes and untrained weights.
 
     python -m benchmarks.decode_throughput [--sentences 1000] [--repeats 3] [overrides]
 
@@ -11,10 +12,13 @@ L = floor(eval.max_len_a * S_max + eval.max_len_b) (the project's rule, applied 
 batch's longest source, capped by model.max_positions - 1). Ours gets max_len_a=0,
 max_len_b=L and a model wrapper that puts eos at -1e9 in the logits (a finite value, so the
 forced eos at the limit still finishes the hypotheses); Marian gets min_new_tokens =
-max_new_tokens = L + 1 (its MinNewTokensLength processor bans eos the same way). Both run L + 1
-decoder steps for every sentence and beam. The batches are the project's evaluation batches
-(`pipeline.data.batching.eval_batches`, eval.max_tokens source tokens, sorted by length),
-identical for all systems; beam size and length penalty come from conf/eval.
+max_new_tokens = L + 1 (its MinNewTokensLength processor bans eos the same way); CTranslate2
+gets min_decoding_length = max_decoding_length = L + 1 (eos disabled until its last step, which
+ends every hypothesis). All run L + 1 decoder steps for every sentence and beam. The batches
+are the project's evaluation batches (`pipeline.data.batching.eval_batches`, eval.max_tokens
+source tokens, sorted by length), identical for all systems; beam size and length penalty come
+from conf/eval. CTranslate2 uses as many threads as torch (`--threads`) and computes in its
+stored weight type, so its systems are timed in the float32 round only (not under autocast).
 
 Our beam search normally also stops each sentence at its own a * src_len + b, which saves work
 the fixed per-batch limit does not count; this benchmark measures the cost per decoding step.
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,10 +56,13 @@ from benchmarks.common import (
     tokenized_corpus,
 )
 from pipeline.data.batching import eval_batches
+from pipeline.export import export_ctranslate2, load_exported
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 
-SYSTEMS = ("cached", "uncached", "marian")
+SYSTEMS = ("cached", "uncached", "marian", "ctranslate2", "ctranslate2_int8")
+# The exported systems and their stored weight types (pipeline.export's --quantization).
+CTRANSLATE2 = {"ctranslate2": "float32", "ctranslate2_int8": "int8"}
 BANNED_LOGIT = -1e9  # eos logit before the length limit: never among the top 2k candidates
 
 
@@ -106,12 +115,13 @@ def run(args: argparse.Namespace) -> dict:
         sources = [sources[i] for i in sorted(chosen)]
     e, pad, bos, eos = cfg.eval, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     vocab = tokenizer.vocab_size
-    batches = []
+    batches, pieces = [], []  # the same batches as tensors, and as CTranslate2's tokens
     for indices in eval_batches([len(s) for s in sources], e.max_tokens):
         rows = [sources[i] for i in indices]
         steps = decode_steps([len(r) for r in rows], e.max_len_a, e.max_len_b,
                              cfg.model.max_positions)  # fmt: skip
         batches.append((pad_batch(rows, pad).to(device), steps))
+        pieces.append(([[tokenizer.piece(t) for t in row] for row in rows], steps))
 
     torch.manual_seed(cfg.seed)
     ours = EosBanned(Transformer(cfg.model, vocab, pad), eos).to(device).eval()
@@ -134,12 +144,34 @@ def run(args: argparse.Namespace) -> dict:
                             length_penalty=e.length_penalty, max_new_tokens=steps + 1,
                             min_new_tokens=steps + 1, do_sample=False, early_stopping=False)  # fmt: skip
 
+    def ctranslate2_fn(folder: Path):
+        exported = load_exported(folder, device=device.type, threads=torch.get_num_threads())
+
+        def decode_all() -> None:
+            for rows, steps in pieces:
+                exported.translator.translate_batch(
+                    rows, beam_size=e.beam_size, length_penalty=e.length_penalty,
+                    min_decoding_length=steps + 1, max_decoding_length=steps + 1,
+                    max_input_length=0,
+                )  # fmt: skip
+
+        return decode_all
+
     every = {"cached": ours_fn(True), "uncached": ours_fn(False), "marian": marian_fn}
+    with tempfile.TemporaryDirectory(prefix="bench-ctranslate2-") as scratch:  # loaded, removed
+        for name, quantization in CTRANSLATE2.items():
+            if name in args.systems:
+                folder = Path(scratch) / name
+                export_ctranslate2(ours.model.cpu(), tokenizer, folder, quantization=quantization)
+                every[name] = ctranslate2_fn(folder)
+    ours.to(device)
     systems = {name: every[name] for name in SYSTEMS if name in args.systems}
     results = {}
     for dtype_name in chosen_dtypes(args, device, cfg):
+        timed = {name: fn for name, fn in systems.items()
+                 if dtype_name == "float32" or name not in CTRANSLATE2}  # fmt: skip
         with autocast(device, DTYPES[dtype_name]):
-            seconds = time_interleaved(systems, repeats=args.repeats, warmup=args.warmup,
+            seconds = time_interleaved(timed, repeats=args.repeats, warmup=args.warmup,
                                        device=device, progress=f"decode {dtype_name}")  # fmt: skip
         total = {name: median(times) for name, times in seconds.items()}
         per_s = {name: len(sources) / s for name, s in total.items()}
@@ -148,8 +180,8 @@ def run(args: argparse.Namespace) -> dict:
             "sentences_per_s": per_s,
             "ratio": {
                 f"cached_vs_{name}": per_s["cached"] / per_s[name]
-                for name in ("uncached", "marian")
-                if "cached" in per_s and name in per_s
+                for name in per_s
+                if "cached" in per_s and name != "cached"
             },
         }
 
@@ -161,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     table = []
     for dtype_name, r in results.items():
-        for name in systems:
+        for name in r["seconds"]:
             ratio = r["sentences_per_s"].get("cached", math.nan) / r["sentences_per_s"][name]
             table.append([dtype_name, name, r["seconds"][name], r["sentences_per_s"][name], ratio])
     print_table(["dtype", "system", "seconds", "sentences/s", "cached / system"], table)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks import batching, decode_throughput, train_throughput
 from benchmarks.common import marian_model, pad_batch, tokenized_corpus
 from pipeline.config import ModelConfig
-from pipeline.data.tokenizer import load_tokenized
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 
@@ -86,11 +87,13 @@ def test_decode_throughput_end_to_end(tokenized_smoke, capsys):
     assert printed["sentences"] == 12 and printed["beam_size"] == 2
     assert printed["batches"] >= 2  # eval.max_tokens=64 splits 12 sentences
     result = printed["results"]["float32"]
-    assert set(result["sentences_per_s"]) == {"cached", "uncached", "marian"}
+    assert set(result["sentences_per_s"]) == set(decode_throughput.SYSTEMS)
+    assert set(decode_throughput.SYSTEMS) >= {"cached", "uncached", "marian", "ctranslate2"}
     assert all(positive(v) for v in result["sentences_per_s"].values())
-    assert result["ratio"]["cached_vs_uncached"] == pytest.approx(
-        result["sentences_per_s"]["cached"] / result["sentences_per_s"]["uncached"]
-    )
+    for name in set(decode_throughput.SYSTEMS) - {"cached"}:
+        assert result["ratio"][f"cached_vs_{name}"] == pytest.approx(
+            result["sentences_per_s"]["cached"] / result["sentences_per_s"][name]
+        )
     # The step count follows the length rule on each batch's longest source.
     test = load_tokenized(tokenized_smoke.paths.tokenized)["test_2016_flickr"]
     assert printed["decoder_steps"] >= 2 * (int(1.2 * min(test["src_len"])) + 3 + 1)
@@ -113,6 +116,26 @@ def test_every_system_decodes_the_same_number_of_steps():
     out = marian.generate(input_ids=src, attention_mask=src.ne(0), num_beams=3,
                           max_new_tokens=steps + 1, min_new_tokens=steps + 1)  # fmt: skip
     assert out.shape == (2, steps + 2) and not out[:, 1:].eq(3).any()
+
+
+def test_ctranslate2_decodes_the_same_number_of_steps(tokenized_smoke, tmp_path):
+    """The exported model with eos disabled until its last step (min = max decoding length
+    = L + 1) returns hypotheses of L + 1 tokens: L + 1 decoder steps, as ours and Marian."""
+    from pipeline.export import export_ctranslate2, load_exported
+
+    tokenizer, steps = Tokenizer.load(Path(tokenized_smoke.paths.tokenized) / MODEL_FILE), 7
+    cfg = ModelConfig(d_model=32, heads=2, encoder_layers=1, decoder_layers=1, d_ff=64)
+    model = Transformer(cfg, tokenizer.vocab_size, tokenizer.pad_id).eval()
+    exported = load_exported(
+        export_ctranslate2(model, tokenizer, tmp_path / "ct2", quantization="int8")
+    )
+    rows = [[tokenizer.piece(t) for t in ids] for ids in ([5, 6, 7, 8], [9, 10])]
+    results = exported.translator.translate_batch(
+        rows, beam_size=3, min_decoding_length=steps + 1, max_decoding_length=steps + 1,
+        return_end_token=True,
+    )  # fmt: skip
+    assert [len(r.hypotheses[0]) for r in results] == [steps + 1, steps + 1]
+    assert all(tokenizer.piece(tokenizer.eos_id) not in r.hypotheses[0] for r in results)
 
 
 def test_batching_end_to_end(tokenized_smoke, capsys):

@@ -1,0 +1,242 @@
+"""`python -m pipeline.export --to ctranslate2`: the exported model translates token for token as
+ours does (greedy and beam search, random models of every architecture and the trained smoke
+model), int8 weights load and translate, and what cannot be exported is refused by name.
+
+Our decoding rules that are not CTranslate2 options (GNMT's length penalty, eos at the length
+limit, pad/bos never generated) are reproduced by `translate_with_ctranslate2` (see
+`pipeline.export`); the smoke model repeats itself until the length limit on nearly every
+sentence, so the limit's rule is exercised on every beam-search sentence here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline import export
+from pipeline.config import ModelConfig
+from pipeline.data.corpus import read_prepared
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+from pipeline.errors import ConfigError, DataError
+from pipeline.evaluation import evaluate
+from pipeline.model.transformer import Transformer
+from tests.conftest import REPO_ROOT
+
+TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)
+# Post-norm, sinusoids, tied (the paper; the smoke model too) and everything else at once.
+ARCHITECTURES = {
+    "paper": dict(norm_first=False, positional="sinusoidal", tie_embeddings=True),
+    "prenorm_learned_untied": dict(norm_first=True, positional="learned", tie_embeddings=False),
+}
+
+
+def run_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.export", "--to", "ctranslate2", *args],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+
+
+def ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg):
+    """(our evaluate-stage translations, CTranslate2's) of the same source ids."""
+    ours = evaluate.translate_ids(model, tokenizer, src_ids, dataclasses.replace(eval_cfg, nbest=1))
+    theirs = export.translate_with_ctranslate2(
+        exported, src_ids, beam_size=eval_cfg.beam_size, length_penalty=eval_cfg.length_penalty,
+        max_len_a=eval_cfg.max_len_a, max_len_b=eval_cfg.max_len_b,
+    )  # fmt: skip
+    return ours, theirs
+
+
+def assert_same_translations(ours, theirs) -> None:
+    assert len(ours) == len(theirs)
+    differing = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a.tokens[0] != b.tokens]
+    assert not differing, f"{len(differing)} sentences differ, e.g. #{differing[0]}"
+    for a, b in zip(ours, theirs):  # and the same GNMT-normalised beam scores
+        assert b.score == pytest.approx(a.scores[0], rel=1e-4, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- random models
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_random_models_of_every_architecture_translate_as_ours(
+    architecture, tokenized_smoke, tmp_path
+):
+    """Untrained weights (every sentence runs to the length limit); the second architecture
+    also reads a source eos (data.tokenizer.source_eos), which CTranslate2 adds itself."""
+    source_eos = architecture != "paper"
+    tokenizer = Tokenizer.load(Path(tokenized_smoke.paths.tokenized) / MODEL_FILE, source_eos)
+    torch.manual_seed(0)
+    cfg = ModelConfig(**TINY, **ARCHITECTURES[architecture])
+    model = Transformer(cfg, tokenizer.vocab_size, tokenizer.pad_id).eval()
+    # pad and bos are never targets: training leaves them no probability. Zero logits here,
+    # mid-field among random ones: our search bans them, CTranslate2 cannot without
+    # renormalising the other tokens' probabilities (see pipeline.export).
+    model.output_projection.weight.data[[tokenizer.pad_id, tokenizer.bos_id]] = 0.0
+    out = export.export_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    exported = export.load_exported(out)
+
+    val = read_prepared(tokenized_smoke, ["val"])["val"].src[:40]
+    src_ids = tokenizer.encode_sources(val)
+    assert all(ids[-1] == tokenizer.eos_id for ids in src_ids) == source_eos
+    for beam, alpha in ((1, 1.0), (3, 0.6), (4, 0.0)):
+        eval_cfg = dataclasses.replace(tokenized_smoke.eval, beam_size=beam, length_penalty=alpha)
+        assert_same_translations(
+            *ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg)
+        )
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_models_ctranslate2_cannot_express_are_refused_by_name(tokenized_smoke, tmp_path):
+    tokenizer = Tokenizer.load(Path(tokenized_smoke.paths.tokenized) / MODEL_FILE)
+    out = tmp_path / "ct2"
+
+    def tiny_model(vocab_size: int = tokenizer.vocab_size) -> Transformer:
+        return Transformer(ModelConfig(**TINY), vocab_size, tokenizer.pad_id).eval()
+
+    model = tiny_model()
+    model.decoder_layers[1].ffn_residual.norm.eps = 1e-6
+    with pytest.raises(ConfigError, match=r"LayerNorm epsilons differ.*decoder_layers\.1\.ffn_"):
+        export.export_ctranslate2(model, tokenizer, out)
+
+    model = tiny_model()
+    model.encoder_layers[0].register_parameter("gate", nn.Parameter(torch.ones(4)))
+    with pytest.raises(ConfigError, match=r"\['encoder_layers\.0\.gate'\] have no counterpart"):
+        export.export_ctranslate2(model, tokenizer, out)
+
+    model = tiny_model()
+    model.encoder_layers[0].ffn.linear1.bias = None
+    with pytest.raises(ConfigError, match=r"no weight 'encoder_layers\.0\.ffn\.linear1\.bias'"):
+        export.export_ctranslate2(model, tokenizer, out)
+
+    with pytest.raises(DataError, match="vocabulary of 1000 pieces but the model has 1200"):
+        export.export_ctranslate2(tiny_model(1200), tokenizer, out)
+    assert not out.exists()
+
+
+def test_bad_arguments_are_refused_naming_them_before_any_work(tokenized_smoke, tmp_path):
+    spm = Path(tokenized_smoke.paths.tokenized) / MODEL_FILE
+    out, absent = tmp_path / "ct2", tmp_path / "absent.ckpt"
+    not_a_model = tmp_path / "model.ckpt"
+    not_a_model.write_bytes(b"not a checkpoint")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+
+    cases = [
+        (["--checkpoint", absent, "--tokenizer", spm, "--out", out],
+         f"checkpoint {absent} not found"),
+        (["--checkpoint", not_a_model, "--tokenizer", tmp_path / "x.model", "--out", out],
+         f"tokenizer {tmp_path / 'x.model'} not found"),
+        (["--checkpoint", not_a_model, "--tokenizer", spm, "--out", out, "--quantization", "int3"],
+         "--quantization int3: CTranslate2"),
+        (["--checkpoint", not_a_model, "--tokenizer", spm, "--out", full],
+         f"--out {full} exists and is not an empty folder; --force replaces it"),
+        (["--checkpoint", not_a_model, "--tokenizer", spm, "--out", out],
+         f"{not_a_model}: cannot load the model"),
+    ]  # fmt: skip
+    for args, message in cases:
+        with pytest.raises((DataError, ConfigError), match=re.escape(message)):
+            export.export([str(arg) for arg in args])
+    assert not out.exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+
+    # The command line says it without a traceback, exit status 2.
+    result = run_export("--checkpoint", str(absent), "--tokenizer", str(spm), "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: checkpoint {absent} not found")
+
+
+# --------------------------------------------------------------------------- the smoke model
+
+
+@pytest.fixture(scope="module")
+def smoke_export(trained_smoke, tmp_path_factory) -> SimpleNamespace:
+    """The smoke run's averaged model.ckpt (as the evaluate stage writes it), exported by the
+    command line with float32 and with int8 weights."""
+    root = tmp_path_factory.mktemp("export")
+    checkpoint = root / "model.ckpt"
+    evaluate.write_model_checkpoint(evaluate.source_checkpoints(trained_smoke), checkpoint)
+    spm = evaluate.tokenizer_path(trained_smoke)
+    folders = {}
+    for quantization in ("float32", "int8"):
+        folders[quantization] = root / quantization
+        result = run_export("--checkpoint", str(checkpoint), "--tokenizer", str(spm),
+                            "--out", str(folders[quantization]), "--quantization", quantization)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    return SimpleNamespace(checkpoint=checkpoint, tokenizer=spm, **folders)
+
+
+@pytest.mark.slow
+def test_exported_smoke_model_greedy_and_beam_match_ours(trained_smoke, smoke_export):
+    folder = smoke_export.float32
+    assert {p.name for p in folder.iterdir()} == {
+        "model.bin", "config.json", "shared_vocabulary.json", MODEL_FILE, export.EXPORT_INFO
+    }  # fmt: skip
+    info = json.loads((folder / export.EXPORT_INFO).read_text())
+    assert info["checkpoint"] == str(smoke_export.checkpoint) and info["source_eos"] is False
+    assert info["max_positions"] == trained_smoke.model.max_positions
+    vocabulary = json.loads((folder / "shared_vocabulary.json").read_text())
+    tokenizer = Tokenizer.load(smoke_export.tokenizer)
+    assert vocabulary == [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+
+    model = evaluate.load_model(smoke_export.checkpoint)
+    exported = export.load_exported(folder)
+    for corpus in read_prepared(trained_smoke, ["val", "test_2016_flickr"]).values():
+        src_ids = tokenizer.encode_sources(corpus.src)
+        for beam in (1, 5):
+            eval_cfg = dataclasses.replace(trained_smoke.eval, beam_size=beam)
+            assert_same_translations(
+                *ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg)
+            )
+
+
+@pytest.mark.slow
+def test_int8_export_loads_and_translates(trained_smoke, smoke_export):
+    int8, float32 = smoke_export.int8 / "model.bin", smoke_export.float32 / "model.bin"
+    assert int8.stat().st_size < 0.5 * float32.stat().st_size  # 1-byte weights
+    exported = export.load_exported(smoke_export.int8)
+    tokenizer = exported.tokenizer
+    val = read_prepared(trained_smoke, ["val"])["val"].src
+    translations = export.translate_with_ctranslate2(
+        exported, tokenizer.encode_sources(val), beam_size=5, length_penalty=1.0,
+        max_len_a=trained_smoke.eval.max_len_a, max_len_b=trained_smoke.eval.max_len_b,
+    )  # fmt: skip
+    assert len(translations) == len(val)
+    special = {tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id}
+    for hypothesis in translations:
+        assert hypothesis.tokens and not special & set(hypothesis.tokens)
+        assert tokenizer.decode(hypothesis.tokens).strip()
+
+
+@pytest.mark.slow
+def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke_export, capsys):
+    """benchmarks/export_quality (the int8-vs-float BLEU check of a recipe model) on the
+    smoke model: the float32 export scores exactly as ours."""
+    from omegaconf import OmegaConf
+
+    from benchmarks import export_quality
+    from pipeline.config import to_dict
+
+    params = smoke_export.checkpoint.parent / "params.yaml"
+    params.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(trained_smoke))))
+    payload = export_quality.main([
+        "--params", str(params), "--checkpoint", str(smoke_export.checkpoint),
+        "--sentences", "100",
+    ])  # fmt: skip
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["sentences"] == 100
+    ours, float32 = payload["results"]["ours"], payload["results"]["ctranslate2_float32"]
+    assert float32["same_as_ours"] == ours["same_as_ours"] == 100
+    assert float32["bleu"] == ours["bleu"] and float32["chrf"] == ours["chrf"]
+    int8 = payload["results"]["ctranslate2_int8"]
+    assert payload["drop_vs_float32"]["bleu"] == pytest.approx(float32["bleu"] - int8["bleu"])
+    assert payload["within_max_drop"] == (max(payload["drop_vs_float32"].values()) <= 0.5)
