@@ -1,0 +1,421 @@
+"""benchmarks.fairseq_peer (issue #19): the parts of the fairseq side-by-side harness that run
+in this project's environment without fairseq: Multi30k's Moses preprocessing (against the
+dataset's own tokenized test2016 lines), the BPE and fairseq command lines (the recipe's
+flags), checkpoint averaging, and the parsers of fairseq's output. Building the fairseq venv
+never happens here; the end-to-end smoke run is `slow` and needs a venv built beforehand
+(`python -m benchmarks.fairseq_peer ...` builds it)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+from benchmarks import fairseq_peer
+from pipeline.data.corpus import normalize, read_lines
+from pipeline.evaluation.scoring import score
+
+# Lines of multi30k/dataset data/task1/tok/test_2016_flickr.lc.norm.tok.de (made by its
+# scripts/task1-tokenize.sh with Moses 3a0631a), by 1-based line number of the raw file.
+OFFICIAL_TOK_DE = {
+    1: "ein mann mit einem orangefarbenen hut , der etwas anstarrt .",
+    2: "ein boston terrier läuft über saftig-grünes gras vor einem weißen zaun .",
+    226: "eine frau auf einem boot namens &quot; el corazon &quot; lässt schwarze gewichte ins "
+    "wasser fallen .",
+    230: "ein jugendlicher in einem schwarzen t-shirt mit dem aufdruck &quot; asian pacific 2007 "
+    "&quot; sitzt und spielt eine trommel .",
+    457: "eine frau hält einen großen scheck für &quot; kids &apos; food basket &quot; .",
+}
+BLEU_LINE = (
+    "Generate test with beam=5: BLEU4 = 41.02, 71.0/47.5/34.3/24.5 (BP=0.999, ratio=0.999, "
+    "syslen=12096, reflen=12103)"
+)
+
+
+def args_for(*argv: str):
+    return fairseq_peer.build_parser().parse_args(["--out", "unused.json", *argv])
+
+
+def flag_values(command: list[str]) -> dict[str, str | None]:
+    """{--flag: value (None for a switch)} of a command line."""
+    values, index = {}, 0
+    while index < len(command):
+        if command[index].startswith("--"):
+            following = command[index + 1] if index + 1 < len(command) else "--"
+            is_value = not following.startswith("--")
+            values[command[index]] = following if is_value else None
+            index += 2 if is_value else 1
+        else:
+            index += 1
+    return values
+
+
+# ---------------------------------------------------------------- preprocessing
+
+
+def test_moses_prepare_equals_task1_tokenize_output(multi30k_dir):
+    """Lowercase + sacremoses normalise + tokenize reproduces the dataset's own tokenized
+    references: escaping on (&quot;, &apos;), hyphenated words kept whole (no `-a`)."""
+    raw = read_lines(multi30k_dir / "test_2016_flickr.de.gz")
+    lines = [raw[number - 1] for number in OFFICIAL_TOK_DE]
+    assert fairseq_peer.moses_prepare(lines, "de") == list(OFFICIAL_TOK_DE.values())
+
+
+@pytest.mark.parametrize("lang", ["en", "de"])
+def test_moses_prepare_is_lowercase_normalise_tokenize_step_by_step(multi30k_dir, lang):
+    """Real training lines, among them every one with a quote the normaliser rewrites, go
+    through exactly lower() -> MosesPunctNormalizer(perl_parity) -> MosesTokenizer."""
+    raw = read_lines(multi30k_dir / f"train.{lang}.gz")
+    quotes = [line for line in raw if any(c in line for c in "„“”’‘`\"'")]
+    lines = raw[:50] + quotes[:200]
+    normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
+    tokenizer = MosesTokenizer(lang=lang)
+    expected = []
+    for line in lines:
+        lowered = line.lower()
+        normalised = normalizer.normalize(lowered)
+        expected.append(tokenizer.tokenize(normalised, escape=True, return_str=True))
+    prepared = fairseq_peer.moses_prepare(lines, lang)
+    assert prepared == expected
+    assert all(p == p.lower() for p in prepared)
+    assert not any(c in p for p in prepared for c in '„“”"')  # normalised, then escaped
+
+
+def test_perl_parity_lone_right_quote():
+    """normalize-punctuation.perl turns a lone ’ into '"' (sacremoses only with perl_parity);
+    Multi30k's train.de has one such line ("Hook ’em Horns")."""
+    (prepared,) = fairseq_peer.moses_prepare(["Das „Hook ’em Horns“-Zeichen."], "de")
+    assert "&quot; em horns" in prepared
+
+
+def test_detokenized_reference_scores_100_with_our_scoring(multi30k_dir):
+    """Prepared text -> sacremoses detokenizer -> this project's scoring is lossless: the
+    references themselves, round-tripped as fairseq's output is, score 100."""
+    references = [normalize(r) for r in read_lines(multi30k_dir / "test_2016_flickr.de.gz")]
+    hypotheses = fairseq_peer.moses_prepare(references[:300], "de")
+    result = score(fairseq_peer.detokenize(hypotheses, "de"), references[:300], lang="de")
+    assert result["bleu_tok_lc"] == pytest.approx(100.0)
+    assert result["bleu_lc"] == pytest.approx(100.0)
+
+
+def test_prepare_writes_every_subset_and_marks_done(tmp_path, multi30k_dir):
+    args = args_for("--corpus", str(multi30k_dir), "--work-dir", str(tmp_path),
+                    "--max-train-pairs", "20", "--max-eval-pairs", "5")  # fmt: skip
+    layout = fairseq_peer.Layout(tmp_path)
+    settings = fairseq_peer.data_settings(args)
+    counts = fairseq_peer.prepare(args, layout, settings)
+    assert counts == {"train": 20, "valid": 5, "test": 5}
+    test_de = layout.tok_file("test", "de").read_text().splitlines()
+    assert test_de[:2] == [OFFICIAL_TOK_DE[1], OFFICIAL_TOK_DE[2]]
+    assert fairseq_peer.stage_done(layout.tok, settings)
+    assert not fairseq_peer.stage_done(layout.tok, {**settings, "max_train_pairs": 21})
+    assert fairseq_peer.is_smoke(args) and not fairseq_peer.is_smoke(args_for())
+
+
+# ---------------------------------------------------------------- BPE
+
+
+def test_bpe_commands_learn_jointly_and_apply_per_language(tmp_path):
+    args = args_for("--venv", str(tmp_path / "venv"))
+    layout = fairseq_peer.Layout(tmp_path / "work")
+    (learn, stdin, stdout), *applies = fairseq_peer.bpe_commands(args, layout)
+    assert stdin is None and stdout is None
+    assert learn[:2] == [
+        str(tmp_path / "venv" / "bin" / "subword-nmt"),
+        "learn-joint-bpe-and-vocab",
+    ]
+    assert learn[learn.index("-s") + 1] == "10000"  # merge operations
+    inputs = learn[learn.index("--input") + 1 : learn.index("--input") + 3]
+    assert inputs == [str(layout.tok_file("train", "en")), str(layout.tok_file("train", "de"))]
+    vocabularies = learn[learn.index("--write-vocabulary") + 1 :]
+    assert vocabularies == [str(layout.vocab("en")), str(layout.vocab("de"))]
+    assert len(applies) == 6  # train, valid, test x en, de
+    for command, source, target in applies:
+        lang = source.suffix[1:]
+        assert command[1] == "apply-bpe"
+        assert flag_values(command)["--vocabulary"] == str(layout.vocab(lang))
+        assert target == layout.bpe / source.name  # fairseq-preprocess reads bpe/{subset}.{lang}
+        assert "--vocabulary-threshold" not in command  # task1-bpe.sh sets none
+    preprocess = flag_values(fairseq_peer.preprocess_command(args, layout))
+    for subset, flag in (
+        ("train", "--trainpref"),
+        ("valid", "--validpref"),
+        ("test", "--testpref"),
+    ):
+        assert Path(preprocess[flag]) == layout.bpe / subset
+    assert "--joined-dictionary" in preprocess
+
+
+def test_remove_bpe_as_fairseq():
+    assert fairseq_peer.remove_bpe("ein sch@@ war@@ zer hund@@ ") == "ein schwarzer hund"
+    assert fairseq_peer.remove_bpe("ein hund .") == "ein hund ."
+
+
+# ---------------------------------------------------------------- fairseq command lines
+
+
+def test_train_command_carries_the_recipe(tmp_path):
+    args = args_for("--venv", str(tmp_path / "venv"))
+    command = fairseq_peer.train_command(args, fairseq_peer.Layout(tmp_path / "work"))
+    assert command[0].endswith("fairseq-train") and command[-1] == "--cpu"
+    values = flag_values(command)
+    expected = {
+        "--arch": "transformer", "--share-all-embeddings": None,
+        "--encoder-layers": "4", "--decoder-layers": "4",
+        "--encoder-embed-dim": "128", "--decoder-embed-dim": "128",
+        "--encoder-ffn-embed-dim": "256", "--decoder-ffn-embed-dim": "256",
+        "--encoder-attention-heads": "4", "--decoder-attention-heads": "4",
+        "--dropout": "0.3", "--attention-dropout": "0.0", "--activation-dropout": "0.0",
+        "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--adam-eps": "1e-08",
+        "--clip-norm": "25.0", "--lr": "0.005", "--lr-scheduler": "inverse_sqrt",
+        "--warmup-updates": "2000", "--warmup-init-lr": "1e-07",
+        "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": "0.1",
+        "--max-tokens": "4096", "--update-freq": "2", "--max-update": "8000",
+        "--patience": "10", "--save-interval": "1", "--keep-last-epochs": "10", "--seed": "1",
+    }  # fmt: skip
+    assert {flag: values.get(flag, "absent") for flag in expected} == expected
+    # post-norm, sinusoidal positions, fp32: fairseq's defaults, so nothing may switch them
+    for switch in ("--encoder-normalize-before", "--decoder-normalize-before",
+                   "--encoder-learned-pos", "--decoder-learned-pos", "--fp16", "--bf16",
+                   "--max-epoch"):  # fmt: skip
+        assert switch not in values
+    # every size explicit: not fairseq's own transformer_tiny architecture
+    assert "transformer_tiny" not in command
+
+
+def test_budget_and_size_options_reach_the_command(tmp_path):
+    args = args_for("--max-update", "20", "--seed", "3", "--max-epoch", "2", "--layers", "6",
+                    "--average-last", "4", "--keep-last-epochs", "7")  # fmt: skip
+    layout = fairseq_peer.Layout(tmp_path)
+    values = flag_values(fairseq_peer.train_command(args, layout))
+    assert (values["--max-update"], values["--seed"], values["--max-epoch"]) == ("20", "3", "2")
+    assert values["--encoder-layers"] == values["--decoder-layers"] == "6"
+    assert values["--keep-last-epochs"] == "7"
+    average = flag_values(fairseq_peer.average_command(args, layout))
+    assert average["--num-epoch-checkpoints"] == "4"
+    assert average["--output"] == str(layout.averaged(4))
+
+
+def test_generate_command_is_evaluate_sh(tmp_path):
+    args = args_for()
+    layout = fairseq_peer.Layout(tmp_path)
+    command = fairseq_peer.generate_command(args, layout, "test")
+    values = flag_values(command)
+    assert values["--beam"] == "5" and values["--lenpen"] == "1.0"
+    assert values["--gen-subset"] == "test" and "--remove-bpe" in values
+    assert values["--path"] == str(layout.averaged(10)) and "--cpu" in values
+    assert "--quiet" not in values  # the hypotheses are read from its output
+    assert values["--required-batch-size-multiple"] == "1"  # no dropped last batch
+
+
+def test_venv_commands_build_outside_with_torch_first_and_fairseq_without_deps(tmp_path):
+    args = args_for("--venv", str(tmp_path / "venv"))
+    report = tmp_path / "report.json"
+    make, dry, install_torch, deps, install_fairseq = fairseq_peer.venv_commands(args, report)
+    assert make[1:] == ["-m", "venv", str(tmp_path / "venv")]
+    assert dry[-1] == install_torch[-1] == "torch==2.13.0"
+    assert "--dry-run" in dry and str(report) in dry
+    assert "torch==2.13.0" in deps and "torchaudio" not in shlex.join(deps)
+    for needed in ("hydra-core==1.3.2", "omegaconf==2.3.0", "subword-nmt==0.3.8", "sacremoses==0.2.0",
+                   "numpy", "cython", "bitarray", "scikit-learn", "cffi"):  # fmt: skip
+        assert needed in deps
+    assert install_fairseq[-3:] == ["--no-deps", "--no-build-isolation", "fairseq-fixed==0.12.3.1"]
+    assert not str(args.venv).startswith(str(fairseq_peer.REPO_ROOT))
+
+
+def test_venv_is_reused_or_refused_without_building_anything(tmp_path):
+    """A venv built with the same specs is reused; a directory this harness did not build,
+    or a path inside the repository, is refused and left alone."""
+    built = tmp_path / "built"
+    built.mkdir()
+    args = args_for("--venv", str(built))
+    record = {"spec": fairseq_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
+    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps(record))
+    assert fairseq_peer.ensure_venv(args, env={}) == {**record, "reused": True}
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    with pytest.raises(SystemExit, match="not built by this harness"):
+        fairseq_peer.ensure_venv(args_for("--venv", str(foreign)), env={})
+    assert (foreign / "pyvenv.cfg").exists()
+    inside = fairseq_peer.REPO_ROOT / "no-such-fairseq-venv"
+    with pytest.raises(SystemExit, match="inside the repository"):
+        fairseq_peer.ensure_venv(args_for("--venv", str(inside)), env={})
+    assert not inside.exists()
+    with pytest.raises(SystemExit, match="inside the repository"):
+        fairseq_peer.main(["--out", str(tmp_path / "r.json"), "--work-dir", str(inside)])
+    assert not inside.exists()
+
+
+def test_cuda_torch_is_refused_unless_allowed():
+    def report(version, requires):
+        return {"install": [{"metadata": {"name": "torch", "version": version,
+                                          "requires_dist": requires},
+                             "download_info": {"url": "https://example/torch.whl"}}]}  # fmt: skip
+
+    assert (
+        fairseq_peer.check_torch_report(report("2.13.0+cpu", ["filelock"]), False) == "2.13.0+cpu"
+    )
+    cuda = report("2.13.0", ["filelock", "nvidia-cublas-cu12==12.8; platform_system == 'Linux'"])
+    with pytest.raises(SystemExit, match="CUDA build"):
+        fairseq_peer.check_torch_report(cuda, allow_cuda=False)
+    assert fairseq_peer.check_torch_report(cuda, allow_cuda=True) == "2.13.0"
+
+
+def test_tool_env_threads_and_no_project_python(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = fairseq_peer.tool_env(args_for("--venv", str(tmp_path / "v"), "--threads", "2"))
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert env["PATH"].startswith(str(tmp_path / "v" / "bin"))
+    assert "PYTHONPATH" not in env and "VIRTUAL_ENV" not in env
+    assert env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
+
+
+def test_dry_run_builds_and_runs_nothing(tmp_path, capsys):
+    venv, work = tmp_path / "venv", tmp_path / "work"
+    payload = fairseq_peer.main(["--out", str(tmp_path / "r.json"), "--venv", str(venv),
+                                 "--work-dir", str(work), "--dry-run"])  # fmt: skip
+    assert not venv.exists() and not work.exists() and not (tmp_path / "r.json").exists()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == payload["commands"] and any("fairseq-train" in c for c in printed)
+
+
+# ---------------------------------------------------------------- checkpoint averaging
+
+
+def fake_checkpoint(path: Path, seed: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    state = {
+        "model": {
+            "encoder.weight": torch.randn(3, 4, generator=generator),
+            "decoder.half": torch.randn(5, generator=generator).half(),
+            "version": torch.tensor([seed * 3 + 1]),
+        },
+        "cfg": {"epoch": seed},
+        "optimizer_history": [seed],
+    }
+    torch.save(state, path)
+    return state
+
+
+def test_average_last_epoch_checkpoints_is_the_elementwise_mean(tmp_path):
+    states = {epoch: fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
+              for epoch in (1, 2, 9, 10)}  # fmt: skip
+    fake_checkpoint(tmp_path / "checkpoint_last.pt", 99)
+    fake_checkpoint(tmp_path / "checkpoint_best.pt", 98)
+    chosen = fairseq_peer.last_epoch_checkpoints(tmp_path, 3)
+    assert [p.name for p in chosen] == ["checkpoint10.pt", "checkpoint9.pt", "checkpoint2.pt"]
+    output = tmp_path / "avg.pt"
+    fairseq_peer.main(["average", "--inputs", str(tmp_path), "--num-epoch-checkpoints", "3",
+                       "--output", str(output)])  # fmt: skip
+    averaged = torch.load(output, weights_only=False)
+    used = [states[e]["model"] for e in (10, 9, 2)]
+    expected = torch.stack([m["encoder.weight"] for m in used]).mean(0)
+    torch.testing.assert_close(averaged["model"]["encoder.weight"], expected)
+    half_mean = torch.stack([m["decoder.half"].float() for m in used]).mean(0)
+    assert averaged["model"]["decoder.half"].dtype == torch.float32
+    torch.testing.assert_close(averaged["model"]["decoder.half"], half_mean)
+    assert averaged["model"]["version"].item() == (31 + 28 + 7) // 3  # integers floor-divided
+    assert averaged["cfg"] == {"epoch": 10}  # the rest is the newest checkpoint's
+
+
+def test_averaging_refuses_too_few_checkpoints(tmp_path):
+    fake_checkpoint(tmp_path / "checkpoint1.pt", 1)
+    with pytest.raises(SystemExit, match="1 epoch checkpoints"):
+        fairseq_peer.last_epoch_checkpoints(tmp_path, 2)
+
+
+# ---------------------------------------------------------------- fairseq's output
+
+
+def train_log_line(tag: str, stats: dict) -> str:
+    return f"2026-05-01 10:00:00 | INFO | {tag} | {json.dumps(stats)}"
+
+
+def test_parse_train_log_counts_updates_tokens_and_val_loss():
+    lines = [
+        "2026-05-01 10:00:00 | INFO | fairseq_cli.train | task: TranslationTask",
+        train_log_line("train_inner", {"epoch": 1, "update": 0.5, "loss": "12"}),
+        train_log_line("valid", {"epoch": 1, "valid_loss": "9.5", "valid_num_updates": "50"}),
+        train_log_line(
+            "train",
+            {
+                "epoch": 1,
+                "train_loss": "11.0",
+                "train_wpb": "7000.5",
+                "train_num_updates": "50",
+                "train_train_wall": "100",
+                "train_wall": "110",
+            },
+        ),  # fmt: skip
+        train_log_line("valid", {"epoch": 2, "valid_loss": "8.25", "valid_num_updates": "80"}),
+        train_log_line(
+            "train",
+            {
+                "epoch": 2,
+                "train_loss": "9.0",
+                "train_wpb": "7100",
+                "train_num_updates": "80",
+                "train_train_wall": "160",
+                "train_wall": "175",
+            },
+        ),  # fmt: skip
+        "2026-05-01 10:05:00 | INFO | fairseq_cli.train | early stop since valid performance "
+        "hasn't improved for last 10 runs",
+    ]
+    parsed = fairseq_peer.parse_train_log(lines)
+    assert (parsed["epochs"], parsed["updates"]) == (2, 80)
+    assert parsed["target_tokens"] == round(7000.5 * 50 + 7100 * 30)
+    # train_wall is per epoch (fairseq resets the epoch's meters), wall is cumulative
+    assert (parsed["train_wall_s"], parsed["fairseq_wall_s"]) == (260.0, 175.0)
+    assert parsed["best_val_loss"] == 8.25 and parsed["stopped_early"]
+    assert [r["val_loss"] for r in parsed["per_epoch"]] == [9.5, 8.25]
+
+
+def test_parse_generate_orders_hypotheses_and_reads_bleu4():
+    lines = [
+        "S-1\tzwei hunde", "T-1\ttwo dogs", "H-1\t-0.5\tzwei hunde .", "D-1\t-0.5\tzwei hunde .",
+        "P-1\t-0.1 -0.2", "S-0\tein mann", "H-0\t-0.3\tein mann .", "D-0\t-0.3\tein mann .",
+        "2026-05-01 | INFO | fairseq_cli.generate | Translated 2 sentences",
+        BLEU_LINE,
+    ]  # fmt: skip
+    hypotheses, bleu = fairseq_peer.parse_generate(lines, expected=2)
+    assert hypotheses == ["ein mann .", "zwei hunde ."]
+    assert bleu["bleu4"] == 41.02 and bleu["reflen"] == 12103 and bleu["syslen"] == 12096
+    assert bleu["precisions"] == [71.0, 47.5, 34.3, 24.5]
+    with pytest.raises(SystemExit, match="missing"):
+        fairseq_peer.parse_generate(["D-1\t-0.5\tzwei hunde ."], expected=2)
+    # fairseq 0.12 drops a last batch that is not a multiple of --required-batch-size-multiple
+    with pytest.raises(SystemExit, match="translated 2 of 3"):
+        fairseq_peer.parse_generate(lines, expected=3)
+
+
+# ---------------------------------------------------------------- end to end (fairseq venv)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (fairseq_peer.DEFAULT_VENV / fairseq_peer.VENV_MARKER).exists(),
+    reason="no fairseq venv (built by `python -m benchmarks.fairseq_peer`, never by the tests)",
+)
+def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
+    """A few updates on a few hundred pairs through every stage with the real fairseq."""
+    out = tmp_path / "result.json"
+    payload = fairseq_peer.main([
+        "--out", str(out), "--corpus", str(multi30k_dir), "--work-dir", str(tmp_path / "work"),
+        "--max-train-pairs", "400", "--max-eval-pairs", "40", "--bpe-merges", "500",
+        "--max-update", "6", "--average-last", "2", "--warmup-updates", "4",
+    ])  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(payload, sort_keys=True))
+    assert payload["smoke"] and payload["updates"] == 6 and payload["epochs"] >= 2
+    assert payload["target_tokens"] > 0 and payload["tokens_per_s"] > 0
+    assert len(payload["averaged_checkpoints"]) == 2
+    for split in ("val", "test_2016_flickr"):
+        result = payload["scores"][split]
+        assert result["fairseq_bleu4"] is not None
+        assert 0.0 <= result["bleu_tok_lc"] <= 100.0 and "bleu_lc" in result
