@@ -110,6 +110,12 @@ def _set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _throughput(totals: dict[str, float]) -> float:
+    """Target tokens per second of training (validation excluded), all ranks together."""
+    seconds = totals["train_seconds"]
+    return totals["train_tokens"] / seconds if seconds else 0.0
+
+
 class TranslationModule(L.LightningModule):
     """The Transformer trained with label-smoothed cross-entropy, Adam and the warmup schedule.
 
@@ -316,11 +322,8 @@ class TranslationModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_finite()
-        totals = self.run_totals()
+        self.throughput = _throughput(self.run_totals())
         self._window_start = None
-        # Target tokens per second of training (validation excluded), all ranks together.
-        seconds = totals["train_seconds"]
-        self.throughput = totals["train_tokens"] / seconds if seconds else 0.0
 
     # ------------------------------------------------------------------ validation
 
@@ -429,8 +432,7 @@ class TranslationModule(L.LightningModule):
         self._rng_to_restore = checkpoint.get("rng_states")
         self._window_to_restore = checkpoint.get("logging_window")
         self.resumed_totals = {**self.resumed_totals, **checkpoint.get("run_totals", {})}
-        seconds = self.resumed_totals["train_seconds"]  # a finished run trains nothing more
-        self.throughput = self.resumed_totals["train_tokens"] / seconds if seconds else 0.0
+        self.throughput = _throughput(self.resumed_totals)  # a finished run trains no more
 
     # ------------------------------------------------------------------ summaries
 

@@ -250,11 +250,15 @@ def _describe(key: str, saved: dict, cfg: Config) -> str:
     return f"'{key}' is {subtree(to_dict(cfg), key)!r} (the checkpoint's: {subtree(saved, key)!r})"
 
 
-def check_same_run(checkpoint_path: Path, cfg: Config, refusal: str) -> list[str]:
+def check_same_run(
+    checkpoint_path: Path, cfg: Config, refusal: str, saved: dict | None = None
+) -> list[str]:
     """Raise a ConfigError naming the key(s), followed by `refusal`, if `cfg` differs from the
     checkpoint's config in a key that changes what the run computes; return the keys that
-    differ but cannot change it (RESUME_FREE_KEYS) as descriptions."""
-    saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    differ but cannot change it (RESUME_FREE_KEYS) as descriptions. `saved`: the checkpoint's
+    config when the caller has already read it (else it is read from `checkpoint_path`)."""
+    if saved is None:
+        saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
     fixed, free = config_differences(saved, cfg)
     if fixed:
         details = "; ".join(_describe(key, saved, cfg) for key in fixed)
@@ -264,16 +268,17 @@ def check_same_run(checkpoint_path: Path, cfg: Config, refusal: str) -> list[str
     return [_describe(key, saved, cfg) for key in free]
 
 
-def check_resumable(checkpoint_path: Path, cfg: Config) -> None:
+def check_resumable(checkpoint_path: Path, cfg: Config, saved: dict | None = None) -> None:
     """A checkpoint may only be continued by a config that computes the same run; anything
     else is a ConfigError naming the key(s). Differences in keys that cannot change the result
-    (RESUME_FREE_KEYS) are listed in a warning."""
+    (RESUME_FREE_KEYS) are listed in a warning. `saved` as in `check_same_run`."""
     free = check_same_run(
         checkpoint_path,
         cfg,
         "A resumed run must keep every setting that changes its result. Restore the value(s), "
         "or start over with train.resume=false (the run is moved aside, not deleted) or "
         "another paths.train_dir.",
+        saved,
     )
     if free:
         warnings.warn(
@@ -318,7 +323,7 @@ def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
                 f"interrupted run in {path.parent} already reached: raise it (to at least "
                 f"{step}), or start over with train.resume=false"
             )
-        check_resumable(path, cfg)
+        check_resumable(path, cfg, saved)
         return path
     fixed, _ = config_differences(saved, cfg)
     same_code = keep_finished or checkpoint.get("code_version") == code_version()
