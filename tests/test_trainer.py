@@ -32,6 +32,7 @@ from pipeline.training.checkpoints import (
     select_checkpoints,
 )
 from pipeline.training.module import DivergedError, TranslationModule, inverse_sqrt_rate
+from pipeline.training.precision import cpu_has_bf16_instructions
 from pipeline.training.trainer import (
     build_callbacks,
     check_resumable,
@@ -354,6 +355,34 @@ def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config, speed_paths
     assert lr_a == b["optimizer_states"][0]["param_groups"][0]["lr"]
     assert [r["step"] for r in a["history"]] == [r["step"] for r in b["history"]]
     assert resumed["val/loss"] == pytest.approx(straight["val/loss"], abs=1e-6)
+
+
+@pytest.mark.skipif(not cpu_has_bf16_instructions(), reason="auto is 32-true without bf16")
+def test_a_resumed_auto_precision_run_keeps_the_precision_it_trained_in(train_config):
+    """`train.precision: auto` times bf16 against float32 when a run starts; a resumed run
+    must not decide anew (on a busy machine the timing came out otherwise, and the resumed
+    weights differed from the uninterrupted run's). The first half decides bf16 (any speed-up
+    is enough), the second is told that only an impossible one is (`bf16_min_speedup` may
+    differ on resume): it keeps bf16 and ends where an uninterrupted bf16 run ends."""
+    common = [*TINY, "train.precision=auto", "train.val_check_interval=3"]
+    steps = 6
+    interrupted = train_config(*common, f"train.max_steps={steps}",
+                               "train.bf16_min_speedup=0.001", name="interrupted")  # fmt: skip
+    assert run(interrupted)["precision"] == "bf16-mixed"
+    resumed_cfg = copy.deepcopy(interrupted)
+    resumed_cfg.train.max_steps = 2 * steps
+    resumed_cfg.train.bf16_min_speedup = 1e9  # auto, deciding now, would pick 32-true
+    resumed = run(resumed_cfg)
+    straight_cfg = train_config(*common, f"train.max_steps={2 * steps}",
+                                "train.bf16_min_speedup=0.001", name="straight")  # fmt: skip
+    straight = run(straight_cfg)
+
+    assert resumed["resumed_from"]
+    assert resumed["precision"] == straight["precision"] == "bf16-mixed"
+    a, b = (read_checkpoint(checkpoint_dir(c.paths.train_dir) / LAST_NAME)
+            for c in (resumed_cfg, straight_cfg))  # fmt: skip
+    for key, tensor in b["state_dict"].items():
+        torch.testing.assert_close(a["state_dict"][key], tensor, atol=1e-6, rtol=0, msg=key)
 
 
 def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(

@@ -33,6 +33,7 @@ from pipeline.training.preemption import PreemptionCallback
 
 # The running means of the logging window (train.log_every_n_steps), saved in checkpoints.
 TRAIN_WINDOW_METRICS = ("train_loss", "train_nll")
+PRECISION_KEY = "precision"  # the checkpoint entry: the precision the run trained in
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
 BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
 
@@ -426,6 +427,7 @@ class TranslationModule(L.LightningModule):
         checkpoint["code_version"] = self.code_version
         checkpoint["logging_window"] = self._logging_window()
         checkpoint["run_totals"] = self.run_totals()
+        checkpoint[PRECISION_KEY] = self.trainer.precision  # what `auto` resolved to
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = list(checkpoint.get("history", []))

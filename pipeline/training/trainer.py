@@ -52,7 +52,7 @@ from pipeline.training.checkpoints import (
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.live import SafeDVCLiveLogger
-from pipeline.training.module import TranslationModule
+from pipeline.training.module import PRECISION_KEY, TranslationModule
 from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback
 
@@ -183,15 +183,26 @@ def build_strategy(cfg: Config, accelerator: str) -> str | Strategy:
 
 
 def build_trainer(
-    cfg: Config, loggers: Sequence, callbacks: Sequence[Callback] = ()
+    cfg: Config,
+    loggers: Sequence,
+    callbacks: Sequence[Callback] = (),
+    trained_in: str | None = None,
 ) -> tuple[L.Trainer, str]:
-    """The Lightning Trainer for `cfg.train`; returns it with the precision it resolved."""
+    """The Lightning Trainer for `cfg.train`; returns it with the precision it resolved.
+
+    `trained_in`: the precision a resumed run was trained in. `train.precision: auto` keeps
+    it rather than deciding anew: the timing behind `auto` can come out otherwise on a busy
+    or another machine, and a run that changed precision midway is not the run it resumes.
+    """
     t = cfg.train
     accelerator = resolve_accelerator(t.accelerator)
-    precision = resolve_precision(
-        t.precision, accelerator, d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
-        min_speedup=t.bf16_min_speedup,
-    )  # fmt: skip
+    if t.precision == "auto" and trained_in is not None:
+        precision = trained_in
+    else:
+        precision = resolve_precision(
+            t.precision, accelerator, d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
+            min_speedup=t.bf16_min_speedup,
+        )  # fmt: skip
     strategy = build_strategy(cfg, accelerator)
     trainer = L.Trainer(
         accelerator=accelerator,
@@ -289,7 +300,13 @@ def check_resumable(checkpoint_path: Path, cfg: Config, saved: dict | None = Non
 
 
 def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
-    """The checkpoint to continue from, or None to train anew.
+    """The checkpoint to continue from, or None to train anew (see `resume_point`)."""
+    return resume_point(cfg, keep_finished)[0]
+
+
+def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None, str | None]:
+    """The checkpoint to continue from (None: train anew) and the precision it was trained in
+    (None where not recorded).
 
     With `train.resume`:
     - an interrupted run (short of its own `max_steps`) continues when the config computes the
@@ -308,11 +325,12 @@ def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
         remove_stale_temps(checkpoint_dir(train_dir))
     if not cfg.train.resume:
         _move_aside(train_dir, "train.resume=false")
-        return None
+        return None, None
     path = find_resume_checkpoint(train_dir)
     if path is None:
-        return None
+        return None, None
     checkpoint = read_checkpoint(path)
+    trained_in = checkpoint.get(PRECISION_KEY)
     step = int(checkpoint["global_step"])
     saved = checkpoint["hyper_parameters"]["config"]
     trained_to = subtree(saved, "train.max_steps")
@@ -324,17 +342,17 @@ def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
                 f"{step}), or start over with train.resume=false"
             )
         check_resumable(path, cfg, saved)
-        return path
+        return path, trained_in
     fixed, _ = config_differences(saved, cfg)
     same_code = keep_finished or checkpoint.get("code_version") == code_version()
     if fixed and fixed != ["train.max_steps"] or not same_code:
         why = "its code differs" if not fixed else f"its config differs in {', '.join(fixed)}"
         _move_aside(train_dir, f"the finished run there is another experiment ({why})")
-        return None
+        return None, None
     if cfg.train.max_steps < step:
         _move_aside(train_dir, f"its run reached step {step}, beyond train.max_steps")
-        return None
-    return path  # done (nothing to train) or, with a larger max_steps, extended
+        return None, None
+    return path, trained_in  # done (nothing to train) or, with a larger max_steps, extended
 
 
 def _move_aside(train_dir: Path, why: str) -> None:
@@ -388,7 +406,7 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     if on_gpu:  # TF32 tensor cores for float32 matmuls (32-true); bf16-mixed is unaffected
         torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    ckpt_path = resume_checkpoint(cfg, keep_finished=keep_finished)
+    ckpt_path, trained_in = resume_point(cfg, keep_finished=keep_finished)
     _stop_if_signalled(ckpt_path)
 
     datamodule = TranslationDataModule(cfg, pin_memory=on_gpu)
@@ -409,7 +427,9 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     )
     preemption = PreemptionCallback(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     module.preemption = preemption
-    trainer, precision = build_trainer(cfg, [wandb, dvclive], [*callbacks, preemption])
+    trainer, precision = build_trainer(
+        cfg, [wandb, dvclive], [*callbacks, preemption], trained_in=trained_in
+    )
     _stop_if_signalled(ckpt_path)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
