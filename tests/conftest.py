@@ -21,6 +21,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 
+def pytest_collection_modifyitems(items):
+    """The slow end-to-end tests first (their order otherwise kept): pytest-xdist hands tests
+    out in this order, so the long ones run side by side at the start and the short ones fill
+    in at the end, instead of one long test running alone while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _offline_wandb():
     """W&B has no server here: every test run is offline unless a test says otherwise."""

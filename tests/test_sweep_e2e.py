@@ -106,12 +106,16 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     from its checkpoint (not from step 0) in the point's own work dir; the records and the
     report come out complete."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
-    steps = 200
+    steps, interval = 100, 20
     spec = {
         "study": "resume_smoke",
         "kind": "grid",
         "base_experiment": "smoke",
-        "budget": {"train.max_steps": steps, "train.val_check_interval": 10, "eval.average": 1},
+        "budget": {
+            "train.max_steps": steps,
+            "train.val_check_interval": interval,
+            "eval.average": 1,
+        },
         "objective": {"metric": "val/bleu", "direction": "maximize"},
         "seeds": [1],
         "variants": {"base": {}, "heads_1": {"model.heads": 1}},
@@ -124,7 +128,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     first = start_worker(spec_path, results, work)
     progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
     deadline = time.monotonic() + 240
-    while not (progress.exists() and json.loads(progress.read_text())["step"] >= 20):
+    while not (progress.exists() and json.loads(progress.read_text())["step"] >= interval):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
         time.sleep(0.2)
     second = start_worker(spec_path, results, work)  # takes the other point
@@ -133,7 +137,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     assert first.returncode == 3, out
     assert "run the same command again to resume from it" in out
     stopped_at = json.loads(progress.read_text())["step"]
-    assert 20 <= stopped_at < steps
+    assert interval <= stopped_at < steps
 
     again = start_worker(spec_path, results, work)
     for worker in (second, again):
@@ -151,7 +155,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     train = json.loads((record / "train.json").read_text())
     assert train["resumed_from"] and train["steps"] == steps
     curve_steps = [p["step"] for p in json.loads((record / "curve.json").read_text())]
-    assert curve_steps == list(range(10, steps + 1, 10))  # every validation once
+    assert curve_steps == list(range(interval, steps + 1, interval))  # every validation once
 
     report = run_cli("pipeline.report", str(spec_path), "--results-dir", str(results),
                      "--no-wandb")  # fmt: skip
