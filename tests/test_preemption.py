@@ -52,6 +52,10 @@ RUN = [
     "train.save_top_k=2",
     "train.progress_bar=false",
     f"train.max_steps={MAX_STEPS}",
+    # Pinned, as the recipe's `auto` resolves on a bf16 CPU: `auto` times bf16 against float32
+    # in each process, and on a busy machine the killed run and the in-process reference run
+    # could decide differently (a resumed run keeps its own: test_trainer.py).
+    "train.precision=bf16-mixed",
 ]
 EXIT_BOUND_S = 30  # a preempted run must have saved and exited within this long
 

@@ -154,6 +154,7 @@ TINY_RUN = [
     "train.val_bleu_max_sentences=4",
     "train.log_every_n_steps=1",
     "train.progress_bar=false",
+    "train.precision=bf16-mixed",  # not auto: runs compared across processes train alike
 ]
 
 
