@@ -36,7 +36,7 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture
-def repo(tmp_path, multi30k_dir) -> Path:
+def repo(tmp_path, multi30k_dir, monkeypatch) -> Path:
     """A git + DVC copy of this repository's files (tracked and new, not ignored)."""
     files = sh(["git", "ls-files", "-co", "--exclude-standard"], REPO_ROOT).stdout.split()
     dest = tmp_path / "repo"
@@ -45,7 +45,7 @@ def repo(tmp_path, multi30k_dir) -> Path:
         if source.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
-    os.environ["MULTI30K_DIR"] = str(multi30k_dir)
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))  # for this test only
     sh(["git", "init", "-q"], dest)
     sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], dest)
     sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], dest)
