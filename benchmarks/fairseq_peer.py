@@ -1,6 +1,7 @@
 """Wu et al. (2021)'s Transformer-tiny recipe run with fairseq itself, beside ours (issue #19).
 
     python -m benchmarks.fairseq_peer --out results/fairseq_peer.json [--max-update 8000] [...]
+    python -m benchmarks.fairseq_peer --build-venv-only   # stage 1 alone (train_throughput's fairseq)
 
 #8 ended at 39.3 lowercased BLEU on test2016 against the 41.0 of Wu et al. (2021), "Good for
 Misconceived Reasons" (their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh).
@@ -134,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     paths = parser.add_argument_group("paths")
-    paths.add_argument("--out", type=Path, required=True, help="where the JSON result goes")
+    paths.add_argument("--out", type=Path, default=None,
+                       help="where the JSON result goes (required unless --build-venv-only)")  # fmt: skip
     paths.add_argument("--corpus", type=Path, default=None,
                        help=f"Multi30k task 1 raw files {{split}}.{{lang}}[.gz]; default: "
                        f"${CORPUS_ENV} or {DEFAULT_CORPUS}")  # fmt: skip
@@ -209,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--num-workers", type=int, default=0, help="fairseq data-loading processes")
     run.add_argument("--log-interval", type=int, default=50, help="updates between train logs")
     add("--dry-run", action="store_true", help="print the commands, run nothing")
+    add("--build-venv-only", action="store_true",
+        help="build (or reuse) the fairseq venv, print its record and stop: what "
+        "benchmarks.train_throughput's fairseq system needs")  # fmt: skip
     return parser
 
 
@@ -999,8 +1004,15 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     if argv[:1] == ["average"]:
         average_main(argv[1:])
         return None
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = argv
+    if args.build_venv_only:
+        record = ensure_venv(args, tool_env(args))
+        print(json.dumps(record, sort_keys=True), flush=True)
+        return record
+    if args.out is None and not args.dry_run:
+        parser.error("--out is required (unless --build-venv-only or --dry-run)")
     payload = run(args)
     if not args.dry_run:
         from pipeline.atomic import write_json_atomic
