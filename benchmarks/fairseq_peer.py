@@ -334,13 +334,18 @@ VERSIONS_PROBE = (
 )
 
 
+def built_venv(venv: Path) -> dict | None:
+    """The build record of a finished venv at `venv`, None where none was finished."""
+    marker = Path(venv) / VENV_MARKER
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
 def ensure_venv(args: argparse.Namespace, env: dict) -> dict:
     """Build the venv (or reuse one built with the same specs); returns its build record."""
     venv, marker = Path(args.venv), Path(args.venv) / VENV_MARKER
     if venv.resolve().is_relative_to(REPO_ROOT):
         raise SystemExit(f"--venv {venv} is inside the repository; fairseq's venv lives outside")
-    if marker.exists():
-        record = json.loads(marker.read_text())
+    if (record := built_venv(venv)) is not None:
         if record.get("spec") == venv_spec(args):
             print(f"fairseq venv: reusing {venv} (built in {record['build_s']:.0f} s)",
                   file=sys.stderr)  # fmt: skip
@@ -588,21 +593,35 @@ def preprocess_command(args: argparse.Namespace, layout: Layout) -> list[str]:
     ]  # fmt: skip
 
 
-def train_command(args: argparse.Namespace, layout: Layout) -> list[str]:
-    """fairseq-train with Wu et al.'s recipe, every size explicit (README-baseline.md)."""
-    both = {}
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """fairseq's `--arch transformer` with every size explicit (`args`: layers, embed_dim,
+    ffn_dim, heads, dropout, attention_dropout, activation_dropout) and one embedding matrix
+    for source, target and output; post-norm and sinusoidal positions are its defaults."""
+    options = {"--arch": "transformer"}
     for side in ("encoder", "decoder"):
-        both.update({
+        options.update({
             f"--{side}-layers": args.layers,
             f"--{side}-embed-dim": args.embed_dim,
             f"--{side}-ffn-embed-dim": args.ffn_dim,
             f"--{side}-attention-heads": args.heads,
         })  # fmt: skip
+    options.update({
+        "--activation-fn": "relu", "--dropout": args.dropout,
+        "--attention-dropout": args.attention_dropout,
+        "--activation-dropout": args.activation_dropout,
+    })  # fmt: skip
+    return ["--share-all-embeddings", *flag_list(options)]
+
+
+def flag_list(options: dict) -> list[str]:
+    """{--flag: value} as command-line words."""
+    return [word for flag, value in options.items() for word in (flag, str(value))]
+
+
+def train_command(args: argparse.Namespace, layout: Layout) -> list[str]:
+    """fairseq-train with Wu et al.'s recipe, every size explicit (README-baseline.md)."""
     options = {
         "--task": "translation", "--source-lang": args.src, "--target-lang": args.tgt,
-        "--arch": "transformer", **both, "--activation-fn": "relu",
-        "--dropout": args.dropout, "--attention-dropout": args.attention_dropout,
-        "--activation-dropout": args.activation_dropout,
         "--optimizer": "adam", "--adam-betas": args.adam_betas, "--adam-eps": args.adam_eps,
         "--weight-decay": 0.0, "--clip-norm": args.clip_norm,
         "--lr": args.lr, "--lr-scheduler": "inverse_sqrt",
@@ -617,10 +636,8 @@ def train_command(args: argparse.Namespace, layout: Layout) -> list[str]:
     }  # fmt: skip
     if args.max_epoch:
         options["--max-epoch"] = args.max_epoch
-    command = [venv_bin(args, "fairseq-train"), str(layout.data_bin), "--share-all-embeddings"]
-    for flag, value in options.items():
-        command += [flag, str(value)]
-    return [*command, "--cpu"]
+    command = [venv_bin(args, "fairseq-train"), str(layout.data_bin), *model_flags(args)]
+    return [*command, *flag_list(options), "--cpu"]
 
 
 def average_command(args: argparse.Namespace, layout: Layout) -> list[str]:

@@ -1,7 +1,8 @@
-"""Training throughput: one optimizer step of our Transformer against two peers of the same
+"""Training throughput: one optimizer step of our Transformer against three peers of the same
 sizes, on the same real Multi30k batch, in float32 and under bf16 autocast.
 
-    python -m benchmarks.train_throughput [--repeats 20] [--dtype float32 bfloat16] [overrides]
+    python -m benchmarks.train_throughput [--repeats 20] [--dtype float32 bfloat16]
+        [--systems ours torch marian fairseq] [overrides]
 
 Systems (all untrained, in training mode, dropout as configured):
   ours    pipeline.model.transformer.Transformer(ModelConfig)
@@ -10,6 +11,15 @@ Systems (all untrained, in training mode, dropout as configured):
           nn.Transformer always adds a final LayerNorm to each stack (two more than ours).
   marian  Hugging Face MarianMTModel built from a MarianConfig of the same sizes (see
           `benchmarks.common.marian_model`); SDPA attention.
+  fairseq fairseq 0.12's `--arch transformer` with every size explicit, post-norm,
+          sinusoidal positions, `--share-all-embeddings`, our dropouts, its label-smoothed
+          cross-entropy and its Adam, in a worker process of its own venv
+          (`benchmarks.fairseq_step`; built by `python -m benchmarks.fairseq_peer
+          --build-venv-only`, skipped with that hint when absent), CPU only. Its parameter
+          count must equal ours (sinusoidal positions are no parameters in either, the
+          output layer is the tied embedding). fairseq has no bf16 mode on a CPU, so in the
+          bfloat16 round it runs its float32 step, reported as `fairseq_float32`: that ratio
+          is ours in bf16 against fairseq in float32, what a fairseq user gets on this CPU.
 A step is: zero grads, forward, label-smoothed cross-entropy (ours: as training computes it,
 the output layer fused with the loss, `pipeline.training.loss.output_layer_loss`; the peers:
 what their users write, logits then `F.cross_entropy(label_smoothing=...)`; the same values),
@@ -28,12 +38,18 @@ projection, 2 FLOPs per multiply-add, x3 for forward + backward.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from benchmarks import fairseq_peer
 from benchmarks.common import (
     DTYPES,
     add_dtype_arg,
@@ -55,13 +71,17 @@ from benchmarks.common import (
     time_interleaved,
     tokenized_corpus,
 )
+from benchmarks.fairseq_step import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
 from pipeline.training.loss import output_layer_loss
 
-SYSTEMS = ("ours", "torch", "marian")
+SYSTEMS = ("ours", "torch", "marian", "fairseq")
+LEARNING_RATE = 1e-4  # any: a step's cost does not depend on it
+BUILD_FAIRSEQ = "python -m benchmarks.fairseq_peer --build-venv-only"
+FAIRSEQ_FLOAT32 = "fairseq_float32"  # fairseq's float32 step, timed in a bf16 round
 
 
 class TorchSeq2Seq(nn.Module):
@@ -145,11 +165,13 @@ def median_batch(train, target_tokens: int, seed: int) -> list[int]:
     return sampler.batches[len(sampler.batches) // 2]
 
 
-def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch.device):
+def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch.device,
+                  names: list[str]):  # fmt: skip
+    """{name: (module, loss function)} of the in-process systems among `names`."""
     torch.manual_seed(cfg.seed)
     ours = Transformer(cfg.model, vocab, tokens["pad_id"])
-    peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"])
-    marian = marian_model(cfg.model, vocab, tokens)
+    peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"]) if "torch" in names else None
+    marian = marian_model(cfg.model, vocab, tokens) if "marian" in names else None
     pad_id, epsilon = tokens["pad_id"], cfg.train.label_smoothing
 
     def our_loss(batch: dict) -> Tensor:  # as TranslationModule._loss computes it
@@ -162,11 +184,12 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
     def marian_logits(src: Tensor, tgt_in: Tensor) -> Tensor:
         return marian(input_ids=src, attention_mask=src.ne(pad_id), decoder_input_ids=tgt_in).logits
 
-    systems = {
+    every = {
         "ours": (ours, our_loss),
         "torch": (peer, lambda batch: peer_loss(peer, batch, epsilon, pad_id)),
         "marian": (marian, lambda batch: peer_loss(marian_logits, batch, epsilon, pad_id)),
     }
+    systems = {name: system for name, system in every.items() if name in names}
     for module, _ in systems.values():
         module.to(device).train()
     return systems
@@ -187,7 +210,7 @@ def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, devic
     as Lightning's bf16-mixed does; the softmax of every loss in float32)."""
     t = cfg.train
     optimizer = torch.optim.Adam(
-        module.parameters(), lr=1e-4, betas=tuple(t.adam_betas), eps=t.adam_eps
+        module.parameters(), lr=LEARNING_RATE, betas=tuple(t.adam_betas), eps=t.adam_eps
     )
 
     def step() -> None:
@@ -200,15 +223,94 @@ def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, devic
     return step
 
 
+def fairseq_flags(cfg: Config) -> list[str]:
+    """fairseq-train's flags for our model and step: the sizes and dropouts of `cfg.model`
+    (`benchmarks.fairseq_peer.model_flags`), label smoothing and Adam of `cfg.train`."""
+    m, t = cfg.model, cfg.train
+    sizes = SimpleNamespace(
+        layers=m.encoder_layers, embed_dim=m.d_model, ffn_dim=m.d_ff, heads=m.heads,
+        dropout=m.dropout, attention_dropout=m.attention_dropout,
+        activation_dropout=m.activation_dropout,
+    )  # fmt: skip
+    pre_norm = ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm_first else []
+    step = {
+        "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": t.label_smoothing,
+        "--optimizer": "adam", "--adam-betas": str(tuple(t.adam_betas)), "--adam-eps": t.adam_eps,
+        "--lr": LEARNING_RATE, "--seed": cfg.seed,
+    }  # fmt: skip
+    return [*fairseq_peer.model_flags(sizes), *pre_norm, *fairseq_peer.flag_list(step), "--cpu"]
+
+
+def write_fairseq_handover(folder: Path, cfg: Config, batch: dict, tokens: dict[str, int],
+                           vocab: int) -> Path:  # fmt: skip
+    """What fairseq's worker reads (`benchmarks.fairseq_step`): this run's batch, our sizes
+    and step as fairseq flags, our vocabulary and special ids, threads and host settings."""
+    spec = {
+        "flags": fairseq_flags(cfg),
+        "vocab_size": vocab,
+        "special_ids": tokens,
+        "threads": torch.get_num_threads(),
+        "cpu_memory": {
+            "mmap_threshold_mb": cfg.train.cpu_mmap_threshold_mb,
+            "onednn_primitive_cache": cfg.train.onednn_primitive_cache,
+        },
+    }
+    return write_handover(folder, batch, spec)
+
+
+def fairseq_unavailable(venv: Path, device: torch.device) -> str | None:
+    """Why the fairseq system cannot run here, or None."""
+    if device.type != "cpu":
+        return f"its venv has a CPU build of torch: fairseq is timed on a CPU, not {device}"
+    if fairseq_peer.built_venv(venv) is None:
+        hint = BUILD_FAIRSEQ + ("" if venv == fairseq_peer.DEFAULT_VENV else f" --venv {venv}")
+        return f"no fairseq venv at {venv}; build it with `{hint}`"
+    return None
+
+
+def start_fairseq(venv: Path, spec_path: Path) -> FairseqStepWorker:
+    """fairseq's worker in its venv, with fairseq_peer's environment and our thread count."""
+    harness = fairseq_peer.build_parser().parse_args(
+        ["--venv", str(venv), "--threads", str(torch.get_num_threads())]
+    )
+    return FairseqStepWorker(fairseq_peer.venv_bin(harness, "python"), spec_path,
+                             env=fairseq_peer.tool_env(harness), cwd=fairseq_peer.REPO_ROOT)  # fmt: skip
+
+
+def skip(skipped: dict[str, str], name: str, reason: str) -> None:
+    skipped[name] = reason
+    print(f"note: {name} skipped: {reason}", file=sys.stderr)
+
+
+def timed_name(system: str, dtype_name: str) -> str:
+    """fairseq runs its float32 step in every round (no bf16 mode on a CPU): named so."""
+    return FAIRSEQ_FLOAT32 if system == "fairseq" and dtype_name != "float32" else system
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
     add_model_args(parser)
     add_timing_args(parser, repeats=20, warmup=3)
     parser.add_argument("--target-tokens", type=int, default=3000)
     add_dtype_arg(parser)
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=SYSTEMS,
+        default=list(SYSTEMS),
+        help="systems to time; ours always runs (the ratios are ours / system)",
+    )
+    parser.add_argument(
+        "--fairseq-venv",
+        type=Path,
+        default=fairseq_peer.DEFAULT_VENV,
+        help=f"fairseq's venv, built by `{BUILD_FAIRSEQ}`",
+    )
     parser.add_argument("--peak-size", type=int, default=None,
                         help="matmul size for the peak (default 2048 on CPU, 8192 on GPU)")  # fmt: skip
     args = parser.parse_args(argv)
+    if "ours" not in args.systems:
+        args.systems.insert(0, "ours")
     return run(args)
 
 
@@ -221,7 +323,7 @@ def run(args: argparse.Namespace) -> dict:
         rows = train.select(indices)
         src_rows, tgt_rows = rows["src_ids"], rows["tgt_ids"]
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    tokens = {"pad_id": pad, "bos_id": bos, "eos_id": eos}
+    tokens = {"pad_id": pad, "bos_id": bos, "eos_id": eos, "unk_id": tokenizer.unk_id}
     batch = {
         "src": pad_batch(src_rows, pad).to(device),
         "tgt_in": pad_batch(tgt_rows, pad, prefix=bos).to(device),
@@ -234,52 +336,77 @@ def run(args: argparse.Namespace) -> dict:
     padded = batch["src"].numel() + batch["tgt_out"].numel()
     real = int(batch["src"].ne(pad).sum()) + batch["num_tgt_tokens"]
 
-    systems = build_systems(cfg, vocab, tokens, device)
+    systems = build_systems(cfg, vocab, tokens, device, args.systems)
+    parameters = {"ours": sum(p.numel() for p in systems["ours"][0].parameters())}
+    skipped: dict[str, str] = {}
     peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     results = {}
-    for dtype_name in chosen_dtypes(args, device, cfg):
-        dtype = DTYPES[dtype_name]
-        steps = {
-            name: training_step_fn(module, loss_fn, batch, cfg, device, dtype)
-            for name, (module, loss_fn) in systems.items()
-        }
-        seconds = time_interleaved(
-            steps, repeats=args.repeats, warmup=args.warmup, device=device,
-            progress=f"train {dtype_name}",
-        )  # fmt: skip
-        peak = matmul_peak_flops(device, dtype, peak_size, repeats=max(3, args.repeats // 4))
-        step_s = {name: median(times) for name, times in seconds.items()}
-        tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
-        achieved = flops / step_s["ours"]
-        results[dtype_name] = {
-            "step_ms": {name: 1000 * s for name, s in step_s.items()},
-            "tgt_tokens_per_s": tokens_per_s,
-            "ratio": {
-                peer: tokens_per_s["ours"] / tokens_per_s[peer]
-                for peer in SYSTEMS
-                if peer != "ours"
-            },
-            "model_flops_per_step": flops,
-            "achieved_flops_per_s": achieved,
-            "matmul_peak_flops_per_s": peak,
-            "fraction_of_matmul_peak": achieved / peak,
-        }
+    with contextlib.ExitStack() as stack:
+        fairseq = None
+        if "fairseq" in args.systems:
+            if (reason := fairseq_unavailable(args.fairseq_venv, device)) is not None:
+                skip(skipped, "fairseq", reason)
+            else:
+                handover = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="fairseq-step-")))  # fmt: skip
+                spec = write_fairseq_handover(handover, cfg, batch, tokens, vocab)
+                fairseq = stack.enter_context(start_fairseq(args.fairseq_venv, spec))
+                parameters["fairseq"] = fairseq.info["parameters"]
+                if parameters["fairseq"] != parameters["ours"]:
+                    skip(skipped, "fairseq", f"its model has {parameters['fairseq']:,} "
+                         f"parameters, ours {parameters['ours']:,}: not the same sizes")  # fmt: skip
+                    fairseq = None
+        for dtype_name in chosen_dtypes(args, device, cfg):
+            dtype = DTYPES[dtype_name]
+            steps = {
+                name: training_step_fn(module, loss_fn, batch, cfg, device, dtype)
+                for name, (module, loss_fn) in systems.items()
+            }
+            if fairseq is not None:
+                steps[timed_name("fairseq", dtype_name)] = fairseq
+            seconds = time_interleaved(
+                steps, repeats=args.repeats, warmup=args.warmup, device=device,
+                progress=f"train {dtype_name}",
+            )  # fmt: skip
+            peak = matmul_peak_flops(device, dtype, peak_size, repeats=max(3, args.repeats // 4))
+            step_s = {name: median(times) for name, times in seconds.items()}
+            tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
+            achieved = flops / step_s["ours"]
+            results[dtype_name] = {
+                "step_ms": {name: 1000 * s for name, s in step_s.items()},
+                "tgt_tokens_per_s": tokens_per_s,
+                "ratio": {
+                    peer: tokens_per_s["ours"] / tokens_per_s[peer]
+                    for peer in step_s
+                    if peer != "ours"
+                },
+                "model_flops_per_step": flops,
+                "achieved_flops_per_s": achieved,
+                "matmul_peak_flops_per_s": peak,
+                "fraction_of_matmul_peak": achieved / peak,
+            }
 
     header = ["dtype", "system", "step ms", "tgt tok/s", "ours / system", "GFLOP/s", "of peak"]
     table = []
     for dtype_name, r in results.items():
-        for name in SYSTEMS:
-            achieved = r["model_flops_per_step"] / (r["step_ms"][name] / 1000)
+        for name, step_ms in r["step_ms"].items():
+            achieved = r["model_flops_per_step"] / (step_ms / 1000)
+            of_peak = f"{achieved / r['matmul_peak_flops_per_s']:.1%}"
+            if name == FAIRSEQ_FLOAT32:  # a float32 step against the bf16 peak says nothing
+                of_peak = "-"
             table.append([
-                dtype_name, name, r["step_ms"][name], r["tgt_tokens_per_s"][name],
-                1.0 if name == "ours" else r["ratio"][name],
-                achieved / 1e9, f"{achieved / r['matmul_peak_flops_per_s']:.1%}",
+                dtype_name, name, step_ms, r["tgt_tokens_per_s"][name],
+                r["ratio"].get(name, 1.0), achieved / 1e9, of_peak,
             ])  # fmt: skip
     print(
         f"batch: {num_sentences} sentences, src {num_sentences}x{src_len}, tgt {num_sentences}x"
         f"{tgt_len}, {batch['num_tgt_tokens']} target tokens, padding {1 - real / padded:.1%}; "
         f"vocab {vocab}; {flops / 1e9:.1f} GFLOP per step; {environment(device)}"
     )
+    print("parameters: " + ", ".join(f"{name} {n:,}" for name, n in parameters.items()))
+    if fairseq is not None:
+        print(f"fairseq {fairseq.info['fairseq']} (torch {fairseq.info['torch']}, "
+              f"{fairseq.info['threads']} thread(s)): {NO_CPU_BF16}")  # fmt: skip
     print(f"matmul peak ({peak_size}^3): " + ", ".join(
         f"{d} {r['matmul_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s" for d, r in results.items()))  # fmt: skip
     print_table(header, table)
@@ -294,7 +421,9 @@ def run(args: argparse.Namespace) -> dict:
             "padding_fraction": 1 - real / padded,
         },
         "repeats": args.repeats,
+        "parameters": parameters,
         "results": results,
+        "skipped": skipped,
         "env": environment(device),
     }
     print_json(payload)

@@ -35,14 +35,24 @@ def positive(value: float) -> bool:
     return math.isfinite(value) and value > 0
 
 
-def test_train_throughput_end_to_end(tokenized_smoke, capsys):
+def test_train_throughput_end_to_end(tokenized_smoke, capsys, tmp_path):
+    """Every system by default; fairseq, whose venv is absent here, is skipped with the
+    command that builds it, and the others are timed."""
+    absent = tmp_path / "no-fairseq-venv"
     argv = [
         "--tokenized", tokenized_smoke.paths.tokenized, *TINY_MODEL, *ONE_ROUND,
         "--target-tokens", "300", "--peak-size", "256", "--dtype", "float32",
+        "--fairseq-venv", str(absent),
     ]  # fmt: skip
     returned = train_throughput.main(argv)
-    printed = last_json_line(capsys)
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out.strip().splitlines()[-1])
     assert printed == json.loads(json.dumps(returned, sort_keys=True))
+    reason = printed["skipped"]["fairseq"]
+    assert str(absent) in reason
+    assert f"`{train_throughput.BUILD_FAIRSEQ} --venv {absent}`" in reason
+    assert f"note: fairseq skipped: {reason}" in captured.err.splitlines()
+    assert set(printed["parameters"]) == {"ours"}
     assert printed["benchmark"] == "train_throughput"
     assert printed["model"]["d_model"] == 32 and printed["model"]["vocab"] == 1000
     batch = printed["batch"]

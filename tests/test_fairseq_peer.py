@@ -1,12 +1,14 @@
 """benchmarks.fairseq_peer (issue #19): the parts of the fairseq side-by-side harness that run
 in this project's environment without fairseq: Multi30k's Moses preprocessing (against the
 dataset's own tokenized test2016 lines), the BPE and fairseq command lines (the recipe's
-flags), checkpoint averaging, and the parsers of fairseq's output. Building the fairseq venv
-never happens here; the end-to-end smoke run is `slow` and needs a venv built beforehand
-(`python -m benchmarks.fairseq_peer ...` builds it)."""
+flags), checkpoint averaging, the parsers of fairseq's output, and train_throughput's fairseq
+system (the hand-over to its worker, the skip without a venv). Building the fairseq venv
+never happens here; the end-to-end runs are `slow` and need a venv built beforehand
+(`python -m benchmarks.fairseq_peer --build-venv-only` builds it)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 from pathlib import Path
@@ -15,7 +17,8 @@ import pytest
 import torch
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from benchmarks import fairseq_peer
+from benchmarks import fairseq_peer, fairseq_step, train_throughput
+from benchmarks.common import pad_batch
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.evaluation.scoring import score
 
@@ -252,6 +255,26 @@ def test_venv_is_reused_or_refused_without_building_anything(tmp_path):
     assert not inside.exists()
 
 
+def test_build_venv_only_builds_nothing_more_and_out_is_needed_otherwise(tmp_path, capsys):
+    """--build-venv-only stops after the venv (here one already built: reused, nothing run)
+    and needs no --out; a run without it does."""
+    built = tmp_path / "built"
+    built.mkdir()
+    args = args_for("--venv", str(built))
+    record = {"spec": fairseq_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
+    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps(record))
+    work = tmp_path / "work"
+    returned = fairseq_peer.main(["--build-venv-only", "--venv", str(built),
+                                  "--work-dir", str(work)])  # fmt: skip
+    assert returned == {**record, "reused": True} and not work.exists()
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == returned
+    assert fairseq_peer.built_venv(built) == record
+    assert fairseq_peer.built_venv(tmp_path / "absent") is None
+    with pytest.raises(SystemExit):
+        fairseq_peer.main(["--venv", str(built), "--work-dir", str(work)])
+    assert "--out is required" in capsys.readouterr().err
+
+
 def test_cuda_torch_is_refused_unless_allowed():
     def report(version, requires):
         return {"install": [{"metadata": {"name": "torch", "version": version,
@@ -419,3 +442,103 @@ def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
         result = payload["scores"][split]
         assert result["fairseq_bleu4"] is not None
         assert 0.0 <= result["bleu_tok_lc"] <= 100.0 and "bleu_lc" in result
+
+
+# ---------------------------------------------------------------- train_throughput's fairseq
+
+
+def bench_config(**sizes):
+    args = argparse.Namespace(overrides=["model.dropout=0.3", "train.label_smoothing=0.2"],
+                              seed=None, **sizes)  # fmt: skip
+    return train_throughput.bench_config(args)
+
+
+def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
+    """train_throughput's hand-over: the worker reads back the very batch (same token ids,
+    pad id, vocabulary size) and fairseq flags carrying our config's sizes and step."""
+    cfg = bench_config(d_model=64, layers=2, heads=4, d_ff=128, vocab=1000)
+    tokens = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+    rows = [[5, 6, 7, 8], [9, 10], [11]]
+    batch = {
+        "src": pad_batch(rows, 0),
+        "tgt_in": pad_batch(rows[::-1], 0, prefix=2),
+        "tgt_out": pad_batch(rows[::-1], 0, suffix=3),
+        "num_tgt_tokens": 10,
+    }
+    spec_path = train_throughput.write_fairseq_handover(tmp_path, cfg, batch, tokens, vocab=1000)
+    read, spec = fairseq_step.read_handover(spec_path)
+    assert set(read) == set(fairseq_step.BATCH_KEYS)
+    for key in fairseq_step.BATCH_KEYS:
+        assert torch.equal(read[key], batch[key])
+    assert spec["vocab_size"] == 1000 and spec["special_ids"] == tokens
+    assert spec["threads"] == torch.get_num_threads()
+    assert spec["cpu_memory"] == {"mmap_threshold_mb": cfg.train.cpu_mmap_threshold_mb,
+                                  "onednn_primitive_cache": cfg.train.onednn_primitive_cache}  # fmt: skip
+    flags = flag_values(spec["flags"])
+    expected = {
+        "--arch": "transformer", "--share-all-embeddings": None, "--activation-fn": "relu",
+        "--encoder-layers": "2", "--decoder-layers": "2",
+        "--encoder-embed-dim": "64", "--decoder-embed-dim": "64",
+        "--encoder-ffn-embed-dim": "128", "--decoder-ffn-embed-dim": "128",
+        "--encoder-attention-heads": "4", "--decoder-attention-heads": "4",
+        "--dropout": "0.3", "--attention-dropout": str(cfg.model.attention_dropout),
+        "--activation-dropout": str(cfg.model.activation_dropout),
+        "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": "0.2",
+        "--optimizer": "adam", "--adam-betas": str(tuple(cfg.train.adam_betas)),
+        "--adam-eps": str(cfg.train.adam_eps), "--seed": str(cfg.seed), "--cpu": None,
+    }  # fmt: skip
+    assert {flag: flags.get(flag, "absent") for flag in expected} == expected
+    for switch in ("--encoder-normalize-before", "--encoder-learned-pos", "--bf16", "--fp16"):
+        assert switch not in flags  # post-norm, sinusoidal, float32
+
+    sample = fairseq_step.fairseq_sample(read, pad_id=spec["special_ids"]["pad_id"])
+    net_input = sample["net_input"]
+    assert torch.equal(net_input["src_tokens"], batch["src"])
+    assert torch.equal(net_input["prev_output_tokens"], batch["tgt_in"])
+    assert torch.equal(sample["target"], batch["tgt_out"])
+    assert net_input["src_lengths"].tolist() == [4, 2, 1]
+    assert sample["ntokens"] == batch["num_tgt_tokens"] and sample["nsentences"] == 3
+
+
+def test_fairseq_system_is_skipped_with_a_reason_without_its_venv(tmp_path):
+    cpu = torch.device("cpu")
+    absent = tmp_path / "absent"
+    reason = train_throughput.fairseq_unavailable(absent, cpu)
+    assert reason == (f"no fairseq venv at {absent}; build it with "
+                      f"`python -m benchmarks.fairseq_peer --build-venv-only --venv {absent}`")  # fmt: skip
+    unfinished = tmp_path / "unfinished"  # a build that stopped before its marker
+    (unfinished / "bin").mkdir(parents=True)
+    assert "no fairseq venv" in train_throughput.fairseq_unavailable(unfinished, cpu)
+    default = train_throughput.fairseq_unavailable(fairseq_peer.DEFAULT_VENV, torch.device("cuda"))
+    assert "CPU" in default
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps({"spec": {}}))
+    assert train_throughput.fairseq_unavailable(built, cpu) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+)
+def test_train_throughput_times_fairseq_at_our_sizes(tokenized_smoke, capsys):
+    """The real fairseq in its venv, beside ours: the same parameter count, a positive step
+    time in float32, and its float32 step against our bf16 one, so named, in the bf16 round."""
+    payload = train_throughput.main([
+        "--tokenized", tokenized_smoke.paths.tokenized, "--systems", "ours", "fairseq",
+        "--d-model", "64", "--layers", "2", "--heads", "4", "--d-ff", "128",
+        "--repeats", "1", "--warmup", "1", "--device", "cpu", "--target-tokens", "300",
+        "--peak-size", "256", "--dtype", "float32", "bfloat16",
+    ])  # fmt: skip
+    assert payload["skipped"] == {}
+    assert payload["parameters"]["fairseq"] == payload["parameters"]["ours"] > 0
+    float32, bfloat16 = payload["results"]["float32"], payload["results"]["bfloat16"]
+    assert set(float32["step_ms"]) == {"ours", "fairseq"}
+    assert set(bfloat16["step_ms"]) == {"ours", "fairseq_float32"}
+    for result, name in ((float32, "fairseq"), (bfloat16, "fairseq_float32")):
+        assert result["step_ms"][name] > 0
+        assert result["ratio"][name] == pytest.approx(
+            result["tgt_tokens_per_s"]["ours"] / result["tgt_tokens_per_s"][name]
+        )
+    assert fairseq_step.NO_CPU_BF16 in capsys.readouterr().out

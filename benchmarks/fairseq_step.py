@@ -1,0 +1,205 @@
+"""fairseq's training step, timed beside ours by `benchmarks.train_throughput` (issue #19).
+
+fairseq lives in its own venv (`python -m benchmarks.fairseq_peer --build-venv-only`), so its
+step runs in a worker process of that venv:
+
+    <fairseq venv>/bin/python -m benchmarks.fairseq_step HANDOVER/spec.json
+
+train_throughput writes the hand-over (`write_handover`): the batch it times every system on
+(`batch.pt`: src, tgt_in, tgt_out, the same token ids) and `spec.json`: fairseq-train's flags
+(sizes, dropouts, criterion, Adam, all from our config), the vocabulary size and special ids
+(fairseq's dictionary is given ours, so the pad id is the same), the thread count and the
+host memory settings. The worker builds everything the way fairseq-train does (its parser,
+`TranslationTask.build_model/build_criterion`, `optim.build_optimizer`: on a CPU fairseq's own
+Adam), prints one JSON line (parameter count, versions), then runs one step per `step` line on
+stdin and answers each with a JSON line. train_throughput times those calls interleaved with
+its other systems, so every system gets the same warm-up, rounds and slow-downs.
+
+The step is `Trainer.train_step`'s core: zero grads, `task.train_step` (forward, label-smoothed
+loss, backward), gradients x 1 / target tokens, `optimizer.step()`; not its logging, nan checks
+or gradient norm (ours computes none without clipping either). float32 only: fairseq 0.12's
+`--bf16` implies `--tpu` (options.parse_args_and_arch; the trainer then asks torch_xla for its
+device) and `--amp` is CUDA's autocast and GradScaler, so a CPU trains fairseq in float32.
+
+Only the standard library and torch at module level (and `pipeline.training.cpu_memory`, which
+is standard library only): the venv has none of this project's dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+SPEC_FILE = "spec.json"
+BATCH_FILE = "batch.pt"
+BATCH_KEYS = ("src", "tgt_in", "tgt_out")
+STEP = "step"  # the one request on the worker's stdin
+# fairseq's only training precision on a CPU (see the module docstring)
+PRECISION = "float32"
+NO_CPU_BF16 = (
+    "fairseq 0.12 has no bf16 mode on a CPU (--bf16 implies --tpu, --amp is CUDA autocast): "
+    "it is timed in float32 only"
+)
+
+
+# ---------------------------------------------------------------- the hand-over
+
+
+def write_handover(folder: Path, batch: dict[str, torch.Tensor], spec: dict) -> Path:
+    """The batch's token tensors and the spec into `folder`; returns the spec's path."""
+    folder = Path(folder)
+    torch.save({key: batch[key].cpu() for key in BATCH_KEYS}, folder / BATCH_FILE)
+    path = folder / SPEC_FILE
+    path.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_handover(spec_path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    spec_path = Path(spec_path)
+    batch = torch.load(spec_path.parent / BATCH_FILE, weights_only=True)
+    return batch, json.loads(spec_path.read_text())
+
+
+def fairseq_sample(batch: dict[str, torch.Tensor], pad_id: int) -> dict:
+    """The batch as fairseq's criterion reads a sample: the same source, decoder input and
+    target tokens; `ntokens` (the loss's denominator) counts the non-pad targets."""
+    src, target = batch["src"], batch["tgt_out"]
+    return {
+        "net_input": {
+            "src_tokens": src,
+            "src_lengths": src.ne(pad_id).sum(dim=1),
+            "prev_output_tokens": batch["tgt_in"],
+        },
+        "target": target,
+        "ntokens": int(target.ne(pad_id).sum()),
+        "nsentences": target.size(0),
+    }
+
+
+# ---------------------------------------------------------------- the worker (fairseq venv)
+
+
+def shared_dictionary(vocab_size: int, special_ids: dict[str, int]):
+    """A fairseq Dictionary of `vocab_size` placeholder symbols whose pad/bos/eos/unk are
+    our tokenizer's ids (fairseq's own would put pad at 1); the model reads only its size and
+    pad id."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary(add_special_symbols=False)
+    for index in range(vocab_size):
+        dictionary.add_symbol(f"<piece{index}>")
+    dictionary.pad_index = special_ids["pad_id"]
+    dictionary.bos_index = special_ids["bos_id"]
+    dictionary.eos_index = special_ids["eos_id"]
+    dictionary.unk_index = special_ids["unk_id"]
+    return dictionary
+
+
+def build_step(spec: dict, batch: dict[str, torch.Tensor]):
+    """(step function, model) built as fairseq-train builds them from `spec["flags"]`."""
+    from fairseq import optim, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.tasks.translation import TranslationTask
+
+    args = options.parse_args_and_arch(options.get_training_parser(), ["unused", *spec["flags"]])
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(cfg.common.seed)
+    dictionary = shared_dictionary(spec["vocab_size"], spec["special_ids"])
+    task = TranslationTask(cfg.task, dictionary, dictionary)
+    model = task.build_model(cfg.model).train()
+    criterion = task.build_criterion(cfg.criterion)
+    optimizer = optim.build_optimizer(cfg.optimizer, list(model.parameters()))
+    sample = fairseq_sample(batch, dictionary.pad())
+
+    def step() -> None:  # Trainer.train_step without its bookkeeping
+        optimizer.zero_grad()
+        _, sample_size, _ = task.train_step(sample, model, criterion, optimizer, update_num=0)
+        optimizer.multiply_grads(1.0 / sample_size)
+        optimizer.step()
+
+    return step, model
+
+
+def worker_main(argv: Sequence[str]) -> None:
+    """Serve `step` requests on stdin; answers go to the real stdout, anything else printed
+    (fairseq's warnings) to stderr."""
+    answers, sys.stdout = sys.stdout, sys.stderr
+    # fairseq 0.12 through newer hydra and torch: pages of deprecation notes and hydra's
+    # debug log on every start, none of them about this step
+    logging.basicConfig(level=logging.WARNING)
+    warnings.simplefilter("ignore", (UserWarning, FutureWarning))
+    import fairseq
+
+    from pipeline.training.cpu_memory import configure_cpu_memory
+
+    (spec_path,) = argv
+    batch, spec = read_handover(Path(spec_path))
+    configure_cpu_memory(**spec["cpu_memory"])
+    torch.set_num_threads(spec["threads"])
+    step, model = build_step(spec, batch)
+
+    def answer(payload: dict) -> None:
+        answers.write(json.dumps(payload, sort_keys=True) + "\n")
+        answers.flush()
+
+    answer({
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "fairseq": fairseq.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "precision": PRECISION,
+    })  # fmt: skip
+    for request in sys.stdin:
+        if request.strip() != STEP:
+            raise SystemExit(f"fairseq_step: unknown request {request!r}")
+        start = time.perf_counter()
+        step()
+        answer({"seconds": time.perf_counter() - start})
+
+
+# ---------------------------------------------------------------- the client (our venv)
+
+
+class FairseqStepWorker:
+    """A running worker: `info` is its first line (parameters, versions); calling it runs one
+    step and returns the worker's own seconds for it."""
+
+    def __init__(self, python: str, spec_path: Path, env: dict, cwd: Path) -> None:
+        command = [python, "-m", "benchmarks.fairseq_step", str(spec_path)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=env, cwd=cwd, text=True)  # fmt: skip
+        self.info = self._read()
+
+    def __call__(self) -> float:
+        self.process.stdin.write(STEP + "\n")
+        self.process.stdin.flush()
+        return self._read()["seconds"]
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise RuntimeError(f"the fairseq worker ended (exit {code}); its stderr is above")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+    def __enter__(self) -> FairseqStepWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])
