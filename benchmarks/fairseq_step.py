@@ -13,7 +13,8 @@ host memory settings. The worker builds everything the way fairseq-train does (i
 `TranslationTask.build_model/build_criterion`, `optim.build_optimizer`: on a CPU fairseq's own
 Adam), prints one JSON line (parameter count, versions), then runs one step per `step` line on
 stdin and answers each with a JSON line. train_throughput times those calls interleaved with
-its other systems, so every system gets the same warm-up, rounds and slow-downs.
+its other systems, so every system gets the same warm-up, rounds and slow-downs (the pipe's
+round trip, well under a millisecond against a step of ~1 s, is inside fairseq's time).
 
 The step is `Trainer.train_step`'s core: zero grads, `task.train_step` (forward, label-smoothed
 loss, backward), gradients x 1 / target tokens, `optimizer.step()`; not its logging, nan checks
