@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     sources, references = corpus.src[: args.sentences], corpus.tgt[: args.sentences]
     model, trained = load_checkpoint(checkpoint)
     tokenizer = load_tokenizer(args.tokenizer or Path(cfg.paths.tokenized) / MODEL_FILE, model,
-                               trained.data.tokenizer.source_eos)  # fmt: skip
+                               trained.data)  # fmt: skip
     src_ids = tokenizer.encode_sources(sources)
     e = dataclasses.replace(cfg.eval, nbest=1)
 

@@ -21,7 +21,8 @@ output with this project's own scoring, so the two systems are compared by one y
               3a0631a: escaping on, no `-a`). Here sacremoses, the Python port of those Moses
               scripts: `str.lower`, `MosesPunctNormalizer(lang=L, perl_parity=True)` (the perl
               turns a lone right quote into '"'), `MosesTokenizer(lang=L)` with `escape=True`
-              and no aggressive dash splits.
+              and no aggressive dash splits: `pipeline.data.moses.moses_tokenize`, which our
+              own pipeline applies under `data.tokenizer.pretokenizer: moses`.
  3. bpe       joint subword-nmt BPE, `--bpe-merges` (10000) merges learned on en+de train:
               `subword-nmt learn-joint-bpe-and-vocab --write-vocabulary vocab.en vocab.de`, then
               `subword-nmt apply-bpe -c codes --vocabulary vocab.L` per file, as the dataset's
@@ -46,9 +47,10 @@ output with this project's own scoring, so the two systems are compared by one y
  8. score     fairseq's own BLEU4 line (tokenized lowercased text against its binarized
               references: the number Wu et al. report), and this project's scoring
               (`pipeline.evaluation.scoring.score`): the hypotheses are detokenized with
-              sacremoses' `MosesDetokenizer` and scored against the raw references, giving
-              sacreBLEU's lowercased BLEU (`bleu_lc`) and the tokenized lowercased BLEU of the
-              literature (`bleu_tok_lc`) exactly as our own evaluation computes them.
+              sacremoses' `MosesDetokenizer` (`pipeline.data.moses.moses_detokenize`) and
+              scored against the raw references, giving sacreBLEU's lowercased BLEU
+              (`bleu_lc`) and the tokenized lowercased BLEU of the literature (`bleu_tok_lc`)
+              exactly as our own evaluation computes them.
 
 The result, one JSON object (system, recipe, updates, epochs, target tokens seen, wall times,
 target tokens/s, val and test2016 scores, every command, hardware), goes to `--out` and is the
@@ -488,24 +490,6 @@ def read_raw(corpus: Path, split: str, lang: str, limit: int | None = None) -> l
     return lines[:limit] if limit is not None else lines
 
 
-def moses_prepare(lines: Iterable[str], lang: str) -> list[str]:
-    """`lowercase.perl | normalize-punctuation.perl -l lang | tokenizer.perl -l lang`
-    (Multi30k's scripts/task1-tokenize.sh) with sacremoses' ports of the Moses scripts."""
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
-    tokenizer = MosesTokenizer(lang=lang)
-    return [
-        tokenizer.tokenize(
-            normalizer.normalize(line.lower()),
-            aggressive_dash_splits=False,
-            escape=True,
-            return_str=True,
-        )
-        for line in lines
-    ]
-
-
 def data_settings(args: argparse.Namespace) -> dict:
     import sacremoses
 
@@ -530,7 +514,10 @@ def _file_digest(path: Path) -> str:
 
 
 def prepare(args: argparse.Namespace, layout: Layout, settings: dict) -> dict:
-    """Write tok/{subset}.{lang}; returns the sentence count per subset."""
+    """Write tok/{subset}.{lang}: task1-tokenize.sh's text, as our pipeline's
+    `data.tokenizer.pretokenizer: moses` makes it; returns the sentence count per subset."""
+    from pipeline.data.moses import moses_tokenize
+
     corpus = corpus_dir(args)
     counts = {}
     fresh_dir(layout.tok)
@@ -538,7 +525,9 @@ def prepare(args: argparse.Namespace, layout: Layout, settings: dict) -> dict:
         limit = args.max_train_pairs if subset == "train" else args.max_eval_pairs
         sides = {}
         for lang in (args.src, args.tgt):
-            sides[lang] = moses_prepare(read_raw(corpus, split_of(args, subset), lang, limit), lang)
+            sides[lang] = moses_tokenize(
+                read_raw(corpus, split_of(args, subset), lang, limit), lang
+            )
             layout.tok_file(subset, lang).write_text("\n".join(sides[lang]) + "\n")
         if len(sides[args.src]) != len(sides[args.tgt]):
             raise SystemExit(
@@ -803,23 +792,16 @@ def parse_generate(lines: Sequence[str], expected: int) -> tuple[list[str], dict
     return [hypotheses[i] for i in range(len(hypotheses))], bleu
 
 
-def detokenize(lines: Iterable[str], lang: str) -> list[str]:
-    """Moses-tokenized, escaped text back to plain text (sacremoses' detokenizer.perl)."""
-    from sacremoses import MosesDetokenizer
-
-    detokenizer = MosesDetokenizer(lang=lang)
-    return [detokenizer.detokenize(line.split(), unescape=True) for line in lines]
-
-
 def score_split(args: argparse.Namespace, subset: str, hypotheses: list[str]) -> dict:
     """This project's scores of fairseq's output against the raw references (normalised as
     `prepare` does)."""
     from pipeline.data.corpus import normalize
+    from pipeline.data.moses import moses_detokenize
     from pipeline.evaluation.scoring import score
 
     references = [normalize(line) for line in read_raw(
         corpus_dir(args), split_of(args, subset), args.tgt, args.max_eval_pairs)]  # fmt: skip
-    return score(detokenize(hypotheses, args.tgt), references, lang=args.tgt)
+    return score(moses_detokenize(hypotheses, args.tgt), references, lang=args.tgt)
 
 
 # ---------------------------------------------------------------- the run

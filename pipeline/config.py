@@ -22,6 +22,8 @@ from pipeline.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
+# data.tokenizer.pretokenizer: what the text goes through before the subword model reads it
+PRETOKENIZERS = ("none", "moses")
 
 
 @dataclass
@@ -43,6 +45,8 @@ class TokenizerConfig:
     character_coverage: float = 1.0
     case_fold: bool = False  # lowercase everything the model reads and writes (NFKC + fold)
     source_eos: bool = False  # every source sentence ends with eos, as fairseq encodes it
+    # none | moses: Moses-tokenize the text before the subword model, detokenize after decoding
+    pretokenizer: str = "none"
     # Fixed special ids, shared by tokenizer, model and decoding.
     pad_id: int = 0
     unk_id: int = 1
@@ -273,6 +277,11 @@ def validate(cfg: Config) -> Config:
         d.tokenizer.model_type in ("bpe", "unigram"),
         "data.tokenizer.model_type",
         "must be 'bpe' or 'unigram'",
+    )
+    _check(
+        d.tokenizer.pretokenizer in PRETOKENIZERS,
+        "data.tokenizer.pretokenizer",
+        f"must be one of {', '.join(PRETOKENIZERS)}, got '{d.tokenizer.pretokenizer}'",
     )
     special = [d.tokenizer.pad_id, d.tokenizer.unk_id, d.tokenizer.bos_id, d.tokenizer.eos_id]
     _check(len(set(special)) == 4, "data.tokenizer", "pad/unk/bos/eos ids must be distinct")

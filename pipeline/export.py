@@ -14,6 +14,13 @@ weight type, `source_eos`, `max_positions`), so that the folder alone translates
     result = translator.translate_batch([sp.encode("A dog runs.", out_type=str)], beam_size=5)
     print(sp.decode(result[0].hypotheses[0]))
 
+A model trained on Moses-tokenized text (`data.tokenizer.pretokenizer: moses`) is exported with
+its pre-tokenization: `spm.pretokenizer.json` beside `spm.model` (which `load_exported` and
+`Tokenizer.load` read) and the same record as `pretokenizer` in export.json. Outside this
+package, text then goes through sacremoses as `pipeline.data.moses` does before `sp.encode`
+(`moses_tokenize(lines, src_lang, lowercase=...)`) and after `sp.decode`
+(`moses_detokenize(lines, tgt_lang)`).
+
 Mapping onto `ctranslate2.specs.TransformerSpec`: layers and heads as configured; post-norm
 (the paper) or pre-norm with the final encoder/decoder LayerNorm (`model.norm_first`); ReLU
 feed-forward; embeddings scaled by sqrt(d_model); our position table, sinusoidal or learned,
@@ -56,13 +63,13 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.cli import main
-from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, pretokenizer_path
 from pipeline.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -224,9 +231,9 @@ def export_ctranslate2(
     quantization: str = DEFAULT_QUANTIZATION,
     provenance: dict | None = None,
 ) -> Path:
-    """Write `model` (eval mode) with `tokenizer` (its `source_eos` as the model was trained)
-    as a CTranslate2 folder `out`, weights stored as `quantization`. `out` is replaced whole,
-    atomically; `provenance` goes into export.json."""
+    """Write `model` (eval mode) with `tokenizer` (its `source_eos` and pre-tokenization as the
+    model was trained) as a CTranslate2 folder `out`, weights stored as `quantization`. `out`
+    is replaced whole, atomically; `provenance` goes into export.json."""
     from pipeline.data.corpus import atomic_directory
 
     spec = transformer_spec(model, tokenizer)
@@ -238,11 +245,13 @@ def export_ctranslate2(
         "quantization": quantization,
         "tokenizer": MODEL_FILE,
         "source_eos": tokenizer.source_eos,
+        "pretokenizer": asdict(tokenizer.pretokenizer),  # what text goes through around spm
         "max_positions": model.cfg.max_positions,
     }
     with atomic_directory(out) as staging:
         spec.save(str(staging))
         (staging / MODEL_FILE).write_bytes(tokenizer.processor.serialized_model_proto())
+        tokenizer.pretokenizer.write(staging / MODEL_FILE)
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return Path(out)
 
@@ -255,7 +264,7 @@ class ExportedModel:
     """An export folder loaded for decoding."""
 
     translator: object  # ctranslate2.Translator
-    tokenizer: Tokenizer  # with the model's source_eos
+    tokenizer: Tokenizer  # with the model's source_eos and pre-tokenization
     max_positions: int  # the length rule's cap
 
 
@@ -270,7 +279,15 @@ def load_exported(
     translator = _ctranslate2().Translator(
         str(model_dir), device=device, compute_type=compute_type, intra_threads=threads
     )
-    tokenizer = Tokenizer.load(Path(model_dir) / info["tokenizer"], source_eos=info["source_eos"])
+    spm_model = Path(model_dir) / info["tokenizer"]
+    tokenizer = Tokenizer.load(spm_model, source_eos=info["source_eos"])
+    recorded = info.get("pretokenizer")  # absent from folders exported before it was recorded
+    if recorded is not None and recorded != asdict(tokenizer.pretokenizer):
+        raise DataError(
+            f"{pretokenizer_path(spm_model)}: the folder's subword model reads "
+            f"{tokenizer.pretokenizer.describe()}, but {info_path} records {recorded}; export "
+            "the model again"
+        )
     return ExportedModel(translator, tokenizer, info["max_positions"])
 
 
@@ -456,7 +473,7 @@ def export(argv: list[str] | None = None) -> Path:
     from pipeline.evaluation.evaluate import load_tokenizer
 
     model, cfg = load_checkpoint(args.checkpoint)
-    tokenizer = load_tokenizer(args.tokenizer, model, cfg.data.tokenizer.source_eos)
+    tokenizer = load_tokenizer(args.tokenizer, model, cfg.data)
     check_tokenizer(tokenizer, model.vocab_size, args.tokenizer)
     out = export_ctranslate2(
         model, tokenizer, args.out, quantization=args.quantization,

@@ -4,8 +4,9 @@
     python -m pipeline.translate --input news.en --output news.de --beam 5
 
 Input is normalised exactly as `prepare` normalises the corpus (NFC, whitespace collapsed),
-encoded with the joint subword model, beam-searched in batches of `eval.max_tokens` source
-tokens and detokenized; an empty input line gives an empty output line. Defaults come from
+encoded with the joint subword model (Moses-tokenized first where the model was trained so,
+`data.tokenizer.pretokenizer`), beam-searched in batches of `eval.max_tokens` source tokens and
+detokenized; an empty input line gives an empty output line. Defaults come from
 params.yaml: the model is `paths.eval_dir/model.ckpt` (the averaged checkpoint the evaluate
 stage scored), the subword model `paths.tokenized/spm.model`, beam settings from `eval`.
 """
@@ -77,7 +78,7 @@ def translate(argv: list[str] | None = None) -> None:
     from pipeline.evaluation.evaluate import load_model, load_tokenizer, translate_ids
 
     model = load_model(checkpoint)
-    tokenizer = load_tokenizer(spm_model, model, cfg.data.tokenizer.source_eos)
+    tokenizer = load_tokenizer(spm_model, model, cfg.data)
     translations = translate_ids(
         model, tokenizer, tokenizer.encode_sources(sources), eval_cfg, desc="translate"
     )

@@ -144,6 +144,25 @@ def test_split_to_multiple_splits_the_largest_batches():
         split_to_multiple([[0], [1]], 3)
 
 
+@pytest.mark.parametrize(("num_replicas", "batches_per_update"), [(1, 2), (1, 3), (2, 2)])
+def test_every_rank_gets_whole_updates_of_batches(lengths, num_replicas, batches_per_update):
+    """Gradient accumulation: each rank's epoch is a whole number of updates (so no optimizer
+    step sums fewer batches), every example still once, every batch within budget."""
+    src, tgt = lengths
+    plain = len(make(lengths).batches)
+    per_rank = []
+    for rank in range(num_replicas):
+        sampler = make(lengths, num_replicas=num_replicas, rank=rank,
+                       batches_per_update=batches_per_update)  # fmt: skip
+        assert len(sampler) % batches_per_update == 0
+        per_rank.append(list(sampler))
+    total = sum(map(len, per_rank))
+    assert plain <= total < plain + num_replicas * batches_per_update  # only what it takes
+    seen = [i for batches in per_rank for batch in batches for i in batch]
+    assert sorted(seen) == list(range(len(src)))
+    assert all(padded(b, src, tgt) <= MAX_TOKENS for bs in per_rank for b in bs)
+
+
 def test_batch_order_is_shuffled_per_epoch_from_the_seed(lengths):
     sampler = make(lengths)
     epoch0 = list(sampler)

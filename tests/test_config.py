@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -24,6 +26,7 @@ def test_every_conf_key_is_in_the_schema():
         ["experiment=smoke"],
         ["experiment=multi30k_tiny"],
         ["experiment=multi30k_base"],
+        ["experiment=multi30k_wu2021"],
     ]:
         cfg = config_lib.compose(overrides)
         assert isinstance(cfg, config_lib.Config)
@@ -47,6 +50,7 @@ def test_experiment_preset_selects_values():
         ("model.heads=3", "model.heads"),
         ("model.dropout=1.5", "model.dropout"),
         ("model.positional=rotary", "model.positional"),
+        ("data.tokenizer.pretokenizer=spacy", "data.tokenizer.pretokenizer"),
         ("train.label_smoothing=-0.1", "train.label_smoothing"),
         ("eval.nbest=9", "eval.nbest"),
         ("eval.bootstrap_samples=1", "eval.bootstrap_samples"),  # one resample: no interval
@@ -132,3 +136,55 @@ def test_env_overrides_raw_dir(monkeypatch, tmp_path):
 def test_dict_round_trip():
     cfg = config_lib.compose(["experiment=smoke"])
     assert config_lib.from_dict(config_lib.to_dict(cfg)) == cfg
+
+
+def test_wu2021_preset_is_their_recipe():
+    """conf/experiment/multi30k_wu2021.yaml against Wu et al.'s fairseq flags (the docstring of
+    benchmarks/fairseq_peer.py), where this pipeline has the setting."""
+    from pipeline.training.module import inverse_sqrt_rate
+
+    cfg = config_lib.compose(["experiment=multi30k_wu2021"])
+    d, m, t, e = cfg.data, cfg.model, cfg.train, cfg.eval
+    assert (d.src_lang, d.tgt_lang, d.filter.apply_to) == ("en", "de", [])
+    assert (d.tokenizer.pretokenizer, d.tokenizer.case_fold, d.tokenizer.source_eos) == (
+        "moses", True, True)  # fmt: skip
+    assert (d.tokenizer.model_type, d.tokenizer.vocab_size) == ("bpe", 10000)
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads) == (4, 4, 128, 256, 4)
+    assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.0, 0.0)
+    assert (m.norm_first, m.positional, m.tie_embeddings) == (False, "sinusoidal", True)
+    assert (t.adam_betas, t.adam_eps, t.weight_decay) == ([0.9, 0.98], 1e-8, 0.0)
+    assert (t.label_smoothing, t.gradient_clip_val) == (0.1, 25.0)
+    assert (t.max_steps, t.warmup_steps, t.max_tokens, t.accumulate_grad_batches) == (
+        8000, 2000, 8192, 2)  # fmt: skip
+    # --lr 0.005 is the peak, reached at the last warm-up update, then lr * sqrt(2000 / update)
+    rate = functools.partial(
+        inverse_sqrt_rate, d_model=m.d_model, warmup_steps=t.warmup_steps, factor=t.lr_factor
+    )
+    assert rate(2000) == pytest.approx(0.005, rel=1e-6)
+    assert rate(1000) == pytest.approx(0.0025, rel=1e-6)
+    assert rate(8000) == pytest.approx(0.005 * (2000 / 8000) ** 0.5, rel=1e-6)
+    assert max(rate(s) for s in range(1, 8001)) == rate(2000)
+    # --patience 10 on val loss: validation computes the loss only, which then stops early
+    assert (t.val_bleu, t.early_stopping_patience) == (False, 10)
+    assert (e.average, e.average_by, e.beam_size, e.length_penalty) == (10, "last", 5, 1.0)
+    assert t.save_top_k >= e.average
+
+
+@pytest.mark.slow
+def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
+    """fairseq validates and saves a checkpoint per epoch: the preset's val_check_interval is
+    the updates of one epoch of its own tokenized training split, at its batch size."""
+    from pipeline.data.corpus import prepare
+    from pipeline.data.datamodule import TranslationDataModule
+    from pipeline.data.tokenizer import tokenize
+    from tests.conftest import redirect_paths
+
+    cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", "experiment=multi30k_wu2021"])
+    cfg = redirect_paths(cfg, tmp_path)
+    prepare(cfg)
+    tokenize(cfg)
+    datamodule = TranslationDataModule(cfg)
+    datamodule.setup("fit")
+    batches = len(datamodule.train_dataloader())
+    updates = -(-batches // cfg.train.accumulate_grad_batches)  # a last odd batch: an update
+    assert cfg.train.val_check_interval == updates

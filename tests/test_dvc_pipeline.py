@@ -78,6 +78,11 @@ def test_repro_noop_and_selective_rerun(repo):
     assert "Running stage 'tokenize'" in changed
     assert "Running stage 'prepare'" not in changed
 
+    compose_params(repo, "experiment=smoke", "data.tokenizer.pretokenizer=moses")
+    moses = sh(["dvc", "repro", "tokenize"], repo).stdout
+    assert "Running stage 'tokenize'" in moses and "Running stage 'prepare'" not in moses
+    assert (repo / "data/tokenized/spm.pretokenizer.json").exists()
+
 
 def test_killed_stage_leaves_lock_and_reruns_to_same_hash(repo):
     compose_params(repo, "experiment=smoke")

@@ -17,6 +17,7 @@ import torch
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
 from tests.conftest import run_stage
+from tests.test_tokenizer import moses_tokenized_copy
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 
@@ -291,6 +292,82 @@ def test_evaluate_one_checkpoint_with_nbest_into_a_given_run(trained_smoke, tmp_
     assert logged["summary"]["eval/val/bleu"] == pytest.approx(results["val"]["bleu"])
     assert "test/bleu" not in logged["summary"]
     assert logged["summary"]["after_eval"] == 1.0
+
+
+# --------------------------------------------------------------------------- Moses
+
+
+def test_load_tokenizer_reads_text_as_the_model_was_trained(tokenized_smoke, tmp_path):
+    """The one loader of evaluate, translate, decoding_search and export: the run's config
+    brings the source eos and must agree with the recorded pre-tokenization."""
+    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path)
+    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), None, cfg.data)
+    assert tokenizer.pretokenizer.method == "moses" and tokenizer.source_eos
+    with pytest.raises(DataError, match=r"data\.tokenizer\.pretokenizer=none"):
+        evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), None, tokenized_smoke.data)
+
+
+@pytest.fixture(scope="module")
+def trained_moses(tokenized_smoke, tmp_path_factory):
+    """The smoke corpus as Wu et al.'s recipe reads it (lowercased, Moses-tokenized, source
+    eos) and the smoke model trained on it for 40 updates (validations and checkpoints at
+    20 and 40); read-only like `trained_smoke`."""
+    from pipeline.training.trainer import run
+
+    root = tmp_path_factory.mktemp("trained_moses")
+    cfg = moses_tokenized_copy(tokenized_smoke, root)
+    for name in ("train_dir", "eval_dir", "metrics_dir", "plots_dir", "wandb_dir"):
+        setattr(cfg.paths, name, str(root / name))
+    cfg.train.max_steps, cfg.train.val_check_interval = 40, 20
+    cfg.train.progress_bar = False
+    run(cfg)
+    return cfg
+
+
+@pytest.mark.slow
+def test_evaluate_with_moses_pretokenization_scores_detokenized_hypotheses(trained_moses, tmp_path):
+    """Sources are Moses-tokenized in English before the subword model, the hypotheses are
+    Moses-detokenized in German after it, and the scores are sacreBLEU's on those plain-text
+    hypotheses against the raw (cased) references; the translate CLI writes the same."""
+    import sentencepiece
+    from omegaconf import OmegaConf
+    from sacremoses import MosesDetokenizer
+
+    from pipeline import translate
+    from pipeline.config import to_dict
+    from pipeline.data.moses import moses_tokenize
+
+    cfg = eval_config(trained_moses, tmp_path, ("average", 2), ("beam_size", 1),
+                      ("splits", ["val"]), ("heatmaps", 1), ("samples", 3))  # fmt: skip
+    results = evaluate.run(cfg)
+    eval_dir, prepared = Path(cfg.paths.eval_dir), Path(cfg.paths.prepared)
+    hypotheses = read_text_lines(eval_dir / "val.hyp")
+    sources = read_text_lines(prepared / "val.en")
+    assert sum(bool(h) for h in hypotheses) > len(hypotheses) // 2  # it did translate
+
+    # The same model and ids, detokenized here with sentencepiece and sacremoses directly.
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(evaluate.tokenizer_path(cfg)))
+    src_ids = spm.encode(moses_tokenize(sources, "en"), out_type=int, add_eos=True)
+    model = evaluate.load_model(eval_dir / "model.ckpt")
+    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model, cfg.data)
+    assert tokenizer.encode_sources(sources) == src_ids
+    translations = evaluate.translate_ids(model, tokenizer, src_ids, cfg.eval)
+    detokenizer = MosesDetokenizer(lang="de")
+    expected = [
+        detokenizer.detokenize(spm.decode(t.tokens[0]).split(), unescape=True) for t in translations
+    ]
+    assert hypotheses == expected
+    assert all(h == h.lower() and "&quot;" not in h and "&apos;" not in h for h in hypotheses)
+    # Scored against the raw references, exactly as the sacrebleu command line scores them.
+    cli = sacrebleu_cli(prepared / "val.de", eval_dir / "val.hyp")
+    assert {key: round(results["val"][key], 4) for key in cli} == cli
+
+    params = tmp_path / "params.yaml"
+    params.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+    (tmp_path / "in.en").write_text("".join(f"{s}\n" for s in sources[:8]), encoding="utf-8")
+    translate.translate(["--params", str(params), "--input", str(tmp_path / "in.en"),
+                         "--output", str(tmp_path / "out.de")])  # fmt: skip
+    assert read_text_lines(tmp_path / "out.de") == hypotheses[:8]
 
 
 def test_stage_reports_a_user_error_without_traceback(tokenized_smoke, tmp_path):

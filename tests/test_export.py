@@ -29,6 +29,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
 from pipeline.model.transformer import Transformer
 from tests.conftest import REPO_ROOT
+from tests.test_tokenizer import moses_tokenized_copy
 
 TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)
 # Post-norm, sinusoids, tied (the paper; the smoke model too) and everything else at once.
@@ -92,6 +93,36 @@ def test_random_models_of_every_architecture_translate_as_ours(
         assert_same_translations(
             *ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg)
         )
+
+
+def test_a_moses_pretokenized_model_is_exported_with_its_pretokenization(tokenized_smoke, tmp_path):
+    """Wu et al.'s preprocessing (data.tokenizer.pretokenizer: moses) travels with the export:
+    recorded in export.json and beside the folder's spm.model, so the loaded folder reads
+    raw sources and writes plain text as our decoding does; a folder whose record was lost
+    is refused."""
+    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path)
+    tokenizer = Tokenizer.for_data(Path(cfg.paths.tokenized) / MODEL_FILE, cfg.data)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**TINY), tokenizer.vocab_size, tokenizer.pad_id).eval()
+    model.output_projection.weight.data[[tokenizer.pad_id, tokenizer.bos_id]] = 0.0
+    out = export.export_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    info = json.loads((out / export.EXPORT_INFO).read_text())
+    record = {"method": "moses", "lowercase": True, "src_lang": "en", "tgt_lang": "de"}
+    assert info["pretokenizer"] == record and info["source_eos"] is True
+    assert json.loads((out / "spm.pretokenizer.json").read_text()) == record
+
+    exported = export.load_exported(out)
+    assert exported.tokenizer.pretokenizer == tokenizer.pretokenizer
+    val = read_prepared(cfg, ["val"])["val"].src[:20]
+    src_ids = exported.tokenizer.encode_sources(val)
+    assert src_ids == tokenizer.encode_sources(val)  # raw text in, Moses-tokenized inside
+    ours, theirs = ours_and_ctranslate2(model, tokenizer, exported, src_ids, cfg.eval)
+    assert_same_translations(ours, theirs)
+    assert [exported.tokenizer.decode(h.tokens) for h in theirs] == [t.best for t in ours]
+
+    (out / "spm.pretokenizer.json").unlink()
+    with pytest.raises(DataError, match=r"spm\.pretokenizer\.json: .*export\.json records"):
+        export.load_exported(out)
 
 
 # --------------------------------------------------------------------------- bad input

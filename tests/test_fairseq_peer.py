@@ -1,6 +1,6 @@
 """benchmarks.fairseq_peer (issue #19): the parts of the fairseq side-by-side harness that run
-in this project's environment without fairseq: Multi30k's Moses preprocessing (against the
-dataset's own tokenized test2016 lines), the BPE and fairseq command lines (the recipe's
+in this project's environment without fairseq: Multi30k's Moses preprocessing (the files it
+writes; pipeline.data.moses itself is tested in test_moses.py), the BPE and fairseq command lines (the recipe's
 flags), checkpoint averaging, the parsers of fairseq's output, and train_throughput's fairseq
 system (the hand-over to its worker, the skip without a venv). Building the fairseq venv
 never happens here; the end-to-end runs are `slow` and need a venv built beforehand
@@ -15,24 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from benchmarks import fairseq_peer, fairseq_step, train_throughput
 from benchmarks.common import pad_batch
-from pipeline.data.corpus import normalize, read_lines
-from pipeline.evaluation.scoring import score
+from tests.test_moses import OFFICIAL_TOK_DE
 
-# Lines of multi30k/dataset data/task1/tok/test_2016_flickr.lc.norm.tok.de (made by its
-# scripts/task1-tokenize.sh with Moses 3a0631a), by 1-based line number of the raw file.
-OFFICIAL_TOK_DE = {
-    1: "ein mann mit einem orangefarbenen hut , der etwas anstarrt .",
-    2: "ein boston terrier läuft über saftig-grünes gras vor einem weißen zaun .",
-    226: "eine frau auf einem boot namens &quot; el corazon &quot; lässt schwarze gewichte ins "
-    "wasser fallen .",
-    230: "ein jugendlicher in einem schwarzen t-shirt mit dem aufdruck &quot; asian pacific 2007 "
-    "&quot; sitzt und spielt eine trommel .",
-    457: "eine frau hält einen großen scheck für &quot; kids &apos; food basket &quot; .",
-}
 BLEU_LINE = (
     "Generate test with beam=5: BLEU4 = 41.02, 71.0/47.5/34.3/24.5 (BP=0.999, ratio=0.999, "
     "syslen=12096, reflen=12103)"
@@ -58,51 +45,6 @@ def flag_values(command: list[str]) -> dict[str, str | None]:
 
 
 # ---------------------------------------------------------------- preprocessing
-
-
-def test_moses_prepare_equals_task1_tokenize_output(multi30k_dir):
-    """Lowercase + sacremoses normalise + tokenize reproduces the dataset's own tokenized
-    references: escaping on (&quot;, &apos;), hyphenated words kept whole (no `-a`)."""
-    raw = read_lines(multi30k_dir / "test_2016_flickr.de.gz")
-    lines = [raw[number - 1] for number in OFFICIAL_TOK_DE]
-    assert fairseq_peer.moses_prepare(lines, "de") == list(OFFICIAL_TOK_DE.values())
-
-
-@pytest.mark.parametrize("lang", ["en", "de"])
-def test_moses_prepare_is_lowercase_normalise_tokenize_step_by_step(multi30k_dir, lang):
-    """Real training lines, among them every one with a quote the normaliser rewrites, go
-    through exactly lower() -> MosesPunctNormalizer(perl_parity) -> MosesTokenizer."""
-    raw = read_lines(multi30k_dir / f"train.{lang}.gz")
-    quotes = [line for line in raw if any(c in line for c in "„“”’‘`\"'")]
-    lines = raw[:50] + quotes[:200]
-    normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
-    tokenizer = MosesTokenizer(lang=lang)
-    expected = []
-    for line in lines:
-        lowered = line.lower()
-        normalised = normalizer.normalize(lowered)
-        expected.append(tokenizer.tokenize(normalised, escape=True, return_str=True))
-    prepared = fairseq_peer.moses_prepare(lines, lang)
-    assert prepared == expected
-    assert all(p == p.lower() for p in prepared)
-    assert not any(c in p for p in prepared for c in '„“”"')  # normalised, then escaped
-
-
-def test_perl_parity_lone_right_quote():
-    """normalize-punctuation.perl turns a lone ’ into '"' (sacremoses only with perl_parity);
-    Multi30k's train.de has one such line ("Hook ’em Horns")."""
-    (prepared,) = fairseq_peer.moses_prepare(["Das „Hook ’em Horns“-Zeichen."], "de")
-    assert "&quot; em horns" in prepared
-
-
-def test_detokenized_reference_scores_100_with_our_scoring(multi30k_dir):
-    """Prepared text -> sacremoses detokenizer -> this project's scoring is lossless: the
-    references themselves, round-tripped as fairseq's output is, score 100."""
-    references = [normalize(r) for r in read_lines(multi30k_dir / "test_2016_flickr.de.gz")]
-    hypotheses = fairseq_peer.moses_prepare(references[:300], "de")
-    result = score(fairseq_peer.detokenize(hypotheses, "de"), references[:300], lang="de")
-    assert result["bleu_tok_lc"] == pytest.approx(100.0)
-    assert result["bleu_lc"] == pytest.approx(100.0)
 
 
 def test_prepare_writes_every_subset_and_marks_done(tmp_path, multi30k_dir):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+from sentencepiece import sentencepiece_model_pb2
 
 from pipeline.config import RAW_DIR_ENV
 from pipeline.data.corpus import prepared_path
@@ -20,6 +22,7 @@ from pipeline.data.tokenizer import (
     OVER_SPM_LIMIT,
     SPLITS_DIR,
     SPM_MAX_SENTENCE_BYTES,
+    Pretokenizer,
     Tokenizer,
     load_tokenized,
     tokenize,
@@ -413,3 +416,145 @@ def test_disk_full_while_tokenizing_keeps_the_previous_output(tokenized_smoke, s
     assert {name: len(split) for name, split in loaded.items()} == {
         name: len(split) for name, split in reference.items()
     }
+
+
+# ---- Moses pre-tokenization (data.tokenizer.pretokenizer: moses) ----------------------------
+
+
+def moses_tokenized_copy(tokenized_smoke, root: Path):
+    """The smoke corpus tokenized as Wu et al.'s recipe reads it: lowercased and
+    Moses-tokenized before the subword model (outputs under `root`); its config."""
+    cfg = copy.deepcopy(tokenized_smoke)
+    cfg.data.tokenizer.pretokenizer = "moses"
+    cfg.data.tokenizer.case_fold = True
+    cfg.data.tokenizer.source_eos = True
+    cfg.paths.tokenized = str(root / "tokenized")
+    cfg.paths.metrics_dir = str(root / "metrics")
+    tokenize(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def moses_smoke(tokenized_smoke, tmp_path_factory):
+    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path_factory.mktemp("moses_smoke"))
+    return cfg, Tokenizer.for_data(Path(cfg.paths.tokenized) / MODEL_FILE, cfg.data)
+
+
+def sacremoses_text(lines: list[str], lang: str) -> list[str]:
+    """task1-tokenize.sh through sacremoses called directly (the independent reference)."""
+    normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
+    tokenizer = MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
+        for line in lines
+    ]
+
+
+def pieces_text(tok: Tokenizer, ids: list[int]) -> str:
+    """The text a row of ids spells, piece by piece (not through sentencepiece's decoder)."""
+    pieces = [tok.piece(i) for i in ids if i != tok.eos_id]
+    return "".join(pieces).replace("▁", " ").strip()
+
+
+def test_moses_pretokenizer_is_recorded_beside_the_model(moses_smoke, tokenized_smoke):
+    cfg, tok = moses_smoke
+    record = json.loads((Path(cfg.paths.tokenized) / "spm.pretokenizer.json").read_text())
+    assert record == {"method": "moses", "lowercase": True, "src_lang": "en", "tgt_lang": "de"}
+    assert tok.pretokenizer == Pretokenizer("moses", True, "en", "de")
+    assert "spm.pretokenizer.json" in json.loads((Path(cfg.paths.tokenized) / "manifest.json")
+                                                 .read_text())["files"]  # fmt: skip
+    # A folder made without the key (or with none) has no record and reads text as it is.
+    plain = Path(tokenized_smoke.paths.tokenized)
+    assert not (plain / "spm.pretokenizer.json").exists()
+    assert Tokenizer.load(plain / MODEL_FILE).pretokenizer == Pretokenizer()
+
+
+def test_moses_splits_hold_the_subwords_of_task1_tokenize_text(moses_smoke):
+    """Every saved source and target row spells exactly the text sacremoses gives for its
+    sentence (sources in English, targets in German rules, lowercased), and the subword model
+    was trained on that text: lowercase pieces, pieces of Moses' escapes among them."""
+    cfg, tok = moses_smoke
+    splits = load_tokenized(cfg.paths.tokenized, source_eos=True)
+    for name in ("train", "val"):
+        rows = splits[name][:]
+        assert rows["src_text"] == lines(prepared_path(cfg, name, "en"))  # raw text kept
+        moses_src = sacremoses_text(rows["src_text"], "en")
+        moses_tgt = sacremoses_text(rows["tgt_text"], "de")
+        assert [pieces_text(tok, ids) for ids in rows["src_ids"]] == moses_src
+        assert [pieces_text(tok, ids) for ids in rows["tgt_ids"]] == moses_tgt
+        assert rows["src_ids"] == [tok.encode(t) + [tok.eos_id] for t in moses_src]
+        assert rows["tgt_ids"] == [tok.encode(t) for t in moses_tgt]
+    vocabulary = [tok.piece(i) for i in range(4, tok.vocab_size)]
+    assert all(piece == piece.lower() for piece in vocabulary)
+    assert {"apos", "quot"} <= set(vocabulary)  # Moses' escapes &apos; and &quot;
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tok.processor.serialized_model_proto())
+    assert proto.normalizer_spec.name == "identity"  # lowercased by Moses' step, not NFKC
+
+
+def test_moses_decode_round_trips_real_lines_to_detokenized_lowercase(moses_smoke):
+    """decode(encode(line)) of a target line is the line lowercased, Moses-normalised and
+    -tokenized, then Moses-detokenized (sacremoses' detokenizer.perl, called here directly):
+    plain text, as the references are."""
+    cfg, tok = moses_smoke
+    detokenizer = MosesDetokenizer(lang="de")
+    for split in ("val", "test_2016_flickr"):
+        text = lines(prepared_path(cfg, split, "de"))
+        expected = [
+            detokenizer.detokenize(line.split(), unescape=True)
+            for line in sacremoses_text(text, "de")
+        ]
+        # Lines with a character the smoke corpus's 2000 training pairs lack decode an unknown.
+        known = [i for i, ids in enumerate(tok.encode_targets(text)) if tok.unk_id not in ids]
+        assert len(known) >= 0.95 * len(text)
+        decoded = [tok.decode(ids) for ids in tok.encode_targets([text[i] for i in known])]
+        assert decoded == [expected[i] for i in known]
+        assert not any("&quot;" in d or "&apos;" in d for d in decoded)
+        # Mostly the raw line lowercased: Moses' normalisation changes a few quotes and spaces.
+        assert sum(d == text[i].lower() for d, i in zip(decoded, known)) >= 0.95 * len(known)
+
+
+def test_moses_encode_sources_reads_raw_text_as_training_did(moses_smoke):
+    cfg, tok = moses_smoke
+    sources = lines(prepared_path(cfg, "val", "en"))
+    saved = load_tokenized(cfg.paths.tokenized, source_eos=True)["val"]["src_ids"]
+    assert tok.encode_sources(sources) == saved  # translation reads what training read
+
+
+def test_a_config_asking_for_another_pretokenization_is_refused(moses_smoke, tokenized_smoke):
+    """A model and a config that disagree (a stale tokenized folder, a wrong --tokenizer):
+    refused with the key named, before anything is translated or trained."""
+    cfg, _ = moses_smoke
+    moses_model = Path(cfg.paths.tokenized) / MODEL_FILE
+    assert Tokenizer.for_data(moses_model, cfg.data).pretokenizer.method == "moses"
+    with pytest.raises(
+        DataError,
+        match=r"reads lowercased, moses-tokenized en->de text.*"
+        r"asks for text as it is \(data\.tokenizer\.pretokenizer=none\)",
+    ):
+        Tokenizer.for_data(moses_model, tokenized_smoke.data)
+    plain_model = Path(tokenized_smoke.paths.tokenized) / MODEL_FILE
+    with pytest.raises(DataError, match=r"data\.tokenizer\.pretokenizer=moses.*dvc repro tok"):
+        Tokenizer.for_data(plain_model, cfg.data)
+    cased = copy.deepcopy(cfg)
+    cased.data.tokenizer.case_fold = False
+    with pytest.raises(DataError, match=r"data\.tokenizer\.case_fold=false"):
+        Tokenizer.for_data(moses_model, cased.data)
+    from pipeline.data.datamodule import TranslationDataModule
+
+    stale = copy.deepcopy(tokenized_smoke)  # the config says moses, the folder was made without
+    stale.data.tokenizer.pretokenizer = "moses"
+    with pytest.raises(DataError, match=r"data\.tokenizer\.pretokenizer"):
+        TranslationDataModule(stale).setup("fit")
+
+
+def test_a_damaged_pretokenizer_record_is_named(moses_smoke, tmp_path):
+    cfg, _ = moses_smoke
+    shutil.copytree(cfg.paths.tokenized, tmp_path / "tokenized")
+    record = tmp_path / "tokenized" / "spm.pretokenizer.json"
+    record.write_text('{"method": "spacy"}')
+    with pytest.raises(DataError, match=f"{record}: unknown method 'spacy'"):
+        Tokenizer.load(tmp_path / "tokenized" / MODEL_FILE)
+    record.write_text("{")
+    with pytest.raises(DataError, match=f"{record}: unreadable"):
+        Tokenizer.load(tmp_path / "tokenized" / MODEL_FILE)

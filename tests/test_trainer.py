@@ -405,6 +405,53 @@ def test_nan_loss_stops_training_naming_the_step_and_keeps_the_last_good_checkpo
     assert read_offline_run(run_dir)["complete"]
 
 
+class RecordUpdates(Callback):
+    """After each training batch: the optimizer steps done so far and whether the weights
+    moved; at each optimizer step: the learning rate it applies."""
+
+    def __init__(self) -> None:
+        self.after_batch: list[tuple[int, bool]] = []
+        self.step_lrs: list[float] = []
+        self._before: torch.Tensor | None = None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self._before = module.model.output_projection.weight.detach().clone()
+
+    def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
+        self.step_lrs.append(optimizer.param_groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        moved = not torch.equal(self._before, module.model.output_projection.weight)
+        self.after_batch.append((trainer.global_step, moved))
+
+
+def test_accumulation_counts_optimizer_updates(train_config):
+    """train.accumulate_grad_batches=2 (Wu et al.'s two GPUs in one process, as fairseq's
+    --update-freq 2): one optimizer step per two batches, across an epoch whose token
+    batches packed to an odd number, and max_steps, the warm-up and learning rate, the
+    validation cadence and the step checkpoints all count those updates."""
+    cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=9",
+                       "train.warmup_steps=4", "train.val_check_interval=3",
+                       "train.val_bleu=false", "train.precision=32-true",
+                       "train.save_top_k=3")  # fmt: skip
+    once = copy.deepcopy(cfg)
+    once.train.accumulate_grad_batches = 1
+    assert _train_batches_per_epoch(once) == 11  # packed: odd, so one batch is split in two
+    assert _train_batches_per_epoch(cfg) == 12  # an epoch of 6 updates: 9 run into the next
+    recorder = RecordUpdates()
+    assert run(cfg, callbacks=[recorder])["steps"] == 9
+    # Batch i (from 0) leaves (i + 1) // 2 updates done; only every second batch moves weights.
+    assert recorder.after_batch == [((i + 1) // 2, i % 2 == 1) for i in range(18)]
+    # Update k applies equation (3) at step k: rising to the peak at update 4 (batch 8).
+    expected = [inverse_sqrt_rate(k, d_model=32, warmup_steps=4, factor=0.5) for k in range(1, 10)]
+    assert recorder.step_lrs == pytest.approx(expected)
+    assert max(recorder.step_lrs) == recorder.step_lrs[3]
+    history = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["history"]
+    assert [r["step"] for r in history if "val/loss" in r] == [3, 6, 9]  # every 3 updates
+    steps = sorted(p.name for p in checkpoint_dir(cfg.paths.train_dir).glob("step-*.ckpt"))
+    assert steps == ["step-0000003.ckpt", "step-0000006.ckpt", "step-0000009.ckpt"]
+
+
 @pytest.mark.slow
 def test_accumulation_bf16_and_a_callers_wandb_run(train_config):
     # Under bf16 autocast as well: the loss is computed in fp32 (see label_smoothed_nll).

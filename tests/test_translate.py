@@ -113,9 +113,7 @@ def in_process_translations(cfg, checkpoint: Path, sentences: list[str], beam: i
     from pipeline.evaluation import evaluate
 
     model = evaluate.load_model(checkpoint)
-    tokenizer = evaluate.load_tokenizer(
-        evaluate.tokenizer_path(cfg), model, cfg.data.tokenizer.source_eos
-    )
+    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model, cfg.data)
     eval_cfg = dataclasses.replace(cfg.eval, beam_size=beam, nbest=1)
     src_ids = tokenizer.encode_sources([normalize(s) for s in sentences])
     return [t.best for t in evaluate.translate_ids(model, tokenizer, src_ids, eval_cfg)]

@@ -15,6 +15,11 @@ Training batches (`TokenBatchSampler`):
     in two (halves stay within budget) until it is, so every example is seen exactly once
     per epoch over all ranks, ranks are disjoint, and every rank gets the same number of
     batches (nothing duplicated, nothing dropped).
+  - Gradient accumulation (`batches_per_update`, train.accumulate_grad_batches): the same
+    splitting makes each rank's epoch a whole number of updates, so that every optimizer
+    step sums exactly that many batches, also across epochs (Lightning would otherwise step
+    on an epoch's odd last batch alone, and validations counted in batches would drift off
+    update boundaries).
   - An example that alone exceeds the budget is an error naming its index (a silently
     oversized batch would run out of memory at some random step much later).
   - `state_dict()` / `load_state_dict()` hold the epoch and the batches already consumed,
@@ -111,7 +116,8 @@ def padded_size(batch: Sequence[int], src_lens: np.ndarray, tgt_lens: np.ndarray
 
 
 def split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]]:
-    """Split the batches with the most examples in two until len(batches) % multiple == 0.
+    """Split the batches with the most examples in two until len(batches) % multiple == 0
+    (`multiple`: ranks x batches per update).
 
     A half of a batch is within budget whenever the whole was; order is kept (each half
     replaces its parent), so the result is deterministic.
@@ -122,8 +128,9 @@ def split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]
         batch = batches[largest]
         if len(batch) < 2:
             raise DataError(
-                f"cannot give {multiple} ranks the same number of batches: only "
-                f"{sum(map(len, batches))} training examples; use fewer devices or more data"
+                f"cannot make the training batches a multiple of {multiple} (ranks x "
+                f"train.accumulate_grad_batches): only {sum(map(len, batches))} training "
+                "examples; use fewer devices, less accumulation or more data"
             )
         half = len(batch) // 2
         batches[largest : largest + 1] = [batch[:half], batch[half:]]
@@ -138,6 +145,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         max_tokens: budget for B * max_src_len + B * (max_tgt_len + 1).
         seed: fixes the tie-breaking noise and, with the epoch, the batch order.
         num_replicas, rank: this process's share under DDP (1, 0 otherwise).
+        batches_per_update: batches each optimizer step accumulates; every rank's epoch
+            is a multiple of it.
         shuffle: shuffle the batch order each epoch (False: shortest batches first).
     """
 
@@ -150,6 +159,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         seed: int,
         num_replicas: int = 1,
         rank: int = 0,
+        batches_per_update: int = 1,
         shuffle: bool = True,
     ) -> None:
         if not 0 <= rank < num_replicas:
@@ -164,7 +174,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.consumed = 0  # batches of this epoch already yielded (by this rank)
         self._check_fits()
-        self.batches = split_to_multiple(self._bucketed_batches(), num_replicas)
+        self.batches = split_to_multiple(
+            self._bucketed_batches(), num_replicas * batches_per_update
+        )
 
     def _check_fits(self) -> None:
         width = self.src_lens + self.tgt_lens

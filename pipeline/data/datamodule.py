@@ -134,10 +134,9 @@ class TranslationDataModule(L.LightningDataModule):
         if self.splits:
             return
         tokenized = Path(self.cfg.paths.tokenized)
-        source_eos = self.cfg.data.tokenizer.source_eos
-        self.tokenizer = Tokenizer.load(tokenized / MODEL_FILE, source_eos=source_eos)
+        self.tokenizer = Tokenizer.for_data(tokenized / MODEL_FILE, self.cfg.data)
         self._check_special_ids()
-        loaded = load_tokenized(tokenized, source_eos=source_eos)
+        loaded = load_tokenized(tokenized, source_eos=self.cfg.data.tokenizer.source_eos)
         self.splits = {name: TokenizedSplit(table) for name, table in loaded.items()}
 
     def _check_special_ids(self) -> None:
@@ -223,6 +222,7 @@ class TranslationDataModule(L.LightningDataModule):
             seed=self.cfg.seed,
             num_replicas=num_replicas,
             rank=rank,
+            batches_per_update=self.cfg.train.accumulate_grad_batches,
         )
         workers = self.cfg.train.num_workers
         return ResumableDataLoader(

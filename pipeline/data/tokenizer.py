@@ -12,11 +12,22 @@ characters are in the vocabulary (all of them with character_coverage=1.0). With
 inside spm.model): the lowercased setting of the Multi30k literature, in which the model reads
 and writes lowercase text, while the prepared references keep their case.
 
-sentencepiece trains on sentences of at most SPM_MAX_SENTENCE_BYTES UTF-8 bytes and would skip
-a longer one without a word at our log level. A training pair with such a sentence is dropped
-instead, as `data.filter` drops one (the subword model and the Transformer see the same pairs),
-with a warning naming the file and line, and counted in tokenize.json (the train split's
-`dropped`); a training split with nothing left is a DataError naming the first such line.
+With `data.tokenizer.pretokenizer: moses` the subword model reads Moses-tokenized text instead,
+as Wu et al. (2021) and the Multi30k literature train: each source sentence goes through
+`pipeline.data.moses.moses_tokenize` in the source language, each target in the target
+language (lowercased first under `case_fold`, as the dataset's task1-tokenize.sh does, and
+sentencepiece then normalises nothing), and decoded output through `moses_detokenize` in the
+target language, so that translations are plain text scored against the raw references. The
+setting is recorded beside the model (`spm.pretokenizer.json`, `Pretokenizer`), so that every
+loader of spm.model (evaluate, translate, decoding search, export) pre-processes the same way;
+a model without that file (every one made before the key existed) reads text as it is.
+
+sentencepiece trains on sentences of at most SPM_MAX_SENTENCE_BYTES UTF-8 bytes (as it reads
+them: after pre-tokenization) and would skip a longer one without a word at our log level. A
+training pair with such a sentence is dropped instead, as `data.filter` drops one (the subword
+model and the Transformer see the same pairs), with a warning naming the file and line, and
+counted in tokenize.json (the train split's `dropped`); a training split with nothing left is a
+DataError naming the first such line.
 Encoding has no such limit: val and test sentences are never dropped, whatever their length.
 """
 
@@ -27,12 +38,13 @@ import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import sentencepiece as spm
 from tqdm.auto import tqdm
 
-from pipeline.config import Config, TokenizerConfig
+from pipeline.config import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.data.corpus import (
     ParallelText,
     atomic_directory,
@@ -40,9 +52,12 @@ from pipeline.data.corpus import (
     sha256_of,
     write_json_atomic,
 )
+from pipeline.data.moses import moses_detokenize, moses_tokenize
 from pipeline.errors import DataError
 
 MODEL_FILE = "spm.model"
+PRETOKENIZER_SUFFIX = ".pretokenizer.json"  # spm.pretokenizer.json beside spm.model
+NO_PRETOKENIZER = "none"
 SPLITS_DIR = "splits"
 MANIFEST_FILE = "manifest.json"  # sizes + SHA-256 of every saved file, checked on load
 COLUMNS = ("src_ids", "tgt_ids", "src_len", "tgt_len", "src_text", "tgt_text")
@@ -56,13 +71,92 @@ OVER_SPM_LIMIT = "over_sentencepiece_max_bytes"  # the reason, in tokenize.json'
 SHOWN_LINES = 5  # over-long lines a warning lists by file and line
 
 
-class Tokenizer:
-    """A trained sentencepiece model; ids exclude bos/eos (the batches add them), except the
-    eos that ends every source sentence under `source_eos` (`encode_sources`)."""
+def pretokenizer_path(model_path: str | os.PathLike) -> Path:
+    """Where the pre-tokenization of the subword model at `model_path` is recorded."""
+    return Path(model_path).with_suffix(PRETOKENIZER_SUFFIX)
 
-    def __init__(self, processor: spm.SentencePieceProcessor, source_eos: bool = False) -> None:
+
+@dataclass(frozen=True)
+class Pretokenizer:
+    """What text goes through before the subword model reads it, and decoded text after it
+    (`data.tokenizer.pretokenizer`); the defaults: nothing, the text as it is."""
+
+    method: str = NO_PRETOKENIZER  # none | moses
+    lowercase: bool = False  # moses: lowercase before Moses (data.tokenizer.case_fold)
+    src_lang: str = ""  # moses: the language rules for sources / targets
+    tgt_lang: str = ""
+
+    @classmethod
+    def from_config(cls, data: DataConfig) -> Pretokenizer:
+        tok = data.tokenizer
+        if tok.pretokenizer == NO_PRETOKENIZER:
+            return cls()  # case folding, if any, is sentencepiece's own (inside spm.model)
+        return cls(tok.pretokenizer, tok.case_fold, data.src_lang, data.tgt_lang)
+
+    @classmethod
+    def read(cls, model_path: str | os.PathLike) -> Pretokenizer:
+        """The one recorded beside `model_path`; none where nothing is recorded."""
+        path = pretokenizer_path(model_path)
+        if not path.is_file():
+            return cls()
+        try:
+            found = cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as err:
+            raise DataError(f"{path}: unreadable ({err}); {REPRO_HINT}") from None
+        if found.method not in PRETOKENIZERS:
+            raise DataError(f"{path}: unknown method {found.method!r}; {REPRO_HINT}")
+        return found
+
+    def write(self, model_path: str | os.PathLike) -> None:
+        """Record it beside `model_path`. Nothing for none: a model made without this key
+        reads text as it is, and one made with it set to none stays the same bytes."""
+        if self.method != NO_PRETOKENIZER:
+            write_json_atomic(pretokenizer_path(model_path), asdict(self))
+
+    def sources(self, texts: Sequence[str]) -> list[str]:
+        """Source sentences as the subword model reads them."""
+        return self._tokenize(texts, self.src_lang)
+
+    def targets(self, texts: Sequence[str]) -> list[str]:
+        """Target sentences as the subword model reads them."""
+        return self._tokenize(texts, self.tgt_lang)
+
+    def _tokenize(self, texts: Sequence[str], lang: str) -> list[str]:
+        if self.method == NO_PRETOKENIZER:
+            return list(texts)
+        return moses_tokenize(texts, lang, lowercase=self.lowercase)
+
+    def detokenize(self, text: str) -> str:
+        """Decoded target text as plain text."""
+        if self.method == NO_PRETOKENIZER:
+            return text
+        return moses_detokenize([text], self.tgt_lang)[0]
+
+    def describe(self) -> str:
+        if self.method == NO_PRETOKENIZER:
+            return "text as it is (data.tokenizer.pretokenizer=none)"
+        case = "lowercased, " if self.lowercase else ""
+        return (
+            f"{case}{self.method}-tokenized {self.src_lang}->{self.tgt_lang} text "
+            f"(data.tokenizer.pretokenizer={self.method}, "
+            f"data.tokenizer.case_fold={str(self.lowercase).lower()})"
+        )
+
+
+class Tokenizer:
+    """A trained sentencepiece model with the pre-tokenization of the text it reads
+    (`Pretokenizer`); ids exclude bos/eos (the batches add them), except the eos that ends
+    every source sentence under `source_eos` (`encode_sources`)."""
+
+    def __init__(
+        self,
+        processor: spm.SentencePieceProcessor,
+        source_eos: bool = False,
+        pretokenizer: Pretokenizer = Pretokenizer(),
+    ) -> None:
         self.processor = processor
         self.source_eos = source_eos
+        self.pretokenizer = pretokenizer
         self.vocab_size: int = processor.get_piece_size()
         self.pad_id: int = processor.pad_id()
         self.unk_id: int = processor.unk_id()
@@ -80,30 +174,53 @@ class Tokenizer:
             processor.Load(str(path))
         except (OSError, RuntimeError) as err:
             raise DataError(f"{path}: not a sentencepiece model ({err}); {REPRO_HINT}") from None
-        return cls(processor, source_eos)
+        return cls(processor, source_eos, Pretokenizer.read(path))
+
+    @classmethod
+    def for_data(cls, path: str | os.PathLike, data: DataConfig) -> Tokenizer:
+        """The subword model at `path` as a run of `data` reads and writes text: sources with
+        eos as `data.tokenizer.source_eos` says, and the pre-tokenization recorded beside the
+        model, which must be the one `data` asks for (a DataError naming the key if not)."""
+        tokenizer = cls.load(path, data.tokenizer.source_eos)
+        wanted = Pretokenizer.from_config(data)
+        if tokenizer.pretokenizer != wanted:
+            raise DataError(
+                f"{path}: the subword model reads {tokenizer.pretokenizer.describe()}, but the "
+                f"config asks for {wanted.describe()}; {REPRO_HINT}"
+            )
+        return tokenizer
 
     def encode(self, text: str) -> list[int]:
+        """Ids of `text` as given: already pre-tokenized (`encode_sources`/`encode_targets`
+        pre-tokenize corpus text)."""
         return self.processor.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of every text."""
         # One thread: the other stages (and other users of the machine) keep their cores.
         return self.processor.encode(list(texts), out_type=int, num_threads=1)
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
-        """What the encoder reads for each source sentence: its pieces, then eos under
-        `source_eos`. Training data and every translation encode sources through here."""
+        """What the encoder reads for each source sentence: its pieces after pre-tokenization,
+        then eos under `source_eos`. Training data and every translation encode sources
+        through here."""
         return self.processor.encode(
-            list(texts), out_type=int, num_threads=1, add_eos=self.source_eos
+            self.pretokenizer.sources(texts), out_type=int, num_threads=1, add_eos=self.source_eos
         )
 
+    def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
+        """The pieces of each target sentence after pre-tokenization (the batches add bos/eos)."""
+        return self.encode_batch(self.pretokenizer.targets(texts))
+
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`, skipping pad/bos/eos; an unknown piece reads '⁇'.
+        """Target text of `ids`, skipping pad/bos/eos, detokenized when the model reads
+        pre-tokenized text; an unknown piece reads '⁇'.
 
         Whitespace is re-normalised (sentencepiece pads '⁇' with spaces); for text without
         unknowns this changes nothing, since `prepare` wrote it normalised.
         """
         pieces = [int(i) for i in ids if int(i) not in self._special]
-        return " ".join(self.processor.decode(pieces).split())
+        return self.pretokenizer.detokenize(" ".join(self.processor.decode(pieces).split()))
 
     def piece(self, token_id: int) -> str:
         return self.processor.id_to_piece(int(token_id))
@@ -135,8 +252,9 @@ def train_tokenizer(
             unk_piece="<unk>",
             bos_piece="<s>",
             eos_piece="</s>",
-            # prepare already normalised (NFC, spaces); case folding when asked for
-            normalization_rule_name="nfkc_cf" if tok.case_fold else "identity",
+            # prepare already normalised (NFC, spaces); case folding when asked for, unless
+            # the text was lowercased before Moses tokenized it (Pretokenizer)
+            normalization_rule_name="nfkc_cf" if folds_case(tok) else "identity",
             input_sentence_size=0,  # all sentences, no sampling
             shuffle_input_sentence=False,
             num_threads=1,  # deterministic merge order, modest CPU
@@ -156,30 +274,47 @@ def train_tokenizer(
     return model_path
 
 
-def spm_trainable(train: ParallelText) -> tuple[ParallelText, list[str]]:
+def folds_case(tok: TokenizerConfig) -> bool:
+    """Whether sentencepiece itself folds case (`nfkc_cf`): under `case_fold`, unless a
+    pretokenizer lowercased the text already."""
+    return tok.case_fold and tok.pretokenizer == NO_PRETOKENIZER
+
+
+def spm_trainable(
+    train: ParallelText, pretokenizer: Pretokenizer = Pretokenizer()
+) -> tuple[ParallelText, list[str], list[str]]:
     """The training pairs that sentencepiece can train on (both sentences at most
-    SPM_MAX_SENTENCE_BYTES UTF-8 bytes, its limit), and `file:line: N bytes` for the longer
-    over-long sentence of each pair left out (lines of the prepared files, from 1).
+    SPM_MAX_SENTENCE_BYTES UTF-8 bytes as it reads them, after `pretokenizer`: its limit),
+    the text it trains on (their sources, then their targets, pre-tokenized), and
+    `file:line: N bytes` for the longer over-long sentence of each pair left out (lines of
+    the prepared files, from 1).
 
     A split in which no pair is left is a DataError naming the first over-long line.
     """
-    src, tgt, over = [], [], []
-    for line, pair in enumerate(zip(train.src, train.tgt), start=1):
+    read_src, read_tgt = pretokenizer.sources(train.src), pretokenizer.targets(train.tgt)
+    kept, over = [], []
+    for index, pair in enumerate(zip(read_src, read_tgt)):
         sizes = [len(text.encode("utf-8")) for text in pair]
         if max(sizes) <= SPM_MAX_SENTENCE_BYTES:
-            src.append(pair[0])
-            tgt.append(pair[1])
+            kept.append(index)
             continue
         origin = train.src_origin if sizes[0] >= sizes[1] else train.tgt_origin
-        over.append(f"{origin}:{line}: {max(sizes)} bytes")
-    if not src:
+        over.append(f"{origin}:{index + 1}: {max(sizes)} bytes")
+    if not kept:
         raise DataError(
             f"{over[0]}, over sentencepiece's limit of {SPM_MAX_SENTENCE_BYTES} UTF-8 bytes for "
             f"a training sentence, and every one of the {len(over)} training pairs has a "
             "sentence that long: no text is left to train the subword model on. A corpus "
             "file must hold one sentence per line: fix the training files, then `dvc repro`"
         )
-    return ParallelText(train.split, src, tgt, train.src_origin, train.tgt_origin), over
+    pairs = ParallelText(
+        train.split,
+        [train.src[i] for i in kept],
+        [train.tgt[i] for i in kept],
+        train.src_origin,
+        train.tgt_origin,
+    )
+    return pairs, [read_src[i] for i in kept] + [read_tgt[i] for i in kept], over
 
 
 def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
@@ -189,7 +324,7 @@ def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
     with tqdm(total=len(pair.src), desc=f"encode {pair.split}", unit="sent") as bar:
         for start in range(0, len(pair.src), ENCODE_CHUNK):
             src_ids += tokenizer.encode_sources(pair.src[start : start + ENCODE_CHUNK])
-            tgt_ids += tokenizer.encode_batch(pair.tgt[start : start + ENCODE_CHUNK])
+            tgt_ids += tokenizer.encode_targets(pair.tgt[start : start + ENCODE_CHUNK])
             bar.update(min(ENCODE_CHUNK, len(pair.src) - start))
     return {
         "src_ids": src_ids,
@@ -212,14 +347,15 @@ def _file_manifest(root: Path) -> dict[str, dict]:
 def tokenize(cfg: Config) -> dict:
     """The `tokenize` stage: train the joint model, encode every split, save atomically.
 
-    Writes `paths.tokenized/{spm.model, spm.vocab, splits/ (DatasetDict), manifest.json}` and
-    `metrics/tokenize.json`; returns the metrics.
+    Writes `paths.tokenized/{spm.model, spm.vocab, [spm.pretokenizer.json,] splits/
+    (DatasetDict), manifest.json}` and `metrics/tokenize.json`; returns the metrics.
     """
     import datasets
 
     data = cfg.data
     corpus = read_prepared(cfg)
-    train, over = spm_trainable(corpus[data.train_split])
+    pretokenizer = Pretokenizer.from_config(data)
+    train, train_text, over = spm_trainable(corpus[data.train_split], pretokenizer)
     if over:
         more = f", and {len(over) - SHOWN_LINES} more" if len(over) > SHOWN_LINES else ""
         warnings.warn(
@@ -232,13 +368,9 @@ def tokenize(cfg: Config) -> dict:
     corpus[data.train_split] = train
     splits, metrics = {}, {}
     with atomic_directory(cfg.paths.tokenized) as staging:
-        model_path = train_tokenizer(
-            (line for side in (train.src, train.tgt) for line in side),
-            data.tokenizer,
-            staging / MODEL_FILE,
-            cfg.seed,
-        )
-        tokenizer = Tokenizer.load(model_path, source_eos=data.tokenizer.source_eos)
+        model_path = train_tokenizer(train_text, data.tokenizer, staging / MODEL_FILE, cfg.seed)
+        pretokenizer.write(model_path)
+        tokenizer = Tokenizer.for_data(model_path, data)
         for split, pair in corpus.items():
             columns = encode_split(tokenizer, pair)
             splits[split] = datasets.Dataset.from_dict(columns)

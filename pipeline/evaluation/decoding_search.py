@@ -60,9 +60,7 @@ def search(
             write_model_checkpoint(sources, averaged)
             model = load_model(averaged)
             if tokenizer is None:  # one tokenizer for all: checked against the first model
-                tokenizer = load_tokenizer(
-                    tokenizer_path(cfg), model, cfg.data.tokenizer.source_eos
-                )
+                tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
                 src_ids = tokenizer.encode_sources(corpus.src)
             for beam_size in beam_sizes:
                 for length_penalty in length_penalties:

@@ -1,7 +1,8 @@
 """The evaluate stage: average checkpoints, beam-search every split, score with sacreBLEU.
 
     checkpoints (train_dir) --average last/best N--> eval_dir/model.ckpt
-    prepared/{split}.{src} --Tokenizer.encode--> beam search --Tokenizer.decode--> {split}.hyp
+    prepared/{split}.{src} --Tokenizer.encode_sources--> beam search
+                           --Tokenizer.decode (detokenized)--> {split}.hyp
     {split}.hyp vs prepared/{split}.{tgt} --sacrebleu--> metrics_dir/eval.json
 
 Checkpoint averaging (Vaswani et al. 2017, section 6.1: "averaging the last 5 checkpoints")
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.config import Config, EvalConfig
+from pipeline.config import Config, DataConfig, EvalConfig
 from pipeline.data.corpus import (
     ParallelText,
     atomic_directory,
@@ -130,11 +131,12 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
 
 
 def load_tokenizer(
-    path: str | Path, model: torch.nn.Module | None = None, source_eos: bool = False
+    path: str | Path, model: torch.nn.Module | None = None, data: DataConfig | None = None
 ) -> Tokenizer:
-    """The subword model at `path`, checked against the model's vocabulary size;
-    `source_eos` as the model was trained (data.tokenizer.source_eos)."""
-    tokenizer = Tokenizer.load(path, source_eos=source_eos)
+    """The subword model at `path`, checked against the model's vocabulary size; with `data`
+    (the config the model was trained with) reading and writing text as it did: its source
+    eos and pre-tokenization (`Tokenizer.for_data`)."""
+    tokenizer = Tokenizer.load(path) if data is None else Tokenizer.for_data(path, data)
     if model is not None and model.vocab_size != tokenizer.vocab_size:
         raise DataError(
             f"{path}: vocabulary of {tokenizer.vocab_size} pieces but the model was trained "
@@ -333,7 +335,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
     with atomic_directory(cfg.paths.eval_dir) as staging:
         write_model_checkpoint(sources, staging / MODEL_CHECKPOINT)
         model = load_model(staging / MODEL_CHECKPOINT)
-        tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data.tokenizer.source_eos)
+        tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
         for split, corpus in corpora.items():
             src_ids[split] = tokenizer.encode_sources(corpus.src)
             translations[split] = translate_ids(

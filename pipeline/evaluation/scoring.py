@@ -25,8 +25,8 @@ import sacremoses
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from pipeline.data.moses import moses_tokenize
 from pipeline.errors import DataError
 
 # The metrics `score` reports, by key; the same keys name them in eval.json and W&B.
@@ -112,19 +112,10 @@ def score(
 def moses_tokenized(texts: Sequence[str], lang: str) -> list[str]:
     """Multi30k's tokenized text: lowercase, `normalize-punctuation.perl`, `tokenizer.perl -a
     -no-escape` (sacremoses' ports), hyphens rejoined ("t @-@ shirt" -> "t-shirt")."""
-    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-    return [
-        MOSES_HYPHEN.sub(
-            "-",
-            tokenizer.tokenize(
-                normalizer.normalize(text.lower()),
-                aggressive_dash_splits=True,
-                escape=False,
-                return_str=True,
-            ),
-        )
-        for text in texts
-    ]
+    tokenized = moses_tokenize(
+        texts, lang, escape=False, aggressive_dash_splits=True, perl_parity=False
+    )
+    return [MOSES_HYPHEN.sub("-", line) for line in tokenized]
 
 
 @dataclass(frozen=True)

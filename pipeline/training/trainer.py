@@ -212,7 +212,8 @@ def build_trainer(
         precision=precision,
         max_steps=t.max_steps,
         max_epochs=t.max_epochs,
-        # Lightning counts validation in batches; the config counts optimizer steps.
+        # Lightning counts validation in batches; the config counts optimizer steps. Exact:
+        # the batch sampler makes every epoch a whole number of updates of that many batches.
         val_check_interval=t.val_check_interval * t.accumulate_grad_batches,
         check_val_every_n_epoch=None,
         num_sanity_val_steps=1,  # one validation batch (loss + decode) before the first step
