@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import fcntl
 import itertools
 import json
@@ -388,14 +389,15 @@ def _wait_for_grid(study: optuna.Study, spec: StudySpec) -> None:
 
 @contextlib.contextmanager
 def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
-    """Record the trial's heartbeat every `interval` seconds while the body runs."""
+    """Record the trial's heartbeat every `interval` seconds while the body runs; the first one
+    before the body starts, so that a worker killed at any point of its trial leaves a heartbeat
+    to go stale (Optuna never retries a RUNNING trial that has none)."""
+    storage.record_heartbeat(trial_id)
     stop = threading.Event()
 
     def beat() -> None:
-        while True:
+        while not stop.wait(interval):
             storage.record_heartbeat(trial_id)
-            if stop.wait(interval):
-                return
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
     thread.start()
@@ -416,10 +418,45 @@ def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     for frozen in waiting:
         try:
             if study._storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
+                study._storage.record_heartbeat(frozen._trial_id)  # at once: see `heartbeat`
                 return optuna.Trial(study, frozen._trial_id)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     return None
+
+
+def fail_trials_without_heartbeat(
+    study: optuna.Study, rdb: RDBStorage, grace_period: float
+) -> None:
+    """Retry the RUNNING trials that never recorded a heartbeat and started over
+    `grace_period` seconds ago: their worker died between claiming the trial and its first
+    heartbeat. `optuna.storages.fail_stale_trials` skips them, so without this they would stay
+    RUNNING for ever and the study would never finish."""
+    from optuna.storages._rdb import models
+
+    storage = study._storage
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    started_before = datetime.datetime.now() - datetime.timedelta(seconds=grace_period)
+    candidates = [
+        t._trial_id for t in running if t.datetime_start and t.datetime_start < started_before
+    ]
+    if not candidates:
+        return
+    session = rdb.scoped_session()  # the database itself: `study._storage` may be a cache
+    try:
+        beating = models.TrialHeartbeatModel.trial_id
+        with_heartbeat = {row[0] for row in session.query(beating).filter(beating.in_(candidates))}
+    finally:
+        rdb.scoped_session.remove()
+    retry = storage.get_heartbeat_stale_trial_callback()
+    for trial_id in sorted(set(candidates) - with_heartbeat):
+        try:
+            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker got there first
+        if retry is not None:
+            retry(study, storage.get_trial(trial_id))
 
 
 def _count(study: optuna.Study, states: tuple[TrialState, ...]) -> int:
@@ -450,6 +487,7 @@ def run_worker(
     ran = 0
     while n_trials is None or ran < n_trials:
         optuna.storages.fail_stale_trials(study)  # re-enqueues the trials of dead workers
+        fail_trials_without_heartbeat(study, storage, spec.settings.grace_period)
         if _count(study, FINISHED) >= target:
             break
         if spec.kind == "grid":
