@@ -37,8 +37,12 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def repo(tmp_path, multi30k_dir, monkeypatch) -> Path:
-    """A git + DVC copy of this repository's files (tracked and new, not ignored)."""
+    """A git + DVC copy of this repository's files (tracked and new, not ignored), without
+    what a `dvc repro` in the checkout left there (its dvc.lock and metrics)."""
     files = sh(["git", "ls-files", "-co", "--exclude-standard"], REPO_ROOT).stdout.split()
+    tracked = set(sh(["git", "ls-files"], REPO_ROOT).stdout.split())
+    run_outputs = {"dvc.lock", "metrics"}
+    files = [f for f in files if f in tracked or f.split("/")[0] not in run_outputs]
     dest = tmp_path / "repo"
     for name in files:
         source = REPO_ROOT / name
@@ -119,6 +123,15 @@ def _file_hashes(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
+def _train_stage(pid: int) -> list:
+    """The train stage's Python process under `pid`: DVC starts it through a shell whose one
+    argument also names the module, and a signal to that shell would leave Python training on."""
+    import psutil
+
+    return [p for p in psutil.Process(pid).children(recursive=True)
+            if "pipeline.stages.train" in p.cmdline()]  # fmt: skip
+
+
 def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrained(repo):
     """SIGTERM to the `dvc repro` process alone: its train stage runs on to the end but DVC
     never records it. The next `dvc repro` must keep that run (same config, same code) and let
@@ -137,8 +150,7 @@ def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrain
             assert dvc.poll() is None, (repo / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.2)
-        stage = [p for p in psutil.Process(dvc.pid).children(recursive=True)
-                 if "pipeline.stages.train" in " ".join(p.cmdline())]  # fmt: skip
+        stage = _train_stage(dvc.pid)
         assert stage, "the train stage is not a child of dvc"
         dvc.send_signal(signal.SIGTERM)  # the dvc process only, not its group
         dvc.wait(timeout=60)
@@ -159,6 +171,7 @@ def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrain
     # The figures are the run's own (as of its last checkpoint), not those of a process that
     # trained nothing.
     assert summary["train/tokens_per_sec"] == pytest.approx(first["train/tokens_per_sec"], rel=0.02)
+    assert summary["train/target_tokens"] == first["train/target_tokens"] > 0
     assert summary["wall_time_s"] >= first["wall_time_s"]
     assert summary["val/loss"] == pytest.approx(first["val/loss"])
 
@@ -187,3 +200,36 @@ def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
     )
     assert "train" not in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert (checkpoints / "last.ckpt").exists()  # the run is kept for the next repro to judge
+
+
+def test_a_preempted_dvc_exp_run_says_how_to_resume_and_that_way_resumes(repo):
+    """`dvc exp run` checks the workspace out before it runs, which deletes the checkpoints of a
+    train stage DVC never recorded (persist or not): the preemption message must not tell the
+    user to run it again, but to resume with `dvc repro`, which does."""
+    values = ["experiment=smoke", "train.max_steps=400", "train.val_check_interval=20",
+              "train.progress_bar=false"]  # fmt: skip
+    compose_params(repo, *values)
+    sh(["dvc", "repro", "tokenize"], repo)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "data"], repo)
+    overrides = [arg for value in values for arg in ("-S", value)]
+    checkpoints = repo / "models/train/checkpoints"
+    exp = subprocess.Popen(["dvc", "exp", "run", *overrides], cwd=repo, env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (checkpoints / "progress.json").exists():
+        assert exp.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.2)
+    stage = _train_stage(exp.pid)
+    assert len(stage) == 1, "one train stage under dvc exp run"
+    stage[0].send_signal(signal.SIGTERM)  # a preemption of the stage
+    out, _ = exp.communicate(timeout=300)
+    assert exp.returncode != 0
+    assert "resume it with `dvc repro`" in out and "run the same command again" not in out
+    stopped = yaml.safe_load((checkpoints / "progress.json").read_text())["step"]
+    assert 0 < stopped < 400
+
+    sh(["dvc", "repro", "train"], repo)  # as the message says
+    summary = yaml.safe_load((repo / "metrics/train.json").read_text())
+    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 400

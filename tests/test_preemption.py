@@ -224,13 +224,16 @@ def _assert_same_training_state(a: dict, b: dict) -> None:
 
 
 class RecordBatches(Callback):
-    """In-process twin of the script's recorder: (step, example ids) of each training batch."""
+    """In-process twin of the script's recorder: (step, example ids) of each training batch,
+    and the target tokens of them all."""
 
     def __init__(self) -> None:
         self.batches: list[tuple[int, list[int]]] = []
+        self.target_tokens = 0
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         self.batches.append((trainer.global_step + 1, batch["ids"].tolist()))
+        self.target_tokens += int(batch["num_tgt_tokens"])
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +241,8 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     """`RUN` trained in one go (in-process): its final checkpoint and its batches by step."""
     cfg = _config(tokenized_smoke, tmp_path_factory.mktemp("uninterrupted"))
     recorder = RecordBatches()
-    run(cfg, callbacks=[recorder])
+    summary = run(cfg, callbacks=[recorder])
+    assert summary["train/target_tokens"] == recorder.target_tokens > 0
     batches = dict(recorder.batches)
     assert sorted(batches) == list(range(1, MAX_STEPS + 1))
     datamodule = TranslationDataModule(cfg)
@@ -246,7 +250,7 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     per_epoch = len(datamodule.train_dataloader())
     assert per_epoch < MAX_STEPS  # the runs cross an epoch boundary
     return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch,
-            "logged": _logged(cfg)}  # fmt: skip
+            "logged": _logged(cfg), "target_tokens": recorder.target_tokens}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- fast checks
@@ -311,6 +315,8 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(
     _assert_same_logs(cfg, uninterrupted)
     summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert summary["resumed_from"].endswith(LAST_NAME) and summary["steps"] == MAX_STEPS
+    # the tokens the killed process trained on after its checkpoint are not counted twice
+    assert summary["train/target_tokens"] == uninterrupted["target_tokens"]
 
 
 @pytest.mark.slow

@@ -172,6 +172,7 @@ class TranslationModule(L.LightningModule):
         self._last_step = 0
         self._step_lr = 0.0
         self.throughput = 0.0
+        self.target_tokens = 0.0  # the whole run's, all ranks: what equal-compute comparisons count
         self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
@@ -323,7 +324,8 @@ class TranslationModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_finite()
-        self.throughput = _throughput(self.run_totals())
+        totals = self.run_totals()
+        self.throughput, self.target_tokens = _throughput(totals), totals["train_tokens"]
         self._window_start = None
 
     # ------------------------------------------------------------------ validation
@@ -435,6 +437,7 @@ class TranslationModule(L.LightningModule):
         self._window_to_restore = checkpoint.get("logging_window")
         self.resumed_totals = {**self.resumed_totals, **checkpoint.get("run_totals", {})}
         self.throughput = _throughput(self.resumed_totals)  # a finished run trains no more
+        self.target_tokens = self.resumed_totals["train_tokens"]
 
     # ------------------------------------------------------------------ summaries
 

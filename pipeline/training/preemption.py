@@ -21,6 +21,7 @@ rank. A SIGKILL cannot be caught: the run resumes from its newest checkpoint ins
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -140,5 +141,22 @@ class PreemptionCallback(Callback):
         got = signal.Signals(self.received).name if self.received else "another rank's signal"
         raise Preempted(
             f"training stopped by {got} at step {trainer.global_step}: saved "
-            f"{self.checkpoint_path}; run the same command again to resume from it"
+            f"{self.checkpoint_path}; {resume_hint()}"
         )
+
+
+# Set by `dvc exp run` in its stages' environment (dvc.env.DVC_EXP_NAME).
+DVC_EXP_NAME = "DVC_EXP_NAME"
+
+
+def resume_hint() -> str:
+    """How to resume: the same command, except under `dvc exp run`, whose next run checks the
+    workspace out before running and so deletes the checkpoints of a stage DVC never recorded
+    (its persist outputs included); `dvc repro` keeps them and resumes."""
+    if os.environ.get(DVC_EXP_NAME):
+        return (
+            "resume it with `dvc repro` (params.yaml holds this experiment's values), then "
+            "`dvc exp save`; not `dvc exp run` again, which deletes the unfinished run's "
+            "checkpoints before training"
+        )
+    return "run the same command again to resume from it"

@@ -492,6 +492,7 @@ def summarize(
         },
         "num_parameters": module.model.num_parameters(),
         "train/tokens_per_sec": module.throughput,
+        "train/target_tokens": int(module.target_tokens),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         # The whole run's, across resumes (work lost to a kill excluded); this process's too.
