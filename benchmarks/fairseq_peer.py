@@ -219,8 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_corpus() -> Path:
+    return Path(os.environ.get(CORPUS_ENV) or DEFAULT_CORPUS)
+
+
 def corpus_dir(args: argparse.Namespace) -> Path:
-    return Path(args.corpus or os.environ.get(CORPUS_ENV) or DEFAULT_CORPUS)
+    return Path(args.corpus) if args.corpus else default_corpus()
 
 
 def keep_last_epochs(args: argparse.Namespace) -> int:
@@ -792,16 +796,21 @@ def parse_generate(lines: Sequence[str], expected: int) -> tuple[list[str], dict
     return [hypotheses[i] for i in range(len(hypotheses))], bleu
 
 
-def score_split(args: argparse.Namespace, subset: str, hypotheses: list[str]) -> dict:
-    """This project's scores of fairseq's output against the raw references (normalised as
-    `prepare` does)."""
+def score_split(args: argparse.Namespace, subset: str, detokenized: list[str]) -> dict:
+    """This project's scores of fairseq's detokenized output against the raw references
+    (normalised as `prepare` does)."""
     from pipeline.data.corpus import normalize
-    from pipeline.data.moses import moses_detokenize
     from pipeline.evaluation.scoring import score
 
     references = [normalize(line) for line in read_raw(
         corpus_dir(args), split_of(args, subset), args.tgt, args.max_eval_pairs)]  # fmt: skip
-    return score(moses_detokenize(hypotheses, args.tgt), references, lang=args.tgt)
+    return score(detokenized, references, lang=args.tgt)
+
+
+def hypotheses_path(out: Path, split: str) -> Path:
+    """Where the detokenized translations of `split` go beside the result `out` (what a paired
+    bootstrap against another system reads: `benchmarks.parity`)."""
+    return out.with_name(f"{out.stem}.{split}.hyp")
 
 
 # ---------------------------------------------------------------- the run
@@ -834,6 +843,7 @@ def dry_run(args: argparse.Namespace, layout: Layout) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from pipeline import environment
+    from pipeline.data.moses import moses_detokenize
 
     layout = Layout(args.work_dir)
     if args.dry_run:
@@ -909,10 +919,13 @@ def run(args: argparse.Namespace) -> dict:
         hypotheses, fairseq_bleu = parse_generate(lines, expected)
         layout.generate.mkdir(exist_ok=True)
         (layout.generate / f"{subset}.hyp.tok").write_text("\n".join(hypotheses) + "\n")
+        detokenized = moses_detokenize(hypotheses, args.tgt)
+        split = split_of(args, subset)
+        (layout.generate / f"{split}.hyp").write_text("\n".join(detokenized) + "\n")
         wall[f"generate_{subset}"] = time.perf_counter() - step
         scores[split_of(args, subset)] = {
             "fairseq_bleu4": fairseq_bleu,
-            **score_split(args, subset, hypotheses),
+            **score_split(args, subset, detokenized),
         }
     wall["total"] = time.perf_counter() - start
 
@@ -1018,6 +1031,9 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out, payload, sort_keys=True)
+        generated = Layout(Path(payload["work_dir"])).generate
+        for split in payload["scores"]:
+            shutil.copyfile(generated / f"{split}.hyp", hypotheses_path(args.out, split))
         print_summary(payload)
         print(json.dumps(payload, sort_keys=True), flush=True)
     return payload

@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from pipeline import sweep
+from pipeline import readme, sweep
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.evaluation import plots, scoring
@@ -175,13 +175,8 @@ def pooled_p_value(
     pairs = [(base[r.seed], r) for r in variant if r.seed in base]
     if not pairs:
         return None
-    baseline, system, refs = [], [], []
-    for base_record, record in pairs:
-        baseline += base_record.hypotheses(TEST_SPLIT)
-        system += record.hypotheses(TEST_SPLIT)
-        refs += references
-    result = scoring.paired_bootstrap(baseline, system, refs, metrics=(P_METRIC,))
-    return result[P_METRIC].p_value
+    translations = [(b.hypotheses(TEST_SPLIT), r.hypotheses(TEST_SPLIT)) for b, r in pairs]
+    return scoring.pooled_paired_bootstrap(translations, references, P_METRIC)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -392,14 +387,8 @@ def readme_block(spec: sweep.StudySpec, study_dir: Path, readme: Path) -> str:
     return markdown(spec, study_dir, image_prefix=f"{prefix}/", with_states=False)
 
 
-def update_readme(readme: Path, block: str, study: str) -> None:
-    begin, end = readme_markers(study)
-    text = readme.read_text(encoding="utf-8")
-    if begin not in text or end not in text:
-        raise PipelineError(f"{readme}: no '{begin}' ... '{end}' block to fill")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{begin}\n{block}{end}{tail}", encoding="utf-8")
+def update_readme(readme_path: Path, block: str, study: str) -> None:
+    readme.fill(readme_path, *readme_markers(study), block)
 
 
 def _log_summary(

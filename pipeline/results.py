@@ -62,9 +62,28 @@ def record(
         "command": command,
         **provenance(),
         "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        **run_totals(metrics_dir),
     }
     write_json_atomic(row / RUN_FILE, run)
     return row
+
+
+def run_totals(metrics_dir: Path) -> dict:
+    """The target tokens the run trained on: train.json's own figure, else (runs trained before
+    it was recorded there) its last checkpoint's run totals, read where train.json says the
+    checkpoints are (relative to the workspace that holds `metrics_dir`)."""
+    train = json.loads((metrics_dir / "train.json").read_text())
+    if train.get("train/target_tokens") is not None:
+        return {"target_tokens": int(train["train/target_tokens"])}
+    if not train.get("checkpoint_dir"):
+        return {}
+    from pipeline.training.checkpoints import LAST_NAME, read_checkpoint
+
+    last = metrics_dir.resolve().parent / train["checkpoint_dir"] / LAST_NAME
+    if not last.exists():
+        return {}
+    totals = read_checkpoint(last).get("run_totals", {})
+    return {"target_tokens": int(totals["train_tokens"])} if "train_tokens" in totals else {}
 
 
 def load_rows(root: Path) -> list[dict]:

@@ -384,6 +384,9 @@ def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
         result = payload["scores"][split]
         assert result["fairseq_bleu4"] is not None
         assert 0.0 <= result["bleu_tok_lc"] <= 100.0 and "bleu_lc" in result
+        # beside the result: the detokenized translations its scores were computed from
+        hypotheses = fairseq_peer.hypotheses_path(out, split).read_text().splitlines()
+        assert len(hypotheses) == 40 and any(hypotheses)
 
 
 # ---------------------------------------------------------------- train_throughput's fairseq

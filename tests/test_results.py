@@ -92,3 +92,28 @@ def test_record_refuses_an_unfinished_run_naming_the_missing_file(tmp_path):
 def test_readme_results_table_is_the_committed_runs_table():
     rows = results.load_rows(REPO_ROOT / "results")
     assert results.readme_block(REPO_ROOT / "README.md") == results.table(rows)
+
+
+def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_checkpoint(tmp_path):
+    import torch
+
+    from pipeline.training.checkpoints import LAST_NAME
+
+    metrics, params = _finished_run(tmp_path / "old", 41.0)  # trained before train.json had them
+    train = json.loads((metrics / "train.json").read_text())
+    (metrics / "train.json").write_text(json.dumps({**train, "checkpoint_dir": "models/ckpt"}))
+    checkpoints = tmp_path / "old" / "models" / "ckpt"
+    checkpoints.mkdir(parents=True)
+    checkpoint = {"state_dict": {}, "global_step": 3000, "hyper_parameters": {},
+                  "run_totals": {"train_tokens": 20_687_431.0}}  # fmt: skip
+    torch.save(checkpoint, checkpoints / LAST_NAME)
+    results.record("old", "make repro", metrics, params, tmp_path / "results")
+    assert (
+        json.loads((tmp_path / "results/old/run.json").read_text())["target_tokens"] == 20_687_431
+    )
+
+    metrics, params = _finished_run(tmp_path / "new", 41.0)
+    train = json.loads((metrics / "train.json").read_text())
+    (metrics / "train.json").write_text(json.dumps({**train, "train/target_tokens": 1234}))
+    results.record("new", "make repro", metrics, params, tmp_path / "results")
+    assert json.loads((tmp_path / "results/new/run.json").read_text())["target_tokens"] == 1234

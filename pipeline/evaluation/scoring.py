@@ -196,3 +196,18 @@ def paired_bootstrap(
             signature=str(signatures[name]),
         )
     return out
+
+
+def pooled_paired_bootstrap(
+    pairs: Sequence[tuple[Sequence[str], Sequence[str]]],
+    references: Sequence[str],
+    metric: str = "bleu_lc",
+) -> float:
+    """p of `paired_bootstrap` over several seeds at once: each (baseline, system) pair of one
+    seed's translations side by side, over the references repeated once per pair."""
+    baseline, system = [], []
+    for base, other in pairs:
+        baseline += base
+        system += other
+    refs = list(references) * len(pairs)
+    return paired_bootstrap(baseline, system, refs, metrics=(metric,))[metric].p_value

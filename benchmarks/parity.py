@@ -1,0 +1,221 @@
+"""README's "Parity with fairseq" table (issue #19), generated from committed results only.
+
+    python -m benchmarks.parity                           # print the block
+    python -m benchmarks.parity --update-readme README.md # write it between README's markers
+
+Rows come from two kinds of committed runs:
+- fairseq: `results/parity/*.json`, each written by `python -m benchmarks.fairseq_peer --out
+  results/parity/<name>.json ...` with its detokenized translations beside it
+  (`<name>.<split>.hyp`);
+- ours: the rows of `python -m pipeline.results record` under `results/` that ran Wu et al.'s
+  recipe (`experiment=multi30k_wu2021`), and, for reference, the default recipe's `make repro`
+  rows.
+
+Below the table, every budget (updates) that both systems ran is compared: ours minus fairseq
+in lowercased BLEU on val and test2016, with sacreBLEU's paired bootstrap (1000 resamples) of
+ours against fairseq, the seeds of each system paired in seed order and pooled
+(`scoring.pooled_paired_bootstrap`). Settings are chosen on val;
+test2016 is reported, never tuned on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import readme, results
+from pipeline.cli import main
+from pipeline.errors import DataError
+from pipeline.evaluation import scoring
+
+PARITY_DIR = results.RESULTS_ROOT / "parity"
+WU_RECIPE = "multi30k_wu2021"  # conf/experiment/multi30k_wu2021.yaml
+DEFAULT_RECIPE_COMMAND = "make repro"
+BEGIN, END = "<!-- parity:begin -->", "<!-- parity:end -->"
+SPLITS = (results.VAL_SPLIT, results.TEST_SPLIT)
+P_METRIC = "bleu_lc"
+
+
+@dataclass
+class Run:
+    """One trained and evaluated system, as the table shows it."""
+
+    system: str
+    recipe: str
+    seed: int
+    updates: int
+    max_updates: int  # the budget it was given (early stopping may end it sooner)
+    target_tokens: int | None
+    train_wall_s: float | None
+    tokens_per_s: float | None
+    scores: dict[str, dict]  # split -> {"bleu_lc": ..., "bleu_tok_lc": ...}
+    hardware: str
+    command: str
+    hypotheses: dict[str, Path]  # split -> detokenized translations
+
+    def translations(self, split: str) -> list[str]:
+        path = self.hypotheses.get(split)
+        if path is None or not path.exists():
+            raise DataError(f"{self.command}: no {split} translations committed ({path})")
+        return path.read_text(encoding="utf-8").splitlines()
+
+
+def fairseq_runs(parity_dir: Path) -> list[Run]:
+    """Every committed `benchmarks.fairseq_peer` result (smoke runs refused: not a result)."""
+    from benchmarks import fairseq_peer
+
+    runs = []
+    for path in sorted(parity_dir.glob("*.json")):
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if payload.get("benchmark") != "fairseq_peer":
+            continue
+        if payload["smoke"]:
+            raise DataError(
+                f"{path}: a smoke run (--max-train-pairs/--max-eval-pairs) is no result"
+            )
+        recipe = payload["recipe"]
+        runs.append(Run(
+            system=f"fairseq {payload['venv']['versions']['fairseq']}",
+            recipe="Wu et al. 2021 (fairseq)",
+            seed=recipe["seed"],
+            updates=payload["updates"],
+            max_updates=recipe["max_update"],
+            target_tokens=payload["target_tokens"],
+            train_wall_s=payload["wall_s"]["train"],
+            tokens_per_s=payload["tokens_per_s"],
+            scores=payload["scores"],
+            hardware=f"{payload['hardware']}, fp32, {payload['threads']} thread(s)",
+            command=f"python -m benchmarks.fairseq_peer {' '.join(payload['command'].split()[3:])}",
+            hypotheses={s: fairseq_peer.hypotheses_path(path, s) for s in payload["scores"]},
+        ))  # fmt: skip
+    return runs
+
+
+def our_runs(results_root: Path) -> list[Run]:
+    """Our recorded rows of Wu et al.'s recipe, and the default recipe's `make repro` rows."""
+    runs = []
+    for row in results.load_rows(results_root):
+        params, train, run = row["params"], row["train.json"], row[results.RUN_FILE]
+        recipe = params["experiment_name"]
+        if recipe != WU_RECIPE and run["command"] != DEFAULT_RECIPE_COMMAND:
+            continue
+        if (params["data"]["src_lang"], params["data"]["tgt_lang"]) != ("en", "de"):
+            continue
+        folder = results_root / row["name"]
+        runs.append(Run(
+            system="ours",
+            recipe=recipe,
+            seed=params["seed"],
+            updates=train["steps"],
+            max_updates=params["train"]["max_steps"],
+            target_tokens=run.get("target_tokens"),  # pipeline.results.run_totals
+            train_wall_s=train["wall_time_s"],
+            tokens_per_s=train["train/tokens_per_sec"],
+            scores={s: row["eval.json"][s] for s in SPLITS},
+            hardware=f"{run['hardware']}, {train['precision']}",
+            command=run["command"],
+            hypotheses={s: folder / f"{s}.hyp" for s in SPLITS},
+        ))  # fmt: skip
+    return runs
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _tokens(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.1f} M"
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.0f} min"
+
+
+def table(runs: list[Run]) -> list[str]:
+    lines = [
+        "| system | recipe | seed | budget (updates) | updates | target tokens | tokens / update "
+        "| training wall time | training tok/s | val BLEU (lc) | val BLEU (tok, lc) "
+        "| test2016 BLEU (lc) | test2016 BLEU (tok, lc) | hardware | command |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        per_update = run.target_tokens / run.updates if run.target_tokens and run.updates else None
+        val, test = run.scores[results.VAL_SPLIT], run.scores[results.TEST_SPLIT]
+        lines.append(
+            f"| {run.system} | {run.recipe} | {run.seed} | {run.max_updates} | {run.updates} "
+            f"| {_tokens(run.target_tokens)} | {_num(per_update, 0)} "
+            f"| {_minutes(run.train_wall_s)} | {_num(run.tokens_per_s, 0)} "
+            f"| {_num(val.get('bleu_lc'))} | {_num(val.get('bleu_tok_lc'))} "
+            f"| {_num(test.get('bleu_lc'))} | {_num(test.get('bleu_tok_lc'))} "
+            f"| {run.hardware} | `{run.command}` |"
+        )
+    return lines
+
+
+def scoring_references(split: str, lang: str = "de") -> list[str]:
+    """The raw references of `split`, normalised as `prepare` and both systems' scoring do."""
+    from benchmarks import fairseq_peer
+    from pipeline.data.corpus import normalize
+
+    corpus = fairseq_peer.default_corpus()
+    return [normalize(line) for line in fairseq_peer.read_raw(corpus, split, lang)]
+
+
+def comparisons(runs: list[Run]) -> list[str]:
+    """Ours minus fairseq for each budget both ran with Wu et al.'s recipe."""
+    lines = []
+    ours = [r for r in runs if r.recipe == WU_RECIPE]
+    theirs = [r for r in runs if r.system.startswith("fairseq")]
+    budgets = sorted({r.max_updates for r in ours} & {r.max_updates for r in theirs})
+    references = {split: scoring_references(split) for split in SPLITS} if budgets else {}
+    for budget in budgets:
+        mine = sorted((r for r in ours if r.max_updates == budget), key=lambda r: r.seed)
+        other = sorted((r for r in theirs if r.max_updates == budget), key=lambda r: r.seed)
+        pairs = min(len(mine), len(other))
+        cells = []
+        for split in SPLITS:
+            delta = statistics.fmean(r.scores[split][P_METRIC] for r in mine[:pairs]) - (
+                statistics.fmean(r.scores[split][P_METRIC] for r in other[:pairs])
+            )
+            translations = [(fairseq_run.translations(split), our_run.translations(split))
+                            for our_run, fairseq_run in zip(mine[:pairs], other[:pairs])]  # fmt: skip
+            p = scoring.pooled_paired_bootstrap(translations, references[split], P_METRIC)
+            cells.append(f"{split} {delta:+.2f} (p = {p:.3f})")
+        lines.append(
+            f"- {budget} updates, {pairs} seed pair(s): ours - fairseq, lowercased BLEU: "
+            + "; ".join(cells)
+        )
+    return lines
+
+
+def markdown(results_root: Path, parity_dir: Path) -> str:
+    runs = fairseq_runs(parity_dir) + our_runs(results_root)
+    runs.sort(key=lambda r: (r.recipe != WU_RECIPE and not r.system.startswith("fairseq"),
+                             r.max_updates, r.system, r.seed))  # fmt: skip
+    lines = [*table(runs), ""]
+    compared = comparisons(runs)
+    lines += compared or ["- no budget run by both systems yet"]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.parity", description=__doc__)
+    parser.add_argument("--results", type=Path, default=results.RESULTS_ROOT)
+    parser.add_argument("--parity-dir", type=Path, default=PARITY_DIR)
+    parser.add_argument("--update-readme", type=Path, default=None, metavar="README")
+    return parser.parse_args(argv)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    block = markdown(args.results, args.parity_dir)
+    if args.update_readme:
+        readme.fill(args.update_readme, BEGIN, END, block)
+    print(block, end="")
+
+
+if __name__ == "__main__":
+    main(cli)

@@ -1,0 +1,139 @@
+"""README's "Parity with fairseq" table comes from committed runs of both systems, and its
+comparisons are sacreBLEU's paired bootstrap of those runs' own translations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from benchmarks import fairseq_peer, parity
+from pipeline import readme, results
+from pipeline.errors import DataError
+from pipeline.evaluation import scoring
+from tests.conftest import REPO_ROOT
+
+SPLITS = ("val", "test_2016_flickr")
+
+
+@pytest.fixture
+def references(multi30k_dir, monkeypatch) -> dict[str, list[str]]:
+    monkeypatch.setenv(fairseq_peer.CORPUS_ENV, str(multi30k_dir))
+    return {split: parity.scoring_references(split) for split in SPLITS}
+
+
+@pytest.fixture
+def committed(tmp_path, references):
+    """Empty results folders, and writers of committed runs of each system scored against the
+    real references."""
+    root = tmp_path / "results"
+
+    def fairseq_result(name, translations, seed=1, max_update=3000, smoke=False):
+        out = root / "parity" / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scores = {}
+        for split, lines in translations.items():
+            scores[split] = scoring.score(lines, references[split], lang="de")
+            fairseq_peer.hypotheses_path(out, split).write_text("\n".join(lines) + "\n")
+        payload = {
+            "benchmark": "fairseq_peer", "smoke": smoke,
+            "recipe": {"seed": seed, "max_update": max_update},
+            "venv": {"versions": {"fairseq": "0.12.3.1"}}, "updates": max_update,
+            "target_tokens": 6900 * max_update, "wall_s": {"train": 5400.0},
+            "tokens_per_s": 3800.0, "scores": scores, "hardware": "a CPU", "threads": 1,
+            "command": f"/venv/python -m benchmarks.fairseq_peer --out {out} --seed {seed}",
+        }  # fmt: skip
+        out.write_text(json.dumps(payload))
+
+    def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE):
+        run = tmp_path / name
+        metrics, hypotheses = run / "metrics", run / "eval"
+        metrics.mkdir(parents=True)
+        hypotheses.mkdir()
+        evaluation = {}
+        for split, lines in translations.items():
+            evaluation[split] = scoring.score(lines, references[split], lang="de")
+            (hypotheses / f"{split}.hyp").write_text("\n".join(lines) + "\n")
+        train = {"steps": max_steps, "wall_time_s": 3600.0, "train/tokens_per_sec": 5000.0,
+                 "precision": "bf16-mixed", "train/target_tokens": 6800 * max_steps}  # fmt: skip
+        files = {"prepare.json": {}, "tokenize.json": {}, "train.json": train,
+                 "eval.json": evaluation}  # fmt: skip
+        for file, content in files.items():
+            (metrics / file).write_text(json.dumps(content))
+        params = {"experiment_name": recipe, "seed": seed, "train": {"max_steps": max_steps},
+                  "data": {"src_lang": "en", "tgt_lang": "de"}}  # fmt: skip
+        (run / "params.yaml").write_text(yaml.safe_dump(params))
+        command = f"dvc exp run -S experiment={recipe} -S seed={seed}"
+        results.record(name, command, metrics, run / "params.yaml", root, hypotheses)
+
+    exact = {split: references[split] for split in SPLITS}
+    worse = {split: _degraded(references[split]) for split in SPLITS}
+    return root, fairseq_result, our_row, exact, worse
+
+
+def _degraded(lines: list[str]) -> list[str]:
+    """Each reference without its last two words: a clearly worse system."""
+    return [" ".join(line.split()[:-2]) for line in lines]
+
+
+def test_each_shared_budget_is_compared_with_a_paired_bootstrap(committed, tmp_path):
+    root, fairseq_result, our_row, exact, worse = committed
+    parity_dir = root / "parity"
+    fairseq_result("fairseq_3000_seed1", worse, max_update=3000)
+    our_row("wu_3000.en-de", exact, max_steps=3000)
+    fairseq_result("fairseq_8000_seed1", exact, max_update=8000)
+    our_row("wu_8000.en-de", worse, max_steps=8000)
+
+    block = parity.markdown(root, parity_dir)
+    worse_bleu = {
+        split: json.loads((root / "wu_8000.en-de" / "eval.json").read_text())[split]["bleu_lc"]
+        for split in SPLITS
+    }
+    comparisons = [line for line in block.splitlines() if line.startswith("- ")]
+    # 1 resample in 1001 at most: the degraded system is worse in every resample
+    assert comparisons == [
+        "- 3000 updates, 1 seed pair(s): ours - fairseq, lowercased BLEU: "
+        f"val {100 - worse_bleu['val']:+.2f} (p = 0.001); "
+        f"test_2016_flickr {100 - worse_bleu['test_2016_flickr']:+.2f} (p = 0.001)",
+        "- 8000 updates, 1 seed pair(s): ours - fairseq, lowercased BLEU: "
+        f"val {worse_bleu['val'] - 100:+.2f} (p = 0.001); "
+        f"test_2016_flickr {worse_bleu['test_2016_flickr'] - 100:+.2f} (p = 0.001)",
+    ]
+    assert 0 < worse_bleu["test_2016_flickr"] < 90
+    rows = [line for line in block.splitlines() if line.startswith(("| ours", "| fairseq"))]
+    assert len(rows) == 4
+    assert (
+        "| fairseq 0.12.3.1 | Wu et al. 2021 (fairseq) | 1 | 3000 | 3000 | 20.7 M | 6,900 |"
+        in block
+    )
+
+
+def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(committed, tmp_path):
+    root, fairseq_result, our_row, exact, worse = committed
+    parity_dir = root / "parity"
+    for seed in (1, 2):
+        fairseq_result(f"fairseq_seed{seed}", worse, seed=seed)
+        our_row(f"wu_s{seed}.en-de", exact, seed=seed)
+    our_row("wu_1000.en-de", exact, max_steps=1000)  # fairseq never ran 1000
+    our_row("other.en-de", worse, recipe="multi30k_base")  # neither recipe
+
+    block = parity.markdown(root, parity_dir)
+    comparisons = [line for line in block.splitlines() if line.startswith("- ")]
+    assert len(comparisons) == 1 and comparisons[0].startswith("- 3000 updates, 2 seed pair(s)")
+    assert "multi30k_base" not in block and "| 1000 | 1000 |" in block
+
+
+def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path):
+    root, fairseq_result, our_row, exact, _ = committed
+    parity_dir = root / "parity"
+    our_row("wu.en-de", exact)
+    assert parity.markdown(root, parity_dir).endswith("- no budget run by both systems yet\n")
+    fairseq_result("smoke", exact, smoke=True)
+    with pytest.raises(DataError, match="smoke.json: a smoke run"):
+        parity.markdown(root, parity_dir)
+
+
+def test_readme_block_is_the_commands_output(references):
+    expected = parity.markdown(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+    assert readme.read(REPO_ROOT / "README.md", parity.BEGIN, parity.END) == expected
