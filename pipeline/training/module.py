@@ -171,8 +171,8 @@ class TranslationModule(L.LightningModule):
         self.preemption: PreemptionCallback | None = None
         self._last_step = 0
         self._step_lr = 0.0
-        self.throughput = 0.0
-        self.target_tokens = 0.0  # the whole run's, all ranks: what equal-compute comparisons count
+        # The whole run's `run_totals` once training ends (or a finished run is loaded).
+        self.final_totals = {"train_tokens": 0.0, "train_seconds": 0.0, "wall_seconds": 0.0}
         self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
@@ -309,6 +309,16 @@ class TranslationModule(L.LightningModule):
             seconds += time.perf_counter() - self._window_start
         return seconds
 
+    @property
+    def throughput(self) -> float:
+        """Target tokens per second of the whole run's training, all ranks together."""
+        return _throughput(self.final_totals)
+
+    @property
+    def target_tokens(self) -> float:
+        """The whole run's target tokens, all ranks: what equal-compute comparisons count."""
+        return self.final_totals["train_tokens"]
+
     def run_totals(self) -> dict[str, float]:
         """Target tokens (all ranks), training seconds and wall seconds of the whole run so
         far: those before this process (`resumed_totals`) and this process's. Every rank must
@@ -324,8 +334,7 @@ class TranslationModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_finite()
-        totals = self.run_totals()
-        self.throughput, self.target_tokens = _throughput(totals), totals["train_tokens"]
+        self.final_totals = self.run_totals()
         self._window_start = None
 
     # ------------------------------------------------------------------ validation
@@ -436,8 +445,7 @@ class TranslationModule(L.LightningModule):
         self._rng_to_restore = checkpoint.get("rng_states")
         self._window_to_restore = checkpoint.get("logging_window")
         self.resumed_totals = {**self.resumed_totals, **checkpoint.get("run_totals", {})}
-        self.throughput = _throughput(self.resumed_totals)  # a finished run trains no more
-        self.target_tokens = self.resumed_totals["train_tokens"]
+        self.final_totals = dict(self.resumed_totals)  # a finished run trains no more
 
     # ------------------------------------------------------------------ summaries
 
