@@ -175,7 +175,7 @@ def comparisons(runs: list[Run]) -> list[str]:
         mine = sorted((r for r in ours if r.max_updates == budget), key=lambda r: r.seed)
         other = sorted((r for r in theirs if r.max_updates == budget), key=lambda r: r.seed)
         pairs = min(len(mine), len(other))
-        cells = []
+        cells, lengths = [], []
         for split in SPLITS:
             delta = statistics.fmean(r.scores[split][P_METRIC] for r in mine[:pairs]) - (
                 statistics.fmean(r.scores[split][P_METRIC] for r in other[:pairs])
@@ -184,11 +184,23 @@ def comparisons(runs: list[Run]) -> list[str]:
                             for our_run, fairseq_run in zip(mine[:pairs], other[:pairs])]  # fmt: skip
             p = scoring.pooled_paired_bootstrap(translations, references[split], P_METRIC)
             cells.append(f"{split} {delta:+.2f} (p = {p:.3f})")
+            ratios = [_pooled_length_ratio([pair[i] for pair in translations], references[split])
+                      for i in (1, 0)]  # fmt: skip
+            lengths.append(f"{split} {ratios[0]:.3f} / {ratios[1]:.3f}")
         lines.append(
             f"- {budget} updates, {pairs} seed pair(s): ours - fairseq, lowercased BLEU: "
             + "; ".join(cells)
         )
+        lines.append(
+            "  - output length / reference length (the tokens of lowercased BLEU, what its "
+            "brevity penalty sees), ours / fairseq: " + "; ".join(lengths)
+        )
     return lines
+
+
+def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float:
+    """`scoring.length_ratio` of several seeds' translations side by side."""
+    return scoring.length_ratio([line for seed in seeds for line in seed], references * len(seeds))
 
 
 def markdown(results_root: Path, parity_dir: Path) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import sacrebleu
 import yaml
 
 from benchmarks import fairseq_peer, parity
@@ -101,6 +102,16 @@ def test_each_shared_budget_is_compared_with_a_paired_bootstrap(committed, tmp_p
         f"test_2016_flickr {worse_bleu['test_2016_flickr'] - 100:+.2f} (p = 0.001)",
     ]
     assert 0 < worse_bleu["test_2016_flickr"] < 90
+    # sacreBLEU's own lengths of the degraded system: its brevity penalty is what it loses
+    shorter = {split: sacrebleu.corpus_bleu(worse[split], [exact[split]], lowercase=True)
+               for split in SPLITS}  # fmt: skip
+    ratio = {split: shorter[split].sys_len / shorter[split].ref_len for split in SPLITS}
+    assert all(r < 0.9 for r in ratio.values())
+    lengths = [line for line in block.splitlines() if line.startswith("  - output length")]
+    assert [line.split("ours / fairseq: ")[1] for line in lengths] == [
+        f"val 1.000 / {ratio['val']:.3f}; test_2016_flickr 1.000 / {ratio['test_2016_flickr']:.3f}",
+        f"val {ratio['val']:.3f} / 1.000; test_2016_flickr {ratio['test_2016_flickr']:.3f} / 1.000",
+    ]
     rows = [line for line in block.splitlines() if line.startswith(("| ours", "| fairseq"))]
     assert len(rows) == 4
     assert (

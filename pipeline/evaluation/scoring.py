@@ -198,6 +198,14 @@ def paired_bootstrap(
     return out
 
 
+def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Hypothesis length over reference length, in the tokens of lowercased BLEU: what its
+    brevity penalty sees, so that a BLEU difference can be told apart into length and n-grams."""
+    check_aligned(hypotheses, references)
+    bleu = make_metric("bleu_lc").corpus_score(list(hypotheses), [list(references)])
+    return bleu.sys_len / bleu.ref_len
+
+
 def pooled_paired_bootstrap(
     pairs: Sequence[tuple[Sequence[str], Sequence[str]]],
     references: Sequence[str],
