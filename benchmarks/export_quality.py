@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
             hypotheses = translate_with_ctranslate2(
                 exported, src_ids, beam_size=e.beam_size, length_penalty=e.length_penalty,
                 max_len_a=e.max_len_a, max_len_b=e.max_len_b, max_tokens=e.max_tokens,
+                length_normalization=e.length_normalization,
             )  # fmt: skip
             seconds[f"ctranslate2_{quantization}"] = time.perf_counter() - started
             outputs[f"ctranslate2_{quantization}"] = [h.tokens for h in hypotheses]

@@ -145,7 +145,9 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     beam_size: int = 5
-    length_penalty: float = 1.0  # alpha in ((5 + len) / 6) ** alpha
+    length_penalty: float = 1.0  # alpha of length_normalization
+    # gnmt: log P / ((5 + |Y|) / 6) ** alpha; fairseq: log P / |Y| ** alpha (its --lenpen)
+    length_normalization: str = "gnmt"
     max_len_a: float = 1.2  # max output length = a * src_len + b
     max_len_b: int = 10
     nbest: int = 1
@@ -306,6 +308,11 @@ def validate(cfg: Config) -> Config:
         "one-token source would get an empty translation",
     )
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
+    _check(
+        e.length_normalization in ("gnmt", "fairseq"),
+        "eval.length_normalization",
+        f"must be 'gnmt' or 'fairseq', got '{e.length_normalization}'",
+    )
     _check(
         e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,
         "eval.bootstrap_samples",

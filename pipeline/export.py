@@ -305,12 +305,14 @@ def translate_with_ctranslate2(
     max_len_a: float,
     max_len_b: int,
     max_tokens: int = 0,
+    length_normalization: str = "gnmt",
 ) -> list:
     """`src_ids` as `Tokenizer.encode_sources` returns them (what our `translate_ids` reads)
     -> one `pipeline.model.decoding.Hypothesis` per sentence: the tokens (no bos/eos) and
-    GNMT-normalised score our beam search (greedy search for beam 1) gives it, settings as in
-    conf/eval (`length_penalty` is alpha). `max_tokens`: source tokens per CTranslate2 batch
-    (0: each group of sentences with one length limit is one batch)."""
+    length-normalised score our beam search (greedy search for beam 1) gives it, settings as in
+    conf/eval (`length_penalty` is alpha of `length_normalization`). `max_tokens`: source
+    tokens per CTranslate2 batch (0: each group of sentences with one length limit is one
+    batch)."""
     from pipeline.model.decoding import Hypothesis, length_normalizer
 
     tokenizer, limit, translator = exported.tokenizer, exported.max_positions, exported.translator
@@ -349,7 +351,8 @@ def translate_with_ctranslate2(
         _rescore_at_limit(translator, tokenizer, sources, nbest, limit)
         for i, hypotheses in zip(indices, nbest):
             best_ids, log_prob = max(
-                ((ids, log_prob / length_normalizer(_with_eos(ids, tokenizer), length_penalty))
+                ((ids, log_prob / length_normalizer(_with_eos(ids, tokenizer), length_penalty,
+                                                    length_normalization))
                  for ids, log_prob in hypotheses),
                 key=lambda pair: pair[1],
             )  # fmt: skip

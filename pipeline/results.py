@@ -126,11 +126,14 @@ def table(rows: list[dict]) -> str:
         train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
         wall = f"{_minutes(train_s)} + {_minutes(eval_s)}"  # "-" where a run has no time
         recipe = row["params"]["experiment_name"]
+        penalty = f"{decoding['length_penalty']}"
+        if decoding.get("length_normalization", "gnmt") != "gnmt":  # rows before the key: gnmt
+            penalty += f" ({decoding['length_normalization']})"
         if data.get("tokenizer", {}).get("case_fold"):
             recipe += ", case-folded"  # reads and writes lowercase: its cased scores count that
         lines.append(
             f"| {recipe} | {data['src_lang']}->{data['tgt_lang']} "
-            f"| {decoding['average_by']} {decoding['average']}, {decoding['length_penalty']} "
+            f"| {decoding['average_by']} {decoding['average']}, {penalty} "
             f"| {_with_interval(test.get('bleu_lc'), test.get('bleu_lc_ci'))} "
             f"| {_fmt(test.get('bleu'))} "
             f"| {_fmt(test.get(LITERATURE_METRIC))} | {_fmt(test.get('chrf'))} "

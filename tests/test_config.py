@@ -53,6 +53,7 @@ def test_experiment_preset_selects_values():
         ("data.tokenizer.pretokenizer=spacy", "data.tokenizer.pretokenizer"),
         ("train.label_smoothing=-0.1", "train.label_smoothing"),
         ("eval.nbest=9", "eval.nbest"),
+        ("eval.length_normalization=average", "eval.length_normalization"),
         ("eval.bootstrap_samples=1", "eval.bootstrap_samples"),  # one resample: no interval
         ("train.cooldown_steps=9000", "train.cooldown_steps"),  # longer than max_steps
         ("train.cooldown_steps=-1", "train.cooldown_steps"),

@@ -119,25 +119,31 @@ def test_length_penalty_changes_the_choice_as_the_formula_says():
             if tuple(hyp.tokens) in expected:
                 assert hyp.score == pytest.approx(expected[tuple(hyp.tokens)], abs=1e-4)
     assert length_normalizer(3, 2.0) == pytest.approx((8 / 6) ** 2)
+    assert length_normalizer(3, 2.0, "fairseq") == pytest.approx(9.0)
     # The switch happens where the formula says: short wins at alpha 0, long at alpha 2.
     assert short > long_ and short < long_ / length_normalizer(3, 2.0)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_wide_beam_equals_exhaustive_search(alpha):
+@pytest.mark.parametrize(
+    ("alpha", "normalization"), [(0.0, "gnmt"), (1.0, "gnmt"), (1.0, "fairseq"), (2.0, "fairseq")]
+)
+def test_wide_beam_equals_exhaustive_search(alpha, normalization):
     """With more beams than prefixes, beam search is exact: its n-best list must equal the
-    best hypotheses of an enumeration of every sequence up to the length limit."""
+    best hypotheses of an enumeration of every sequence up to the length limit, each scored by
+    the normalization's formula written out here."""
     model = TableModel(elsewhere="random")
     max_len, tokens = 3, [UNK, EOS, A, B_, C]  # pad and bos are never generated
     src = sources(A, B_, C)
     results = beam_search(
-        model, src, beam_size=200, length_penalty=alpha, nbest=6, **decode_kwargs(max_len_b=max_len)
-    )
+        model, src, beam_size=200, length_penalty=alpha, nbest=6,
+        length_normalization=normalization, **decode_kwargs(max_len_b=max_len),
+    )  # fmt: skip
+    formula = {"gnmt": lambda n: ((5 + n) / 6) ** alpha, "fairseq": lambda n: n**alpha}
     real = [t for t in tokens if t != EOS]
     for sentence, hyps in zip([A, B_, C], results):
         every = [list(seq) for n in range(max_len + 1) for seq in itertools.product(real, repeat=n)]
         scored = sorted(
-            (model.log_prob(sentence, seq) / length_normalizer(len(seq) + 1, alpha), seq)
+            (model.log_prob(sentence, seq) / formula[normalization](len(seq) + 1), seq)
             for seq in every
         )[::-1][:6]
         assert [h.tokens for h in hyps] == [seq for _, seq in scored]

@@ -52,6 +52,7 @@ def ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg):
     theirs = export.translate_with_ctranslate2(
         exported, src_ids, beam_size=eval_cfg.beam_size, length_penalty=eval_cfg.length_penalty,
         max_len_a=eval_cfg.max_len_a, max_len_b=eval_cfg.max_len_b,
+        length_normalization=eval_cfg.length_normalization,
     )  # fmt: skip
     return ours, theirs
 
@@ -60,7 +61,7 @@ def assert_same_translations(ours, theirs) -> None:
     assert len(ours) == len(theirs)
     differing = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a.tokens[0] != b.tokens]
     assert not differing, f"{len(differing)} sentences differ, e.g. #{differing[0]}"
-    for a, b in zip(ours, theirs):  # and the same GNMT-normalised beam scores
+    for a, b in zip(ours, theirs):  # and the same length-normalised beam scores
         assert b.score == pytest.approx(a.scores[0], rel=1e-4, abs=1e-4)
 
 
@@ -88,8 +89,10 @@ def test_random_models_of_every_architecture_translate_as_ours(
     val = read_prepared(tokenized_smoke, ["val"])["val"].src[:40]
     src_ids = tokenizer.encode_sources(val)
     assert all(ids[-1] == tokenizer.eos_id for ids in src_ids) == source_eos
-    for beam, alpha in ((1, 1.0), (3, 0.6), (4, 0.0)):
-        eval_cfg = dataclasses.replace(tokenized_smoke.eval, beam_size=beam, length_penalty=alpha)
+    for beam, alpha, normalization in ((1, 1.0, "gnmt"), (3, 0.6, "gnmt"), (4, 0.0, "gnmt"),
+                                       (3, 1.0, "fairseq")):  # fmt: skip
+        eval_cfg = dataclasses.replace(tokenized_smoke.eval, beam_size=beam, length_penalty=alpha,
+                                       length_normalization=normalization)  # fmt: skip
         assert_same_translations(
             *ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg)
         )

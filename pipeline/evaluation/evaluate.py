@@ -222,6 +222,7 @@ def translate_ids(
                 eos_id=tokenizer.eos_id,
                 beam_size=eval_cfg.beam_size,
                 length_penalty=eval_cfg.length_penalty,
+                length_normalization=eval_cfg.length_normalization,
                 max_len_a=eval_cfg.max_len_a,
                 max_len_b=eval_cfg.max_len_b,
                 nbest=eval_cfg.nbest,

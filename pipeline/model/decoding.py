@@ -38,9 +38,18 @@ class Hypothesis:
     score: float
 
 
-def length_normalizer(length: int, alpha: float) -> float:
-    """GNMT: lp(Y) = ((5 + |Y|) / 6) ** alpha."""
-    return ((5 + length) / 6) ** alpha
+# What a finished hypothesis's summed log-probability is divided by, |Y| counting its eos.
+LENGTH_NORMALIZATIONS = {
+    # GNMT (Wu et al. 2016, section 7): lp(Y) = ((5 + |Y|) / 6) ** alpha
+    "gnmt": lambda length, alpha: ((5 + length) / 6) ** alpha,
+    # |Y| ** alpha: fairseq-generate's --lenpen, CTranslate2's length_penalty
+    "fairseq": lambda length, alpha: length**alpha,
+}
+
+
+def length_normalizer(length: int, alpha: float, normalization: str = "gnmt") -> float:
+    """lp(Y) of a hypothesis of `length` tokens under `normalization` (LENGTH_NORMALIZATIONS)."""
+    return LENGTH_NORMALIZATIONS[normalization](length, alpha)
 
 
 def max_output_lengths(model: nn.Module, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
@@ -142,10 +151,13 @@ def beam_search(
     max_len_b: int,
     nbest: int = 1,
     use_cache: bool = True,
+    length_normalization: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """src (B, S) -> for each sentence its `nbest` best hypotheses, best first.
-    `length_penalty` is alpha of `length_normalizer`; 0 ranks by summed log-prob."""
+    `length_penalty` is alpha of `length_normalizer(..., length_normalization)`; 0 ranks by
+    summed log-prob."""
     alpha, k = length_penalty, beam_size
+    normalizer = LENGTH_NORMALIZATIONS[length_normalization]
     batch, device = src.size(0), src.device
     memory, src_pad_mask = model.encode(src)
     max_lens = max_output_lengths(model, src, max_len_a, max_len_b).tolist()
@@ -184,9 +196,7 @@ def beam_search(
             if len(sentence) < k:
                 prefix = tokens[i * k + origin[i, j], 1:].tolist()
                 total = top_scores[i, j].item()
-                sentence.append(
-                    Hypothesis(prefix, total / length_normalizer(len(prefix) + 1, alpha))
-                )
+                sentence.append(Hypothesis(prefix, total / normalizer(len(prefix) + 1, alpha)))
 
         # The best k candidates not ending in eos continue (at most k of the 2k end in eos).
         rank = torch.arange(2 * k, device=device)
