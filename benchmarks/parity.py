@@ -180,13 +180,16 @@ def comparisons(runs: list[Run]) -> list[str]:
             delta = statistics.fmean(r.scores[split][P_METRIC] for r in mine[:pairs]) - (
                 statistics.fmean(r.scores[split][P_METRIC] for r in other[:pairs])
             )
-            translations = [(fairseq_run.translations(split), our_run.translations(split))
-                            for our_run, fairseq_run in zip(mine[:pairs], other[:pairs])]  # fmt: skip
-            p = scoring.pooled_paired_bootstrap(translations, references[split], P_METRIC)
+            our_seeds = [run.translations(split) for run in mine[:pairs]]
+            fairseq_seeds = [run.translations(split) for run in other[:pairs]]
+            p = scoring.pooled_paired_bootstrap(
+                list(zip(fairseq_seeds, our_seeds)), references[split], P_METRIC
+            )
             cells.append(f"{split} {delta:+.2f} (p = {p:.3f})")
-            ratios = [_pooled_length_ratio([pair[i] for pair in translations], references[split])
-                      for i in (1, 0)]  # fmt: skip
-            lengths.append(f"{split} {ratios[0]:.3f} / {ratios[1]:.3f}")
+            lengths.append(
+                f"{split} {_pooled_length_ratio(our_seeds, references[split]):.3f} / "
+                f"{_pooled_length_ratio(fairseq_seeds, references[split]):.3f}"
+            )
         lines.append(
             f"- {budget} updates, {pairs} seed pair(s): ours - fairseq, lowercased BLEU: "
             + "; ".join(cells)
