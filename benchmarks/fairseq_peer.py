@@ -35,7 +35,8 @@ output with this project's own scoring, so the two systems are compared by one y
               of their fairseq fork; 0.12's default is no clipping); lr 0.005, inverse_sqrt,
               2000 warm-up updates from 1e-7; label smoothing 0.1; `--max-tokens 4096
               --update-freq 2` (their 2 GPUs x 4096 on one device); `--max-update 8000`;
-              `--patience 10` on val loss; a checkpoint per epoch; float32 on the CPU, seed 1.
+              `--patience 10` on val loss; a checkpoint per epoch; float32 on the CPU, seed 1
+              (`--device cuda`: on the GPU, still float32; the venv's torch must see it).
  6. average   the element-wise mean of the last `--average-last` (10) epoch checkpoints, as
               fairseq's `scripts/average_checkpoints.py --num-epoch-checkpoints 10` (which the
               fairseq-fixed package does not ship; `average_checkpoints` below is the same
@@ -60,6 +61,11 @@ reused when their settings are unchanged; a `fairseq-train` interrupted with the
 resumes from its `checkpoint_last.pt` (fairseq's own resume), a different command in the same
 work dir is refused. `--max-train-pairs` / `--max-eval-pairs` cut the corpus for a smoke run
 only (recorded in the result as `smoke: true`); `--dry-run` prints the commands and stops.
+
+Offline GPU machine: `--device cuda --system-site-packages --torch-spec torch==X
+--allow-cuda-torch` makes the venv see the machine's own torch (installed nothing when it
+already satisfies `--torch-spec`); pip's PIP_NO_INDEX / PIP_FIND_LINKS, inherited by every
+step, point the rest at local wheels and the fairseq-fixed sdist.
 
 Threads: fairseq runs with `--threads` (default 1) OpenMP/MKL threads and no data-loading
 worker processes, so its tokens/s compare with our one-thread numbers; run the harness itself
@@ -156,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--allow-cuda-torch", action="store_true",
                      help="accept a torch build that pulls CUDA libraries")  # fmt: skip
     env.add_argument("--fairseq-spec", default=FAIRSEQ_SPEC)
+    env.add_argument("--system-site-packages", action="store_true",
+                     help="make the venv with `python -m venv --system-site-packages`: a torch "
+                     "already there that satisfies --torch-spec is used, nothing installed")  # fmt: skip
 
     data = parser.add_argument_group("data (Multi30k task 1, scripts/task1-*.sh)")
     data.add_argument("--src", default="en")
@@ -209,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "#5036; 8, its default, loses 6 of the 1014 val sentences)")  # fmt: skip
 
     run = parser.add_argument_group("run")
+    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="where fairseq trains and generates (cuda: no --cpu, GPUs visible)")  # fmt: skip
     run.add_argument("--threads", type=int, default=1, help="OpenMP/MKL threads of fairseq")
     run.add_argument("--num-workers", type=int, default=0, help="fairseq data-loading processes")
     run.add_argument("--log-interval", type=int, default=50, help="updates between train logs")
@@ -280,13 +291,17 @@ def venv_bin(args: argparse.Namespace, tool: str) -> str:
 
 
 def venv_spec(args: argparse.Namespace) -> dict:
-    """What a built venv must have been built with to be reused."""
-    return {
+    """What a built venv must have been built with to be reused (`system_site_packages` only
+    where set, so the records of venvs built without it still match)."""
+    spec = {
         "torch": args.torch_spec,
         "torch_index_url": args.torch_index_url,
         "fairseq": args.fairseq_spec,
         "dependencies": list(DEPENDENCIES),
     }
+    if args.system_site_packages:
+        spec["system_site_packages"] = True
+    return spec
 
 
 def pip(args: argparse.Namespace, *arguments: str) -> list[str]:
@@ -303,9 +318,12 @@ VENV_STEPS = ("venv", "torch_dry_run", "torch", "dependencies", "fairseq")
 
 def venv_commands(args: argparse.Namespace, torch_report: Path) -> list[list[str]]:
     """The build, in order: venv, torch (a dry run first, checked by `check_torch_report`),
-    fairseq's dependencies (torch pinned again so nothing replaces it), fairseq itself."""
+    fairseq's dependencies (torch pinned again so nothing replaces it), fairseq itself. With
+    `--system-site-packages` the venv sees the base Python's packages, and pip installs none
+    that already satisfies its requirement."""
+    system = ["--system-site-packages"] if args.system_site_packages else []
     return [
-        [args.python, "-m", "venv", str(args.venv)],
+        [args.python, "-m", "venv", *system, str(args.venv)],
         pip(
             args, "--dry-run", "--no-deps", "--report", str(torch_report), *torch_install_args(args)
         ),
@@ -315,9 +333,14 @@ def venv_commands(args: argparse.Namespace, torch_report: Path) -> list[list[str
     ]
 
 
-def check_torch_report(report: dict, allow_cuda: bool) -> str:
-    """The torch version pip would install; a CUDA build is refused unless `allow_cuda`."""
-    (item,) = [i for i in report["install"] if i["metadata"]["name"].lower() == "torch"]
+def check_torch_report(report: dict, allow_cuda: bool) -> str | None:
+    """The torch version pip would install; a CUDA build is refused unless `allow_cuda`. None
+    where pip would install nothing: a torch already present (`--system-site-packages`)
+    satisfies the spec, is used as it is, and its version is recorded by the venv's probe."""
+    items = [i for i in report["install"] if i["metadata"]["name"].lower() == "torch"]
+    if not items:
+        return None
+    (item,) = items
     version = item["metadata"]["version"]
     requires = item["metadata"].get("requires_dist") or []
     cuda = any(r.lower().startswith("nvidia-") for r in requires) or "+cu" in version
@@ -412,9 +435,10 @@ def tool_env(args: argparse.Namespace) -> dict:
         MKL_NUM_THREADS=threads,
         MAX_JOBS=threads,  # torch's C++ extension builds (fairseq's libnat, libbase)
         TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
-        CUDA_VISIBLE_DEVICES="",
         PYTHONUNBUFFERED="1",
     )
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # cuda: left as inherited
     return env
 
 
@@ -630,7 +654,12 @@ def train_command(args: argparse.Namespace, layout: Layout) -> list[str]:
     if args.max_epoch:
         options["--max-epoch"] = args.max_epoch
     command = [venv_bin(args, "fairseq-train"), str(layout.data_bin), *model_flags(args)]
-    return [*command, *flag_list(options), "--cpu"]
+    return [*command, *flag_list(options), *device_flags(args)]
+
+
+def device_flags(args: argparse.Namespace) -> list[str]:
+    """fairseq's `--cpu` for `--device cpu`; nothing for cuda (fairseq's default device)."""
+    return ["--cpu"] if args.device == "cpu" else []
 
 
 def average_command(args: argparse.Namespace, layout: Layout) -> list[str]:
@@ -649,7 +678,7 @@ def generate_command(args: argparse.Namespace, layout: Layout, subset: str) -> l
         "--beam", str(args.beam), "--lenpen", str(args.lenpen),
         "--batch-size", str(args.gen_batch_size),
         "--required-batch-size-multiple", str(args.gen_batch_multiple), "--remove-bpe",
-        "--num-workers", str(args.num_workers), "--cpu",
+        "--num-workers", str(args.num_workers), *device_flags(args),
     ]  # fmt: skip
 
 
@@ -825,7 +854,7 @@ def recipe(args: argparse.Namespace) -> dict:
         "warmup_init_lr", "label_smoothing", "max_tokens", "update_freq", "max_update",
         "max_epoch", "patience", "save_interval", "seed", "average_last", "beam", "lenpen",
     )  # fmt: skip
-    return {key: getattr(args, key) for key in keys} | {"precision": "fp32", "device": "cpu"}
+    return {key: getattr(args, key) for key in keys} | {"precision": "fp32", "device": args.device}
 
 
 def dry_run(args: argparse.Namespace, layout: Layout) -> dict:
@@ -855,6 +884,7 @@ def run(args: argparse.Namespace) -> dict:
     wall: dict[str, float] = {}
     venv = ensure_venv(args, env)
     wall["venv_build"] = venv["build_s"] if not venv["reused"] else 0.0
+    gpu = venv_gpu(args, env) if args.device == "cuda" else None
     layout.logs.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []
 
@@ -961,7 +991,27 @@ def run(args: argparse.Namespace) -> dict:
         "work_dir": str(layout.root),
         **environment.provenance(),
     }
+    if gpu is not None:  # the GPU fairseq ran on, as the venv's torch names it
+        payload["hardware"] = f"{gpu['name']} x {gpu['count']}"
     return payload
+
+
+GPU_PROBE = (
+    "import json, torch; ok = torch.cuda.is_available();"
+    "print(json.dumps({'available': ok, 'count': torch.cuda.device_count() if ok else 0,"
+    " 'name': torch.cuda.get_device_name(0) if ok else None}))"
+)
+
+
+def venv_gpu(args: argparse.Namespace, env: dict) -> dict:
+    """{available, count, name} of the GPUs the venv's torch sees; refuses `--device cuda`
+    where it sees none."""
+    probe = subprocess.run([venv_bin(args, "python"), "-c", GPU_PROBE], env=env,
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    gpu = json.loads(probe.splitlines()[-1])
+    if not gpu["available"]:
+        raise SystemExit(f"--device cuda, but the torch of {args.venv} sees no GPU")
+    return gpu
 
 
 def train(args: argparse.Namespace, layout: Layout, env: dict, data: dict) -> tuple[dict, bool]:

@@ -24,6 +24,9 @@ LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 LOCKED_EXTRAS = ("dev", "bench", "export")  # what `make setup` installs
 HASH_CHARS = 16
+# A copy of the work tree without .git (a lent GPU machine gets the files alone) names the
+# commit it was copied from here; a checkout's own `git rev-parse` wins.
+COMMIT_ENV = "TRANSFORMER_ABLATIONS_COMMIT"
 
 
 def hardware() -> str:
@@ -51,7 +54,7 @@ def git_commit() -> str | None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
     ).stdout.strip()
-    return commit or None
+    return commit or os.environ.get(COMMIT_ENV) or None
 
 
 def lock_hash(lock: Path = LOCK_FILE) -> str | None:

@@ -38,3 +38,16 @@ def test_provenance_names_the_lock_by_its_hash():
     assert recorded["environment_lock"] == expected
     assert recorded["commit"]  # CI runs in a clone
     assert "cores" in recorded["hardware"] or " x " in recorded["hardware"]  # CPU or GPU
+
+
+def test_a_copy_of_the_tree_without_git_records_the_commit_it_names(tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "REPO_ROOT", tmp_path)  # files alone, no .git
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    assert environment.git_commit() is None
+    monkeypatch.setenv(environment.COMMIT_ENV, "abc1234")
+    assert environment.git_commit() == "abc1234"
+
+
+def test_a_checkout_records_its_own_commit_whatever_the_variable_says(monkeypatch):
+    monkeypatch.setenv(environment.COMMIT_ENV, "abc1234")
+    assert environment.git_commit() not in (None, "abc1234")

@@ -172,6 +172,38 @@ def test_venv_commands_build_outside_with_torch_first_and_fairseq_without_deps(t
     assert not str(args.venv).startswith(str(fairseq_peer.REPO_ROOT))
 
 
+def test_device_cuda_drops_cpu_flag_and_keeps_gpus_visible(tmp_path, monkeypatch):
+    """--device cpu (the default): fairseq's --cpu and no visible GPU; cuda: neither, the
+    inherited CUDA_VISIBLE_DEVICES (and pip's PIP_* settings) passed on as they are."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
+    layout = fairseq_peer.Layout(tmp_path)
+    for device, has_cpu, visible in (("cpu", True, ""), ("cuda", False, "0")):
+        args = args_for("--device", device)
+        train = fairseq_peer.train_command(args, layout)
+        generate = fairseq_peer.generate_command(args, layout, "valid")
+        assert ("--cpu" in train, "--cpu" in generate) == (has_cpu, has_cpu)
+        env = fairseq_peer.tool_env(args)
+        assert env["CUDA_VISIBLE_DEVICES"] == visible
+        assert (env["PIP_NO_INDEX"], env["PIP_FIND_LINKS"]) == ("1", "/wheels")
+        assert fairseq_peer.recipe(args)["device"] == device
+        assert fairseq_peer.recipe(args)["precision"] == "fp32"
+    assert args_for().device == "cpu"
+
+
+def test_system_site_packages_makes_the_venv_and_is_part_of_its_spec(tmp_path):
+    plain = args_for("--venv", str(tmp_path / "venv"))
+    shared = args_for("--venv", str(tmp_path / "venv"), "--system-site-packages")
+    report = tmp_path / "report.json"
+    assert "--system-site-packages" not in fairseq_peer.venv_commands(plain, report)[0]
+    make = fairseq_peer.venv_commands(shared, report)[0]
+    assert make[1:] == ["-m", "venv", "--system-site-packages", str(tmp_path / "venv")]
+    assert "system_site_packages" not in fairseq_peer.venv_spec(plain)  # old records still match
+    assert fairseq_peer.venv_spec(shared) == {**fairseq_peer.venv_spec(plain),
+                                               "system_site_packages": True}  # fmt: skip
+
+
 def test_venv_is_reused_or_refused_without_building_anything(tmp_path):
     """A venv built with the same specs is reused; a directory this harness did not build,
     or a path inside the repository, is refused and left alone."""
@@ -230,6 +262,9 @@ def test_cuda_torch_is_refused_unless_allowed():
     with pytest.raises(SystemExit, match="CUDA build"):
         fairseq_peer.check_torch_report(cuda, allow_cuda=False)
     assert fairseq_peer.check_torch_report(cuda, allow_cuda=True) == "2.13.0"
+    # a torch already present (--system-site-packages) that satisfies the spec: pip installs
+    # nothing, whatever its build, and the venv's probe records its version
+    assert fairseq_peer.check_torch_report({"version": "1", "install": []}, False) is None
 
 
 def test_tool_env_threads_and_no_project_python(tmp_path, monkeypatch):

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The long runs of issues #18 and #19 on a lent GPU machine (the `device` tool's `run`), which
+# gets a copy of the work tree without .git, has no internet, and holds its own torch (CUDA).
+# Prepared here, on the machine with pip (wheels and corpus are ignored, carried folders):
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
+#       <the lock's packages that the GPU image lacks>
+#   cp -r ../shared/data/multi30k .devrun/multi30k
+# There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
+#   scripts/lent_gpu.sh start <commit> [table3] [wu:<name>:<override>...]  # background jobs
+#   scripts/lent_gpu.sh wait <seconds>     # progress until every job ended or time is up
+#   scripts/lent_gpu.sh collect            # $OUT/results.tgz: records, metrics, hypotheses
+# A Wu et al. run is the DVC stages of dvc.yaml in their order in its own folder, on the
+# params.yaml that `dvc exp run -S experiment=multi30k_wu2021 -S <override>` would write;
+# the Table-3 study is `python -m pipeline.sweep ablations/table3.yaml` workers, one per
+# point left.
+set -u
+ROOT=$(pwd)
+RUNS=/tmp/lent-gpu
+LOGS=$RUNS/logs
+export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled} MULTI30K_DIR=$ROOT/.devrun/multi30k
+export PYTHONPATH=/tmp/site:$ROOT OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+start() {
+    export TRANSFORMER_ABLATIONS_COMMIT=$1
+    shift
+    mkdir -p "$LOGS"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log"; exit 1; }
+    nvidia-smi -L
+    python3 -c "import torch, lightning, optuna, datasets, dvclive, hydra, sacremoses
+print('torch', torch.__version__, torch.cuda.get_device_name(0))" || exit 1
+    # MPS lets the small kernels of many processes share the GPU instead of time-slicing it
+    nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "no MPS: time-slicing"
+    python3 -m pip freeze >"$RUNS/freeze.txt" 2>/dev/null
+    local job
+    for job in "$@"; do
+        case $job in
+        table3)
+            local left
+            left=$(python3 -c "
+import optuna
+from pipeline.sweep import load_spec
+spec = load_spec('ablations/table3.yaml')
+study = optuna.load_study(study_name=spec.study, storage='sqlite:///ablations/results/table3/study.db')
+done = {(t.params['variant'], t.params['seed']) for t in study.get_trials() if t.state.name == 'COMPLETE'}
+print(len(spec.grid()) - len(done))")
+            echo "table3: starting $left workers"
+            for i in $(seq 1 "$left"); do
+                setsid nohup nice -n 5 python3 -m pipeline.sweep ablations/table3.yaml \
+                    --work-dir "$RUNS/sweeps" >"$LOGS/table3-worker-$i.log" 2>&1 &
+                sleep 3
+            done
+            ;;
+        wu:*)
+            IFS=: read -r _ name overrides <<<"$job"
+            mkdir -p "$RUNS/wu/$name"
+            (cd "$RUNS/wu/$name" && python3 -m pipeline.config experiment=multi30k_wu2021 \
+                $overrides >params.yaml) || exit 1
+            echo "wu: $name ($overrides)"
+            setsid nohup bash -c "cd $RUNS/wu/$name && for stage in prepare tokenize train evaluate; do python3 -m pipeline.stages.\$stage || exit; done" \
+                >"$LOGS/wu-$name.log" 2>&1 &
+            ;;
+        *) echo "unknown job $job" && exit 2 ;;
+        esac
+    done
+}
+
+running() { pgrep -f "pipeline\.(sweep|stages)|fairseq" | wc -l; }
+
+progress() {
+    echo "== $(date -u +%T) processes: $(running); table3 records: $(ls ablations/results/table3/trials | wc -l)"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    local log
+    for log in "$LOGS"/*.log; do
+        printf '%s: %s\n' "$(basename "$log")" "$(tr '\r' '\n' <"$log" | grep -v '^\s*$' | tail -1 | cut -c1-160)"
+    done
+}
+
+wait_jobs() {
+    local until=$((SECONDS + $1))
+    while ((SECONDS < until)) && (($(running) > 0)); do
+        progress
+        sleep 60
+    done
+    progress
+}
+
+collect() {
+    # a consistent copy of the study's SQLite storage while workers may still write to it
+    python3 -c "import sqlite3; sqlite3.connect('ablations/results/table3/study.db').backup(sqlite3.connect('$RUNS/study.db'))"
+    tar czf "$OUT/results.tgz" --exclude study.db ablations/results/table3 \
+        -C "$RUNS" logs freeze.txt study.db \
+        $(cd "$RUNS" && ls -d wu/*/params.yaml wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null)
+    ls -la "$OUT"
+}
+
+"$@"
