@@ -9,6 +9,7 @@ the lock satisfies pyproject.toml (tests/test_environment.py, run by CI).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -65,8 +66,18 @@ def lock_hash(lock: Path = LOCK_FILE) -> str | None:
 
 
 def provenance() -> dict:
-    """What every results row records about how it was made."""
-    return {"commit": git_commit(), "environment_lock": lock_hash(), "hardware": hardware()}
+    """What every results row records about how it was made. Where the installed packages
+    differ from the lock (a lent GPU machine's own image), `environment_differences` counts
+    them: the lock's hash alone would claim an environment the run did not have."""
+    recorded = {
+        "commit": git_commit(),
+        "environment_lock": lock_hash(LOCK_FILE),
+        "hardware": hardware(),
+    }
+    differences = installed_differences(LOCK_FILE)
+    if differences:
+        recorded["environment_differences"] = len(differences)
+    return recorded
 
 
 def read_lock(lock: Path = LOCK_FILE) -> dict[str, str]:
@@ -117,3 +128,7 @@ def installed_differences(lock: Path = LOCK_FILE) -> list[str]:
         if installed.split("+")[0] != pinned.split("+")[0]:
             differences.append(f"{name}=={pinned} is installed as {installed}")
     return differences
+
+
+if __name__ == "__main__":  # the provenance of a run made here, for `pipeline.results --made-on`
+    print(json.dumps(provenance(), indent=2))

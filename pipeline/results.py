@@ -41,10 +41,14 @@ def record(
     params: Path,
     root: Path,
     eval_dir: Path | None = None,
+    made_on: Path | None = None,
 ) -> Path:
     """Copy a finished run's metrics and params into `root/name/` and describe the run; with
     `eval_dir`, its hypotheses too (`{split}.hyp`), so that two rows can be compared later
-    sentence by sentence (a paired bootstrap) instead of by their scores alone."""
+    sentence by sentence (a paired bootstrap) instead of by their scores alone. A run made on
+    another machine names that machine with `made_on`: the JSON that `python -m
+    pipeline.environment` printed there (commit, hardware, environment), kept in place of
+    this machine's."""
     missing = [f for f in METRICS_FILES if not (metrics_dir / f).exists()]
     if missing:
         raise DataError(
@@ -60,7 +64,7 @@ def record(
             shutil.copyfile(hypotheses, row / hypotheses.name)
     run = {
         "command": command,
-        **provenance(),
+        **(json.loads(made_on.read_text()) if made_on is not None else provenance()),
         "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         **run_totals(metrics_dir),
     }
@@ -166,6 +170,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rec.add_argument(
         "--eval-dir", type=Path, default=Path("eval"), help="the run's hypotheses ({split}.hyp)"
     )
+    rec.add_argument(
+        "--made-on",
+        type=Path,
+        help="a run made on another machine: the JSON `python -m pipeline.environment` printed "
+        "there (commit, hardware, environment) in place of this machine's",
+    )
     sub.add_parser("table", help="print README's Results table")
     return parser.parse_args(argv)
 
@@ -174,7 +184,13 @@ def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.action == "record":
         row = record(
-            args.name, args.command, args.metrics_dir, args.params, args.root, args.eval_dir
+            args.name,
+            args.command,
+            args.metrics_dir,
+            args.params,
+            args.root,
+            args.eval_dir,
+            args.made_on,
         )
         print(f"recorded {row}")
     else:

@@ -7,8 +7,15 @@
 #   cp -r ../shared/data/multi30k .devrun/multi30k
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
 #   scripts/lent_gpu.sh start <commit> [table3] [wu:<name>:<override>...]  # background jobs
-#   scripts/lent_gpu.sh wait <seconds>     # progress until every job ended or time is up
-#   scripts/lent_gpu.sh collect            # $OUT/results.tgz: records, metrics, hypotheses
+#   scripts/lent_gpu.sh wait_jobs <seconds>  # progress until every job ended or time is up
+#   scripts/lent_gpu.sh collect            # $OUT/results.tgz.part-*: records, metrics, hypotheses
+# Issue the next `run` at once when one returns: a machine idle for 30 s is given back, and
+# the jobs die with it. Everything a job writes lives under $RUNS, outside the tree: each
+# `run` copies the tree again, replacing tracked files (a study's storage, its records).
+# Back here: `cat results.tgz.part-* | tar xz`; a Wu run is recorded with
+#   python -m pipeline.results record <name> --command ... --metrics-dir wu/<name>/metrics \
+#       --params wu/<name>/params.yaml --eval-dir wu/<name>/eval --made-on wu/<name>/made_on.json
+# and the study's records and storage are copied from results/table3 into ablations/results/.
 # A Wu et al. run is the DVC stages of dvc.yaml in their order in its own folder, on the
 # params.yaml that `dvc exp run -S experiment=multi30k_wu2021 -S <override>` would write;
 # the Table-3 study is `python -m pipeline.sweep ablations/table3.yaml` workers, one per
@@ -45,9 +52,11 @@ study = optuna.load_study(study_name=spec.study, storage='sqlite:///ablations/re
 done = {(t.params['variant'], t.params['seed']) for t in study.get_trials() if t.state.name == 'COMPLETE'}
 print(len(spec.grid()) - len(done))")
             echo "table3: starting $left workers"
+            mkdir -p "$RUNS/results" && cp -r ablations/results/table3 "$RUNS/results/"
             for i in $(seq 1 "$left"); do
                 setsid nohup nice -n 5 python3 -m pipeline.sweep ablations/table3.yaml \
-                    --work-dir "$RUNS/sweeps" >"$LOGS/table3-worker-$i.log" 2>&1 &
+                    --results-dir "$RUNS/results" --work-dir "$RUNS/sweeps" \
+                    >"$LOGS/table3-worker-$i.log" 2>&1 &
                 sleep 3
             done
             ;;
@@ -55,7 +64,7 @@ print(len(spec.grid()) - len(done))")
             IFS=: read -r _ name overrides <<<"$job"
             mkdir -p "$RUNS/wu/$name"
             (cd "$RUNS/wu/$name" && python3 -m pipeline.config experiment=multi30k_wu2021 \
-                $overrides >params.yaml) || exit 1
+                $overrides >params.yaml && python3 -m pipeline.environment >made_on.json) || exit 1
             echo "wu: $name ($overrides)"
             setsid nohup bash -c "cd $RUNS/wu/$name && for stage in prepare tokenize train evaluate; do python3 -m pipeline.stages.\$stage || exit; done" \
                 >"$LOGS/wu-$name.log" 2>&1 &
@@ -68,7 +77,7 @@ print(len(spec.grid()) - len(done))")
 running() { pgrep -f "pipeline\.(sweep|stages)|fairseq" | wc -l; }
 
 progress() {
-    echo "== $(date -u +%T) processes: $(running); table3 records: $(ls ablations/results/table3/trials | wc -l)"
+    echo "== $(date -u +%T) processes: $(running); table3 records: $(ls "$RUNS/results/table3/trials" 2>/dev/null | wc -l)"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     local log
     for log in "$LOGS"/*.log; do
@@ -86,11 +95,15 @@ wait_jobs() {
 }
 
 collect() {
-    # a consistent copy of the study's SQLite storage while workers may still write to it
-    python3 -c "import sqlite3; sqlite3.connect('ablations/results/table3/study.db').backup(sqlite3.connect('$RUNS/study.db'))"
-    tar czf "$OUT/results.tgz" --exclude study.db ablations/results/table3 \
-        -C "$RUNS" logs freeze.txt study.db \
-        $(cd "$RUNS" && ls -d wu/*/params.yaml wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null)
+    cd "$RUNS" || exit 1
+    local study=results/table3/study.db
+    if [[ -f $study ]]; then  # a consistent copy while workers may still write to it
+        python3 -c "import sqlite3; sqlite3.connect('$study').backup(sqlite3.connect('study-snapshot.db'))"
+    fi
+    # what a result needs, no checkpoints or data; in parts under the tool's 16 MiB a file
+    tar czf - --exclude study.db logs freeze.txt $(ls -d study-snapshot.db results 2>/dev/null) \
+        $(ls -d wu/*/params.yaml wu/*/made_on.json wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null) |
+        split -b 15M - "$OUT/results.tgz.part-"
     ls -la "$OUT"
 }
 

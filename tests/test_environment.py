@@ -40,6 +40,16 @@ def test_provenance_names_the_lock_by_its_hash():
     assert "cores" in recorded["hardware"] or " x " in recorded["hardware"]  # CPU or GPU
 
 
+def test_provenance_counts_the_packages_that_differ_from_the_lock(tmp_path, monkeypatch):
+    assert "environment_differences" not in environment.provenance()  # installed from it
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(LOCK_FILE.read_text() + "sacrebleu==0.0.1\nno-such-package==1.0\n")
+    monkeypatch.setattr(environment, "LOCK_FILE", lock)
+    recorded = environment.provenance()
+    assert recorded["environment_differences"] == 2
+    assert recorded["environment_lock"] == environment.lock_hash(lock)
+
+
 def test_a_copy_of_the_tree_without_git_records_the_commit_it_names(tmp_path, monkeypatch):
     monkeypatch.setattr(environment, "REPO_ROOT", tmp_path)  # files alone, no .git
     monkeypatch.delenv(environment.COMMIT_ENV, raising=False)

@@ -10,7 +10,7 @@ import sacrebleu
 import yaml
 
 from benchmarks import fairseq_peer, parity
-from pipeline import readme, results
+from pipeline import config, readme, results
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring
 from tests.conftest import REPO_ROOT
@@ -29,6 +29,7 @@ def committed(tmp_path, references):
     """Empty results folders, and writers of committed runs of each system scored against the
     real references."""
     root = tmp_path / "results"
+    wu_decoding = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))["eval"]
 
     def fairseq_result(name, translations, seed=1, max_update=3000, smoke=False):
         out = root / "parity" / f"{name}.json"
@@ -47,7 +48,8 @@ def committed(tmp_path, references):
         }  # fmt: skip
         out.write_text(json.dumps(payload))
 
-    def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE):
+    def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE,
+                decoding=wu_decoding):  # fmt: skip
         run = tmp_path / name
         metrics, hypotheses = run / "metrics", run / "eval"
         metrics.mkdir(parents=True)
@@ -63,7 +65,7 @@ def committed(tmp_path, references):
         for file, content in files.items():
             (metrics / file).write_text(json.dumps(content))
         params = {"experiment_name": recipe, "seed": seed, "train": {"max_steps": max_steps},
-                  "data": {"src_lang": "en", "tgt_lang": "de"}}  # fmt: skip
+                  "data": {"src_lang": "en", "tgt_lang": "de"}, "eval": decoding}  # fmt: skip
         (run / "params.yaml").write_text(yaml.safe_dump(params))
         command = f"dvc exp run -S experiment={recipe} -S seed={seed}"
         results.record(name, command, metrics, run / "params.yaml", root, hypotheses)
@@ -128,11 +130,16 @@ def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(commit
         our_row(f"wu_s{seed}.en-de", exact, seed=seed)
     our_row("wu_1000.en-de", exact, max_steps=1000)  # fairseq never ran 1000
     our_row("other.en-de", worse, recipe="multi30k_base")  # neither recipe
+    # decoded before the preset's length normalization changed (no key then: the default)
+    preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))["eval"]
+    earlier = {key: value for key, value in preset.items() if key != "length_normalization"}
+    our_row("wu_gnmt.en-de", worse, seed=0, decoding=earlier)
 
     block = parity.markdown(root, parity_dir)
     comparisons = [line for line in block.splitlines() if line.startswith("- ")]
     assert len(comparisons) == 1 and comparisons[0].startswith("- 3000 updates, 2 seed pair(s)")
     assert "multi30k_base" not in block and "| 1000 | 1000 |" in block
+    assert "| ours | multi30k_wu2021, eval.length_normalization gnmt | 0 | 3000 |" in block
 
 
 def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path):

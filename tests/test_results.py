@@ -89,6 +89,21 @@ def test_record_refuses_an_unfinished_run_naming_the_missing_file(tmp_path):
         results.record("x", "make repro", metrics, params, tmp_path / "results")
 
 
+def test_a_run_made_on_another_machine_keeps_that_machines_provenance(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.0)
+    there = {"commit": "abc1234", "hardware": "NVIDIA H100 80GB HBM3 x 1",
+             "environment_lock": "0123456789abcdef", "environment_differences": 40}  # fmt: skip
+    (tmp_path / "made_on.json").write_text(json.dumps(there))
+    results.cli(["--root", str(tmp_path / "results"), "record", "gpu.en-de", "--command", "c",
+                 "--metrics-dir", str(metrics), "--params", str(params),
+                 "--eval-dir", str(tmp_path / "run" / "eval"),
+                 "--made-on", str(tmp_path / "made_on.json")])  # fmt: skip
+    run = json.loads((tmp_path / "results" / "gpu.en-de" / "run.json").read_text())
+    assert {key: run[key] for key in there} == there
+    here = results.record("cpu.en-de", "c", metrics, params, tmp_path / "results")
+    assert json.loads((here / "run.json").read_text())["hardware"] != there["hardware"]
+
+
 def test_readme_results_table_is_the_committed_runs_table():
     rows = results.load_rows(REPO_ROOT / "results")
     assert results.readme_block(REPO_ROOT / "README.md") == results.table(rows)
