@@ -459,6 +459,31 @@ def fail_trials_without_heartbeat(
             retry(study, storage.get_trial(trial_id))
 
 
+def retry_failed(study: optuna.Study) -> list[dict[str, Any]]:
+    """Queue again every grid point whose last attempt failed with an error (a bug fixed since,
+    say: such a trial is never retried by itself, unlike a death or a preemption), its newest
+    failed attempt's params as a WAITING trial that resumes from the point's checkpoint, not
+    counted as a death. A point that is finished, waiting or running is left alone, so running
+    it twice queues nothing twice. Returns the points queued."""
+    attempts: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        # a trial still WAITING has its point only as the params it was enqueued with
+        params = trial.params or trial.system_attrs.get("fixed_params", {})
+        attempts.setdefault(tuple(sorted(params.items())), []).append(trial)
+    queued = []
+    for point, trials in attempts.items():
+        if any(t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+               for t in trials):  # fmt: skip
+            continue
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        if not failed:
+            continue  # pruned: the pruner's decision, not an error
+        newest = max(failed, key=lambda t: t.number)
+        RetryInterruptedTrial(max_retries=None)(study, newest, preempted=True)
+        queued.append(dict(point))
+    return queued
+
+
 def _count(study: optuna.Study, states: tuple[TrialState, ...]) -> int:
     return len(study.get_trials(deepcopy=False, states=states))
 
@@ -846,6 +871,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "storage for a commit (safe while workers run)",
     )
     parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run no trial: queue again every grid point whose last attempt failed with an "
+        "error (after fixing its cause); workers then resume it from its checkpoint",
+    )
+    parser.add_argument(
         "--work-dir",
         type=Path,
         default=WORK_ROOT,
@@ -862,6 +893,16 @@ def cli(argv: list[str] | None = None) -> None:
     storage = args.storage or default_storage(spec, args.results_dir)
     if args.git_add:
         git_add_study(args.results_dir / spec.study)
+        return
+    if args.retry_failed:
+        if spec.kind != "grid":
+            raise ConfigError(f"{args.spec}: --retry-failed is for grid studies (a search "
+                              "draws new trials in place of failed ones)")  # fmt: skip
+        study = open_study(spec, open_storage(storage, spec.settings))
+        queued = retry_failed(study)
+        for point in queued:
+            print(f"queued again: {_overrides_text(point)}")
+        print(f"{len(queued)} failed point(s) of study '{spec.study}' queued again")
         return
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
         run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir)

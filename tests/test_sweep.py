@@ -211,6 +211,37 @@ def test_a_retried_point_is_claimed_before_fresh_ones(tmp_path):
     assert sweep.claim_waiting_trial(study) is None
 
 
+def test_retry_failed_queues_each_point_that_failed_with_an_error_once(tmp_path, capsys):
+    """A trial that raised (a bug, fixed since) is never retried by itself; `--retry-failed`
+    queues its point again, first in line, and leaves finished, waiting and retried points
+    alone."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    spec_path = write_spec(tmp_path, "retry", variants=2, seeds=2)
+    spec = sweep.load_spec(spec_path)
+    study = sweep.open_study(spec, sweep.open_storage(url, spec.settings))
+    failed, finished, preempted = (sweep.claim_waiting_trial(study) for _ in range(3))
+    study.tell(failed, state=TrialState.FAIL)
+    study.tell(finished, 30.0)
+    study.tell(preempted, state=TrialState.FAIL)  # ... and queued again, as a worker does
+    sweep.RetryInterruptedTrial(max_retries=3)(study, study.trials[preempted.number], True)
+
+    sweep.cli([str(spec_path), "--storage", url, "--retry-failed"])
+    assert capsys.readouterr().out.endswith("1 failed point(s) of study 'retry' queued again\n")
+    study = load(spec_path, url)
+    queued = [t for t in study.trials if t.system_attrs.get("failed_trial") == failed.number]
+    assert len(queued) == 1 and queued[0].state == TrialState.WAITING
+    assert queued[0].params == study.trials[failed.number].params
+    assert queued[0].system_attrs["deaths"] == 0
+    sweep.cli([str(spec_path), "--storage", url, "--retry-failed"])  # again: nothing new
+    assert capsys.readouterr().out.startswith("0 failed point(s)")
+    assert len(load(spec_path, url).trials) == len(study.trials)
+    # the retried points go before the point never started
+    resumed = [sweep.claim_waiting_trial(study).number for _ in range(2)]
+    assert sorted(resumed) == sorted(
+        t.number for t in study.trials if "failed_trial" in t.system_attrs
+    )
+
+
 @pytest.mark.slow
 def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"race-{uuid.uuid4().hex[:8]}")
