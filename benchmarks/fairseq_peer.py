@@ -314,16 +314,47 @@ def torch_install_args(args: argparse.Namespace) -> list[str]:
 
 
 VENV_STEPS = ("venv", "torch_dry_run", "torch", "dependencies", "fairseq")
+SITE_PACKAGES_STEP = "site_packages"  # after "venv", with --system-site-packages only
+SITE_PACKAGES_PTH = "fairseq-peer-python.pth"
+
+# Run by the new venv's python with `--python` as its argument: a venv made with
+# --system-site-packages from a venv's interpreter sees the *base* interpreter's packages, not
+# that venv's; a .pth file adds `--python`'s site-packages directories the new venv does not
+# already see (site.addsitedir: their own .pth files count too). None missing (a plain system
+# Python), nothing written.
+LINK_SITE_PACKAGES = (
+    "import json, os, site, subprocess, sys, sysconfig;"
+    "dirs = json.loads(subprocess.run([sys.argv[1], '-c', 'import json, site;"
+    " print(json.dumps(site.getsitepackages()))'], capture_output=True, text=True,"
+    " check=True).stdout);"
+    "seen = {os.path.realpath(p) for p in sys.path};"
+    "missing = [d for d in dirs if os.path.isdir(d) and os.path.realpath(d) not in seen];"
+    "pth = os.path.join(sysconfig.get_path('purelib'), sys.argv[2]);"
+    "missing and open(pth, 'w').write(''.join("
+    "f'import site; site.addsitedir({d!r})\\n' for d in missing));"
+    "print(f'{sys.argv[1]}: site-packages added in {pth}:' if missing else"
+    " f'{sys.argv[1]}: its site-packages already seen', *missing)"
+)
+
+
+def venv_step_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The names of `venv_commands`, in their order."""
+    if not args.system_site_packages:
+        return VENV_STEPS
+    return (VENV_STEPS[0], SITE_PACKAGES_STEP, *VENV_STEPS[1:])
 
 
 def venv_commands(args: argparse.Namespace, torch_report: Path) -> list[list[str]]:
     """The build, in order: venv, torch (a dry run first, checked by `check_torch_report`),
     fairseq's dependencies (torch pinned again so nothing replaces it), fairseq itself. With
-    `--system-site-packages` the venv sees the base Python's packages, and pip installs none
-    that already satisfies its requirement."""
+    `--system-site-packages` the venv sees the base Python's packages and, a step of its own
+    before torch's dry run, those of `--python` (when a venv itself, e.g. a GPU machine's
+    torch venv); pip installs none that already satisfies its requirement."""
     system = ["--system-site-packages"] if args.system_site_packages else []
+    link = [[venv_bin(args, "python"), "-c", LINK_SITE_PACKAGES, args.python, SITE_PACKAGES_PTH]]
     return [
         [args.python, "-m", "venv", *system, str(args.venv)],
+        *(link if args.system_site_packages else []),
         pip(
             args, "--dry-run", "--no-deps", "--report", str(torch_report), *torch_install_args(args)
         ),
@@ -392,7 +423,9 @@ def ensure_venv(args: argparse.Namespace, env: dict) -> dict:
     log = venv.parent / f"{venv.name}-build.log"
     steps = {}
     with open(log, "w") as log_file:
-        for name, command in zip(VENV_STEPS, venv_commands(args, report_path)):
+        for name, command in zip(
+            venv_step_names(args), venv_commands(args, report_path), strict=True
+        ):
             step_start = time.perf_counter()
             run_command(command, env, log_file)
             steps[name] = time.perf_counter() - step_start

@@ -5,10 +5,16 @@
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
 #       <the lock's packages that the GPU image lacks>
 #   cp -r ../shared/data/multi30k .devrun/multi30k
+#   (fairseq jobs) fairseq-fixed==0.12.3.1's sdist and the wheels of its dependencies that the
+#   image lacks (hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3, bitarray, subword-nmt,
+#   sacremoses, cffi) in .devrun/fairseq-wheels: a `run` carries at most 64 MiB, so a call
+#   that carries these may leave .whl out (what an earlier call installed stays there).
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
-#   scripts/lent_gpu.sh start <commit> [table3] [wu:<name>:<override>...]  # background jobs
+#   scripts/lent_gpu.sh start <commit> [table3] [wu:<name>:<override>...] \
+#       [fairseq:<name>:<benchmarks.fairseq_peer options>...]              # background jobs
 #   scripts/lent_gpu.sh wait_jobs <seconds>  # progress until every job ended or time is up
-#   scripts/lent_gpu.sh collect            # $OUT/results.tgz.part-*: records, metrics, hypotheses
+#   scripts/lent_gpu.sh collect            # $OUT/results.tgz.part-*: records, metrics, hypotheses,
+#                                          # each Wu run's averaged model (eval/model.ckpt: decoding searches)
 # Issue the next `run` at once when one returns: a machine idle for 30 s is given back, and
 # the jobs die with it. Everything a job writes lives under $RUNS, outside the tree: each
 # `run` copies the tree again, replacing tracked files (a study's storage, its records).
@@ -69,6 +75,22 @@ print(len(spec.grid()) - len(done))")
             setsid nohup bash -c "cd $RUNS/wu/$name && for stage in prepare tokenize train evaluate; do python3 -m pipeline.stages.\$stage || exit; done" \
                 >"$LOGS/wu-$name.log" 2>&1 &
             ;;
+        fairseq:*)
+            IFS=: read -r _ name options <<<"$job"
+            mkdir -p "$RUNS/fairseq"
+            local venv_options
+            venv_options="--device cuda --system-site-packages --venv /tmp/fairseq-venv
+                --torch-spec torch==$(python3 -c "import torch; print(torch.__version__.split('+')[0])")"
+            # its own venv over the image's torch, built once before the jobs share it; pip
+            # reads the carried wheels, offline
+            export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
+            python3 -m benchmarks.fairseq_peer --build-venv-only $venv_options \
+                >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; exit 1; }
+            echo "fairseq: $name ($options)"
+            setsid nohup python3 -m benchmarks.fairseq_peer --out "$RUNS/fairseq/$name.json" \
+                $venv_options --work-dir "$RUNS/fairseq-work/$name" $options \
+                >"$LOGS/fairseq-$name.log" 2>&1 &
+            ;;
         *) echo "unknown job $job" && exit 2 ;;
         esac
     done
@@ -102,7 +124,8 @@ collect() {
     fi
     # what a result needs, no checkpoints or data; in parts under the tool's 16 MiB a file
     tar czf - --exclude study.db logs freeze.txt $(ls -d study-snapshot.db results 2>/dev/null) \
-        $(ls -d wu/*/params.yaml wu/*/made_on.json wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null) |
+        $(ls -d wu/*/params.yaml wu/*/made_on.json wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null) \
+        $(ls -d fairseq 2>/dev/null) |
         split -b 15M - "$OUT/results.tgz.part-"
     ls -la "$OUT"
 }

@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -202,6 +205,54 @@ def test_system_site_packages_makes_the_venv_and_is_part_of_its_spec(tmp_path):
     assert "system_site_packages" not in fairseq_peer.venv_spec(plain)  # old records still match
     assert fairseq_peer.venv_spec(shared) == {**fairseq_peer.venv_spec(plain),
                                                "system_site_packages": True}  # fmt: skip
+
+
+def test_system_site_packages_venv_sees_the_packages_of_a_venv_python(tmp_path):
+    """A venv made with --system-site-packages from a venv's interpreter (a GPU machine's
+    torch venv; here this project's venv) sees that venv's packages too, before torch's dry run;
+    a base interpreter's are already seen (nothing written), and without the flag there is no
+    such step. Real venvs (without fairseq, torch or pip installs): the harness's steps up to
+    the torch dry run."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    has = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sacrebleu') is None)"
+    if sys.prefix == sys.base_prefix or subprocess.run([str(base), "-c", has]).returncode == 0:
+        pytest.skip("needs a venv with sacrebleu over a base Python without it")
+
+    def run_steps(args, *wanted: str) -> Path:
+        """Run the harness's build steps named `wanted`; the venv's site-packages."""
+        names = fairseq_peer.venv_step_names(args)
+        commands = fairseq_peer.venv_commands(args, tmp_path / "report.json")
+        assert len(names) == len(commands)
+        with open(tmp_path / "build.log", "a") as log:
+            for name, command in zip(names, commands):
+                if name in wanted:
+                    fairseq_peer.run_command(command, fairseq_peer.tool_env(args), log)
+        return next(Path(args.venv).glob("lib/python*/site-packages"))
+
+    def imports(venv: Path) -> bool:
+        check = [str(venv / "bin" / "python"), "-c", "import sacrebleu"]
+        return subprocess.run(check, capture_output=True).returncode == 0
+
+    plain = args_for("--venv", str(tmp_path / "plain"))
+    assert fairseq_peer.venv_step_names(plain) == fairseq_peer.VENV_STEPS
+    site_packages = run_steps(plain, "venv")
+    assert not (site_packages / fairseq_peer.SITE_PACKAGES_PTH).exists()
+    assert not any("addsitedir" in f.read_text() for f in site_packages.glob("*.pth"))
+    assert not imports(plain.venv)
+
+    shared = args_for("--venv", str(tmp_path / "shared"), "--system-site-packages")
+    assert shared.python == sys.executable  # the default --python: this project's venv
+    names = fairseq_peer.venv_step_names(shared)
+    assert names[:3] == ("venv", fairseq_peer.SITE_PACKAGES_STEP, "torch_dry_run")
+    site_packages = run_steps(shared, "venv")
+    pth = site_packages / fairseq_peer.SITE_PACKAGES_PTH
+    assert not imports(shared.venv)  # the bug: the base Python's packages only
+    on_base = args_for("--venv", str(shared.venv), "--system-site-packages", "--python", str(base))
+    run_steps(on_base, fairseq_peer.SITE_PACKAGES_STEP)
+    assert not pth.exists()  # a base Python's site-packages: already seen
+    run_steps(shared, fairseq_peer.SITE_PACKAGES_STEP)
+    assert sysconfig.get_path("purelib") in pth.read_text()
+    assert imports(shared.venv)
 
 
 def test_venv_is_reused_or_refused_without_building_anything(tmp_path):
