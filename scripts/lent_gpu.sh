@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long runs of issues #18 and #19 on a lent GPU machine (the `device` tool's `run`), which
 # gets a copy of the work tree without .git, has no internet, and holds its own torch (CUDA).
-# Prepared here, on the machine with pip (wheels and corpus are ignored, carried folders):
+# Prepared here, on the machine with pip (wheels and corpus in folders that .git/info/exclude
+# lists, `/.whl/` and `/.devrun/`: ignored, so never committed, and named in the run's carry):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
 #       <the lock's packages that the GPU image lacks>
 #   cp -r ../shared/data/multi30k .devrun/multi30k
