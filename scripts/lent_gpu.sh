@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The long runs of issues #18 and #19 on a lent GPU machine (the `device` tool's `run`), which
-# gets a copy of the work tree without .git, has no internet, and holds its own torch (CUDA).
+# Long runs on a lent GPU machine (the `device` tool's `run`), which gets a copy of the work
+# tree without .git, has no internet, and holds its own torch (CUDA). The same script runs on
+# a CPU machine (no GPU steps then): tests/test_lent_gpu.py runs it end to end there.
 # Prepared here, on the machine with pip (wheels and corpus in folders that .git/info/exclude
 # lists, `/.whl/` and `/.devrun/`: ignored, so never committed, and named in the run's carry):
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
@@ -11,97 +12,130 @@
 #   sacremoses, cffi) in .devrun/fairseq-wheels: a `run` carries at most 64 MiB, so a call
 #   that carries these may leave .whl out (what an earlier call installed stays there).
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
-#   scripts/lent_gpu.sh start <commit> [table3] [wu:<name>:<override>...] \
-#       [fairseq:<name>:<benchmarks.fairseq_peer options>...]              # background jobs
-#   scripts/lent_gpu.sh wait_jobs <seconds>  # progress until every job ended or time is up
-#   scripts/lent_gpu.sh collect            # $OUT/results.tgz.part-*: records, metrics, hypotheses,
-#                                          # each Wu run's averaged model (eval/model.ckpt: decoding searches)
+#   scripts/lent_gpu.sh start <commit> <job>...   # the jobs, in the background
+#   scripts/lent_gpu.sh wait_jobs <seconds>       # progress until every job ended or time is up
+#   scripts/lent_gpu.sh collect                   # $OUT/results.tgz.part-*
+# Jobs:
+#   study:<spec>                  one `python -m pipeline.sweep <spec>` worker per point left
+#   dvc:<name>:<overrides>        the stages of dvc.yaml in their order, in a folder of their
+#                                 own, on the params.yaml `dvc exp run -S <override>...` writes
+#   wu:<name>:<overrides>         dvc:<name>:experiment=multi30k_wu2021 <overrides>
+#   fairseq:<name>:<options>      python -m benchmarks.fairseq_peer <options> --device cuda
 # Issue the next `run` at once when one returns: a machine idle for 30 s is given back, and
 # the jobs die with it. Everything a job writes lives under $RUNS, outside the tree: each
 # `run` copies the tree again, replacing tracked files (a study's storage, its records).
-# Back here: `cat results.tgz.part-* | tar xz`; a Wu run is recorded with
-#   python -m pipeline.results record <name> --command ... --metrics-dir wu/<name>/metrics \
-#       --params wu/<name>/params.yaml --eval-dir wu/<name>/eval --made-on wu/<name>/made_on.json
-# and the study's records and storage are copied from results/table3 into ablations/results/.
-# A Wu et al. run is the DVC stages of dvc.yaml in their order in its own folder, on the
-# params.yaml that `dvc exp run -S experiment=multi30k_wu2021 -S <override>` would write;
-# the Table-3 study is `python -m pipeline.sweep ablations/table3.yaml` workers, one per
-# point left.
+# What comes back (`cat results.tgz.part-* | tar xz`): logs/, results/<study>/ (records and a
+# consistent snapshot of study.db: copy them into ablations/results/), dvc/<name>/ (params,
+# metrics, hypotheses, the averaged model eval/model.ckpt, made_on.json: record it with
+#   python -m pipeline.results record <row> --command ... --metrics-dir dvc/<name>/metrics \
+#       --params dvc/<name>/params.yaml --eval-dir dvc/<name>/eval --made-on dvc/<name>/made_on.json)
+# and fairseq/<name>.json with its hypotheses (results/parity/).
 set -u
 ROOT=$(pwd)
-RUNS=/tmp/lent-gpu
+RUNS=${LENT_GPU_RUNS:-/tmp/lent-gpu}
+WHEELS=${LENT_GPU_WHEELS:-.whl}  # carried
+SITE=${LENT_GPU_SITE:-/tmp/site}  # ... installed
+PYTHON=${PYTHON:-python3}
 LOGS=$RUNS/logs
-export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled} MULTI30K_DIR=$ROOT/.devrun/multi30k
-export PYTHONPATH=/tmp/site:$ROOT OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled}
+export MULTI30K_DIR=${MULTI30K_DIR:-$ROOT/.devrun/multi30k}
+export PYTHONPATH=$SITE:$ROOT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=1
+
+# Points of `spec` not yet COMPLETE in the SQLite storage file `$2` (all: no file yet).
+points_left() {
+    "$PYTHON" -c "
+import os, sys, optuna
+from pipeline.sweep import load_spec
+spec, path = load_spec(sys.argv[1]), sys.argv[2]
+trials = []
+if os.path.exists(path):
+    trials = optuna.load_study(study_name=spec.study, storage=f'sqlite:///{path}').get_trials()
+done = {tuple(sorted(t.params.items())) for t in trials if t.state.name == 'COMPLETE'}
+print(len(spec.grid()) - len(done))" "$1" "$2"
+}
+
+start_study() {
+    local spec=$1 study
+    study=$("$PYTHON" -c "import sys; from pipeline.sweep import load_spec; print(load_spec(sys.argv[1]).study)" "$spec")
+    mkdir -p "$RUNS/results"
+    [[ -d ablations/results/$study ]] && cp -r "ablations/results/$study" "$RUNS/results/"
+    local left
+    left=$(points_left "$spec" "$RUNS/results/$study/study.db") || exit 1
+    echo "study $study: starting $left workers"
+    for i in $(seq 1 "$left"); do
+        setsid nohup nice -n 5 "$PYTHON" -m pipeline.sweep "$spec" --results-dir "$RUNS/results" \
+            --work-dir "$RUNS/sweeps" >"$LOGS/$study-worker-$i.log" 2>&1 &
+        sleep 3  # the first creates the study and enqueues its grid
+    done
+}
+
+start_dvc() {
+    local name=$1 overrides=$2 folder=$RUNS/dvc/$1
+    mkdir -p "$folder"
+    # shellcheck disable=SC2086 # the overrides are words
+    (cd "$folder" && "$PYTHON" -m pipeline.config $overrides >params.yaml &&
+        "$PYTHON" -m pipeline.environment >made_on.json) || exit 1
+    echo "dvc: $name ($overrides)"
+    setsid nohup bash -c "cd $folder && for stage in prepare tokenize train evaluate; do $PYTHON -m pipeline.stages.\$stage || exit; done" \
+        >"$LOGS/dvc-$name.log" 2>&1 &
+}
+
+start_fairseq() {
+    local name=$1 options=$2 venv_options
+    mkdir -p "$RUNS/fairseq"
+    venv_options="--device cuda --system-site-packages --venv /tmp/fairseq-venv
+        --torch-spec torch==$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])")"
+    # its own venv over the image's torch, built once before the jobs share it; pip reads the
+    # carried wheels, offline
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
+    # shellcheck disable=SC2086
+    "$PYTHON" -m benchmarks.fairseq_peer --build-venv-only $venv_options \
+        >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; exit 1; }
+    echo "fairseq: $name ($options)"
+    # shellcheck disable=SC2086
+    setsid nohup "$PYTHON" -m benchmarks.fairseq_peer --out "$RUNS/fairseq/$name.json" \
+        $venv_options --work-dir "$RUNS/fairseq-work/$name" $options \
+        >"$LOGS/fairseq-$name.log" 2>&1 &
+}
 
 start() {
     export TRANSFORMER_ABLATIONS_COMMIT=$1
     shift
     mkdir -p "$LOGS"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl >"$LOGS/pip.log" 2>&1 || { tail "$LOGS/pip.log"; exit 1; }
-    nvidia-smi -L
-    python3 -c "import torch, lightning, optuna, datasets, dvclive, hydra, sacremoses
-print('torch', torch.__version__, torch.cuda.get_device_name(0))" || exit 1
-    # MPS lets the small kernels of many processes share the GPU instead of time-slicing it
-    nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "no MPS: time-slicing"
-    python3 -m pip freeze >"$RUNS/freeze.txt" 2>/dev/null
-    local job
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "$WHEELS"/*.whl >"$LOGS/pip.log" 2>&1 ||
+            { tail "$LOGS/pip.log"; exit 1; }
+    fi
+    "$PYTHON" -c "import torch, lightning, optuna, datasets, dvclive, hydra, sacremoses
+print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')" || exit 1
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi -L
+        # MPS lets the small kernels of many processes share the GPU instead of time-slicing it
+        nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "no MPS: time-slicing"
+    fi
+    "$PYTHON" -m pip freeze --path "$SITE" >"$RUNS/freeze-carried.txt" 2>/dev/null
+    "$PYTHON" -m pip freeze >"$RUNS/freeze.txt" 2>/dev/null
+    local job kind name rest
     for job in "$@"; do
-        case $job in
-        table3)
-            local left
-            left=$(python3 -c "
-import optuna
-from pipeline.sweep import load_spec
-spec = load_spec('ablations/table3.yaml')
-study = optuna.load_study(study_name=spec.study, storage='sqlite:///ablations/results/table3/study.db')
-done = {(t.params['variant'], t.params['seed']) for t in study.get_trials() if t.state.name == 'COMPLETE'}
-print(len(spec.grid()) - len(done))")
-            echo "table3: starting $left workers"
-            mkdir -p "$RUNS/results" && cp -r ablations/results/table3 "$RUNS/results/"
-            for i in $(seq 1 "$left"); do
-                setsid nohup nice -n 5 python3 -m pipeline.sweep ablations/table3.yaml \
-                    --results-dir "$RUNS/results" --work-dir "$RUNS/sweeps" \
-                    >"$LOGS/table3-worker-$i.log" 2>&1 &
-                sleep 3
-            done
-            ;;
-        wu:*)
-            IFS=: read -r _ name overrides <<<"$job"
-            mkdir -p "$RUNS/wu/$name"
-            (cd "$RUNS/wu/$name" && python3 -m pipeline.config experiment=multi30k_wu2021 \
-                $overrides >params.yaml && python3 -m pipeline.environment >made_on.json) || exit 1
-            echo "wu: $name ($overrides)"
-            setsid nohup bash -c "cd $RUNS/wu/$name && for stage in prepare tokenize train evaluate; do python3 -m pipeline.stages.\$stage || exit; done" \
-                >"$LOGS/wu-$name.log" 2>&1 &
-            ;;
-        fairseq:*)
-            IFS=: read -r _ name options <<<"$job"
-            mkdir -p "$RUNS/fairseq"
-            local venv_options
-            venv_options="--device cuda --system-site-packages --venv /tmp/fairseq-venv
-                --torch-spec torch==$(python3 -c "import torch; print(torch.__version__.split('+')[0])")"
-            # its own venv over the image's torch, built once before the jobs share it; pip
-            # reads the carried wheels, offline
-            export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
-            python3 -m benchmarks.fairseq_peer --build-venv-only $venv_options \
-                >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; exit 1; }
-            echo "fairseq: $name ($options)"
-            setsid nohup python3 -m benchmarks.fairseq_peer --out "$RUNS/fairseq/$name.json" \
-                $venv_options --work-dir "$RUNS/fairseq-work/$name" $options \
-                >"$LOGS/fairseq-$name.log" 2>&1 &
-            ;;
+        IFS=: read -r kind name rest <<<"$job"
+        case $kind in
+        study) start_study "$name" ;;
+        dvc) start_dvc "$name" "$rest" ;;
+        wu) start_dvc "$name" "experiment=multi30k_wu2021 $rest" ;;
+        fairseq) start_fairseq "$name" "$rest" ;;
         *) echo "unknown job $job" && exit 2 ;;
         esac
     done
 }
 
-running() { pgrep -f "pipeline\.(sweep|stages)|fairseq" | wc -l; }
+# This run's jobs: every one has $RUNS in its command line (a stage, in its parent shell's).
+running() { pgrep -f -- "$RUNS/" | wc -l; }
 
 progress() {
-    echo "== $(date -u +%T) processes: $(running); table3 records: $(ls "$RUNS/results/table3/trials" 2>/dev/null | wc -l)"
-    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    echo "== $(date -u +%T) processes: $(running); study records: $(find "$RUNS/results" -path '*/trials/*' -name run.json 2>/dev/null | wc -l)"
+    command -v nvidia-smi >/dev/null &&
+        nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     local log
     for log in "$LOGS"/*.log; do
         printf '%s: %s\n' "$(basename "$log")" "$(tr '\r' '\n' <"$log" | grep -v '^\s*$' | tail -1 | cut -c1-160)"
@@ -112,22 +146,25 @@ wait_jobs() {
     local until=$((SECONDS + $1))
     while ((SECONDS < until)) && (($(running) > 0)); do
         progress
-        sleep 60
+        sleep "${LENT_GPU_POLL:-60}"
     done
     progress
 }
 
 collect() {
     cd "$RUNS" || exit 1
-    local study=results/table3/study.db
-    if [[ -f $study ]]; then  # a consistent copy while workers may still write to it
-        python3 -c "import sqlite3; sqlite3.connect('$study').backup(sqlite3.connect('study-snapshot.db'))"
-    fi
+    local storage
+    for storage in results/*/study.db; do  # a consistent copy while workers may still write
+        [[ -f $storage ]] && "$PYTHON" -c "import sqlite3, sys
+sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$storage" "$storage.snapshot"
+    done
     # what a result needs, no checkpoints or data; in parts under the tool's 16 MiB a file
-    tar czf - --exclude study.db logs freeze.txt $(ls -d study-snapshot.db results 2>/dev/null) \
-        $(ls -d wu/*/params.yaml wu/*/made_on.json wu/*/metrics wu/*/eval wu/*/plots 2>/dev/null) \
-        $(ls -d fairseq 2>/dev/null) |
+    # shellcheck disable=SC2046
+    tar czf - --exclude study.db --exclude wandb --transform 's/study\.db\.snapshot$/study.db/' logs freeze*.txt \
+        $(ls -d results dvc/*/params.yaml dvc/*/made_on.json dvc/*/metrics dvc/*/eval dvc/*/plots \
+            fairseq 2>/dev/null) |
         split -b 15M - "$OUT/results.tgz.part-"
+    rm -f results/*/study.db.snapshot
     ls -la "$OUT"
 }
 

@@ -1,0 +1,88 @@
+"""scripts/lent_gpu.sh, the long runs on a lent GPU machine, run end to end on this CPU: a study
+and a DVC-stage run started in the background, waited for, and packed for the trip back; nothing
+written into the tree (a lent machine's next command copies the tree again)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tests.conftest import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "lent_gpu.sh"
+
+
+@pytest.mark.slow
+def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, multi30k_dir):
+    study = f"lent-{os.getpid()}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "study": study, "kind": "grid", "base_experiment": "smoke",
+        "budget": {"train.max_steps": 10, "train.val_check_interval": 5, "eval.average": 1},
+        "objective": {"metric": "val/bleu", "direction": "maximize"}, "seeds": [1],
+        "variants": {"base": {}, "heads_1": {"model.heads": 1}},
+    }))  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "LENT_GPU_RUNS": str(tmp_path / "runs"),
+        "LENT_GPU_SITE": str(tmp_path / "site"),
+        "LENT_GPU_WHEELS": str(tmp_path / "no-wheels"),  # this machine has what it needs
+        "LENT_GPU_POLL": "2",
+        "PYTHON": sys.executable,
+        "MULTI30K_DIR": str(multi30k_dir),
+        "OUT": str(out),
+    }
+
+    def script(*args: str, timeout: float) -> str:
+        done = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=env, text=True,
+                              capture_output=True, timeout=timeout)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    started = script("start", "abc1234", f"study:{spec}",
+                     "dvc:smoke:experiment=smoke train.max_steps=10 train.val_check_interval=5 eval.average=1",
+                     timeout=120)  # fmt: skip
+    assert f"study {study}: starting 2 workers" in started and "dvc: smoke" in started
+    waited = script("wait_jobs", "600", timeout=660)
+    last = [line for line in waited.splitlines() if line.startswith("== ")][-1]
+    assert "processes: 0;" in last, waited  # every job ended
+    script("collect", timeout=60)
+
+    back = tmp_path / "back"
+    parts = sorted(out.glob("results.tgz.part-*"))
+    with open(tmp_path / "results.tgz", "wb") as whole:
+        for part in parts:
+            whole.write(part.read_bytes())
+    with tarfile.open(tmp_path / "results.tgz") as archive:
+        archive.extractall(back, filter="data")
+    # the study: every point COMPLETE in the storage's snapshot, each with its record
+    storage = f"sqlite:///{back / 'results' / study / 'study.db'}"
+    trials = optuna.load_study(study_name=study, storage=storage).get_trials()
+    assert sorted(t.params["variant"] for t in trials if t.state == TrialState.COMPLETE) == [
+        "base", "heads_1"
+    ]  # fmt: skip
+    for point in ("base-seed1", "heads_1-seed1"):
+        record = back / "results" / study / "trials" / point
+        assert json.loads((record / "run.json").read_text())["hardware"]
+        translations = (record / "test_2016_flickr.hyp").read_text().splitlines()
+        assert len(translations) == 1000  # test2016's sentences (10 updates: mostly empty)
+    # the DVC-stage run: its metrics, hypotheses, averaged model and provenance
+    run = back / "dvc" / "smoke"
+    evaluation = json.loads((run / "metrics" / "eval.json").read_text())
+    assert {"val", "test_2016_flickr"} <= evaluation.keys()
+    assert (run / "eval" / "model.ckpt").stat().st_size > 0
+    assert yaml.safe_load((run / "params.yaml").read_text())["train"]["max_steps"] == 10
+    made_on = json.loads((run / "made_on.json").read_text())
+    assert made_on["commit"] and made_on["hardware"]
+    assert (back / "logs" / f"{study}-worker-1.log").exists()
+    assert not (REPO_ROOT / "ablations" / "results" / study).exists()  # nothing in the tree
