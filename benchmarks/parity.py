@@ -99,24 +99,30 @@ DECODING_KEYS = ("beam_size", "length_penalty", "length_normalization", "max_len
                  "average", "average_by")  # fmt: skip
 
 
-def decoding_changes(params: dict) -> list[str]:
+def decoding_changes(params: dict, preset: dict) -> list[str]:
     """`eval.<key> <value>` for each decoding setting in which a recorded row differs from
-    Wu et al.'s preset as `conf/` composes it now (a key the row predates has the default of
-    `EvalConfig`, as it had then)."""
+    Wu et al.'s `preset` eval settings (`wu_preset_eval`; a key the row predates has the
+    default of `EvalConfig`, as it had then)."""
     from dataclasses import asdict
 
     from pipeline import config
 
-    preset = config.to_dict(config.compose([f"experiment={WU_RECIPE}"]))["eval"]
     recorded = {**asdict(config.EvalConfig()), **params.get("eval", {})}
     return [f"eval.{key} {recorded[key]}" for key in DECODING_KEYS if recorded[key] != preset[key]]
+
+
+def wu_preset_eval() -> dict:
+    """The eval settings of Wu et al.'s preset as `conf/` composes it now."""
+    from pipeline import config
+
+    return config.to_dict(config.compose([f"experiment={WU_RECIPE}"]))["eval"]
 
 
 def our_runs(results_root: Path) -> list[Run]:
     """Our recorded rows of Wu et al.'s recipe, and the default recipe's `make repro` rows. A
     row of Wu et al.'s recipe decoded under other settings than the preset's now is named
     with them (`multi30k_wu2021, eval.length_normalization gnmt`) and so not compared."""
-    runs = []
+    runs, preset = [], None
     for row in results.load_rows(results_root):
         params, train, run = row["params"], row["train.json"], row[results.RUN_FILE]
         recipe = params["experiment_name"]
@@ -124,8 +130,10 @@ def our_runs(results_root: Path) -> list[Run]:
             continue
         if (params["data"]["src_lang"], params["data"]["tgt_lang"]) != ("en", "de"):
             continue
-        if recipe == WU_RECIPE and (changes := decoding_changes(params)):
-            recipe = ", ".join([recipe, *changes])
+        if recipe == WU_RECIPE:
+            preset = preset or wu_preset_eval()  # composed once, for the first such row
+            if changes := decoding_changes(params, preset):
+                recipe = ", ".join([recipe, *changes])
         folder = results_root / row["name"]
         runs.append(Run(
             system="ours",
