@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.errors import ConfigError
+from pipeline.model.length_penalty import LENGTH_NORMALIZATIONS
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
@@ -309,9 +310,9 @@ def validate(cfg: Config) -> Config:
     )
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
     _check(
-        e.length_normalization in ("gnmt", "fairseq"),
+        e.length_normalization in LENGTH_NORMALIZATIONS,
         "eval.length_normalization",
-        f"must be 'gnmt' or 'fairseq', got '{e.length_normalization}'",
+        f"must be one of {sorted(LENGTH_NORMALIZATIONS)}, got '{e.length_normalization}'",
     )
     _check(
         e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,

@@ -313,7 +313,8 @@ def translate_with_ctranslate2(
     conf/eval (`length_penalty` is alpha of `length_normalization`). `max_tokens`: source
     tokens per CTranslate2 batch (0: each group of sentences with one length limit is one
     batch)."""
-    from pipeline.model.decoding import Hypothesis, length_normalizer
+    from pipeline.model.decoding import Hypothesis
+    from pipeline.model.length_penalty import length_normalizer
 
     tokenizer, limit, translator = exported.tokenizer, exported.max_positions, exported.translator
     groups: dict[int, list[int]] = {}  # sentence indices by their length limit

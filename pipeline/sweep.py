@@ -417,8 +417,9 @@ def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     waiting.sort(key=lambda trial: ("failed_trial" not in trial.system_attrs, trial.number))
     for frozen in waiting:
         try:
+            # Its first heartbeat comes from `heartbeat` as the trial starts; a worker that dies
+            # in between leaves a trial `fail_trials_without_heartbeat` retries.
             if study._storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
-                study._storage.record_heartbeat(frozen._trial_id)  # at once: see `heartbeat`
                 return optuna.Trial(study, frozen._trial_id)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue

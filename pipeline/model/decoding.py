@@ -8,6 +8,8 @@ length-normalised score of GNMT (Wu et al. 2016), as the paper's "length penalty
 
     score(Y) = log P(Y | X) / lp(Y),    lp(Y) = ((5 + |Y|) / 6) ** alpha
 
+(or fairseq's lp(Y) = |Y| ** alpha: `pipeline.model.length_penalty`)
+
 with |Y| counting the generated tokens including the final eos. The maximum output length is
 a * src_len + b tokens (src_len = the sentence's non-pad source tokens), capped so that every
 position fits in `model.max_positions`.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pipeline.model.length_penalty import LENGTH_NORMALIZATIONS
 from pipeline.model.transformer import DecoderCache
 
 
@@ -36,20 +39,6 @@ class Hypothesis:
 
     tokens: list[int]
     score: float
-
-
-# What a finished hypothesis's summed log-probability is divided by, |Y| counting its eos.
-LENGTH_NORMALIZATIONS = {
-    # GNMT (Wu et al. 2016, section 7): lp(Y) = ((5 + |Y|) / 6) ** alpha
-    "gnmt": lambda length, alpha: ((5 + length) / 6) ** alpha,
-    # |Y| ** alpha: fairseq-generate's --lenpen, CTranslate2's length_penalty
-    "fairseq": lambda length, alpha: length**alpha,
-}
-
-
-def length_normalizer(length: int, alpha: float, normalization: str = "gnmt") -> float:
-    """lp(Y) of a hypothesis of `length` tokens under `normalization` (LENGTH_NORMALIZATIONS)."""
-    return LENGTH_NORMALIZATIONS[normalization](length, alpha)
 
 
 def max_output_lengths(model: nn.Module, src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
