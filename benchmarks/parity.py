@@ -94,34 +94,44 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
     return runs
 
 
-# The decoding settings of Wu et al.'s recipe that its rows are compared under
-DECODING_KEYS = ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b",
-                 "average", "average_by")  # fmt: skip
+# The settings of Wu et al.'s recipe that its rows are compared under, besides the budget: how
+# updates are batched and how the model decodes
+RECIPE_KEYS = {
+    "train": ("max_tokens", "batch_budget", "accumulate_grad_batches"),
+    "eval": ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b",
+             "average", "average_by"),
+}  # fmt: skip
 
 
-def decoding_changes(params: dict, preset: dict) -> list[str]:
-    """`eval.<key> <value>` for each decoding setting in which a recorded row differs from
-    Wu et al.'s `preset` eval settings (`wu_preset_eval`; a key the row predates has the
-    default of `EvalConfig`, as it had then)."""
+def recipe_changes(params: dict, preset: dict) -> list[str]:
+    """`<section>.<key> <value>` for each setting of RECIPE_KEYS in which a recorded row differs
+    from Wu et al.'s `preset` (`wu_preset`; a key the row predates has the default of its
+    config dataclass, as it had then)."""
     from dataclasses import asdict
 
     from pipeline import config
 
-    recorded = {**asdict(config.EvalConfig()), **params.get("eval", {})}
-    return [f"eval.{key} {recorded[key]}" for key in DECODING_KEYS if recorded[key] != preset[key]]
+    defaults = {"train": asdict(config.TrainConfig()), "eval": asdict(config.EvalConfig())}
+    changes = []
+    for section, keys in RECIPE_KEYS.items():
+        recorded = {**defaults[section], **params.get(section, {})}
+        changes += [f"{section}.{key} {recorded[key]}" for key in keys
+                    if recorded[key] != preset[section][key]]  # fmt: skip
+    return changes
 
 
-def wu_preset_eval() -> dict:
-    """The eval settings of Wu et al.'s preset as `conf/` composes it now."""
+def wu_preset() -> dict:
+    """Wu et al.'s preset as `conf/` composes it now."""
     from pipeline import config
 
-    return config.to_dict(config.compose([f"experiment={WU_RECIPE}"]))["eval"]
+    return config.to_dict(config.compose([f"experiment={WU_RECIPE}"]))
 
 
 def our_runs(results_root: Path) -> list[Run]:
     """Our recorded rows of Wu et al.'s recipe, and the default recipe's `make repro` rows. A
-    row of Wu et al.'s recipe decoded under other settings than the preset's now is named
-    with them (`multi30k_wu2021, eval.length_normalization gnmt`) and so not compared."""
+    row of Wu et al.'s recipe batched or decoded under other settings than the preset's now
+    is named with them (`multi30k_wu2021, eval.length_normalization gnmt`), and compared
+    apart from the rows of the recipe as it is."""
     runs, preset = [], None
     for row in results.load_rows(results_root):
         params, train, run = row["params"], row["train.json"], row[results.RUN_FILE]
@@ -131,8 +141,8 @@ def our_runs(results_root: Path) -> list[Run]:
         if (params["data"]["src_lang"], params["data"]["tgt_lang"]) != ("en", "de"):
             continue
         if recipe == WU_RECIPE:
-            preset = preset or wu_preset_eval()  # composed once, for the first such row
-            if changes := decoding_changes(params, preset):
+            preset = preset or wu_preset()  # composed once, for the first such row
+            if changes := recipe_changes(params, preset):
                 recipe = ", ".join([recipe, *changes])
         folder = results_root / row["name"]
         runs.append(Run(
@@ -195,14 +205,19 @@ def scoring_references(split: str, lang: str = "de") -> list[str]:
 
 
 def comparisons(runs: list[Run]) -> list[str]:
-    """Ours minus fairseq for each budget both ran with Wu et al.'s recipe."""
+    """Ours minus fairseq for each budget both ran with Wu et al.'s recipe: the recipe as it
+    is first, then each earlier setting of it that rows were recorded under (named)."""
     lines = []
-    ours = [r for r in runs if r.recipe == WU_RECIPE]
     theirs = [r for r in runs if r.system.startswith("fairseq")]
-    budgets = sorted({r.max_updates for r in ours} & {r.max_updates for r in theirs})
-    references = {split: scoring_references(split) for split in SPLITS} if budgets else {}
-    for budget in budgets:
-        mine = sorted((r for r in ours if r.max_updates == budget), key=lambda r: r.seed)
+    ours = [r for r in runs if r.system == "ours" and _is_wu(r.recipe)]
+    recipes = sorted({r.recipe for r in ours}, key=lambda recipe: (recipe != WU_RECIPE, recipe))
+    shared = [(recipe, budget) for recipe in recipes for budget in sorted(
+        {r.max_updates for r in ours if r.recipe == recipe} & {r.max_updates for r in theirs}
+    )]  # fmt: skip
+    references = {split: scoring_references(split) for split in SPLITS} if shared else {}
+    for recipe, budget in shared:
+        mine = sorted((r for r in ours if (r.recipe, r.max_updates) == (recipe, budget)),
+                      key=lambda r: r.seed)  # fmt: skip
         other = sorted((r for r in theirs if r.max_updates == budget), key=lambda r: r.seed)
         pairs = min(len(mine), len(other))
         cells, lengths = [], []
@@ -220,15 +235,21 @@ def comparisons(runs: list[Run]) -> list[str]:
                 f"{split} {_pooled_length_ratio(our_seeds, references[split]):.3f} / "
                 f"{_pooled_length_ratio(fairseq_seeds, references[split]):.3f}"
             )
+        named = "" if recipe == WU_RECIPE else f" (ours: {recipe})"
         lines.append(
-            f"- {budget} updates, {pairs} seed pair(s): ours - fairseq, lowercased BLEU: "
-            + "; ".join(cells)
+            f"- {budget} updates{named}, {pairs} seed pair(s): ours - fairseq, lowercased "
+            "BLEU: " + "; ".join(cells)
         )
         lines.append(
             "  - output length / reference length (the tokens of lowercased BLEU, what its "
             "brevity penalty sees), ours / fairseq: " + "; ".join(lengths)
         )
     return lines
+
+
+def _is_wu(recipe: str) -> bool:
+    """Wu et al.'s recipe, as it is or as an earlier setting of it (`our_runs`)."""
+    return recipe == WU_RECIPE or recipe.startswith(f"{WU_RECIPE}, ")
 
 
 def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float:
@@ -238,8 +259,8 @@ def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float
 
 def markdown(results_root: Path, parity_dir: Path) -> str:
     runs = fairseq_runs(parity_dir) + our_runs(results_root)
-    runs.sort(key=lambda r: (r.recipe != WU_RECIPE and not r.system.startswith("fairseq"),
-                             r.max_updates, r.system, r.seed))  # fmt: skip
+    runs.sort(key=lambda r: (not (_is_wu(r.recipe) or r.system.startswith("fairseq")),
+                             r.max_updates, r.system, r.recipe, r.seed))  # fmt: skip
     lines = [*table(runs), ""]
     compared = comparisons(runs)
     lines += compared or ["- no budget run by both systems yet"]

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pipeline.data.budget import BATCH_BUDGETS
 from pipeline.errors import ConfigError
 from pipeline.model.length_penalty import LENGTH_NORMALIZATIONS
 
@@ -101,7 +102,10 @@ class ModelConfig:
 class TrainConfig:
     max_steps: int = 8000
     max_epochs: int = -1
-    max_tokens: int = 4096  # per batch, padded source + target tokens (fairseq --max-tokens)
+    max_tokens: int = 4096  # per batch, padded source + target tokens (see batch_budget)
+    # How a batch is held to max_tokens: "sum", B * (max_src + max_tgt); "max", B * max(max_src,
+    # max_tgt) as fairseq's --max-tokens (pipeline.data.budget)
+    batch_budget: str = "sum"
     accumulate_grad_batches: int = 1
     lr_factor: float = 1.0  # lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     warmup_steps: int = 4000
@@ -237,6 +241,11 @@ def validate(cfg: Config) -> Config:
         f"must be in [0, 1), got {t.label_smoothing}",
     )
     _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
+    _check(
+        t.batch_budget in BATCH_BUDGETS,
+        "train.batch_budget",
+        f"must be one of {sorted(BATCH_BUDGETS)}, got '{t.batch_budget}'",
+    )
     _check(t.loss_chunk_rows > 0, "train.loss_chunk_rows", "must be positive")
     for key in ("cpu_mmap_threshold_mb", "onednn_primitive_cache"):
         value = getattr(t, key)

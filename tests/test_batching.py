@@ -59,6 +59,38 @@ def padding_fraction(batches, src, tgt) -> float:
     return 1 - real / sum(padded(b, src, tgt) for b in batches)
 
 
+def fairseq_batch_by_size(order, num_tokens, max_tokens) -> list[list[int]]:
+    """fairseq's `data_utils.batch_by_size` (required_batch_size_multiple 1), restated: add
+    examples while (B + 1) * the longest num_tokens so far stays within max_tokens."""
+    batches, batch, longest = [], [], 0
+    for index in order:
+        grown = max(longest, num_tokens[index])
+        if batch and (len(batch) + 1) * grown > max_tokens:
+            batches.append(batch)
+            batch, grown = [], num_tokens[index]
+        batch.append(int(index))
+        longest = grown
+    return batches + [batch] if batch else batches
+
+
+def test_max_budget_is_fairseqs_max_tokens(lengths):
+    """Under train.batch_budget "max", greedy filling makes fairseq's batches
+    (LanguagePairDataset.num_tokens: max(source, target) with eos), and the sampler's cuts keep
+    their number while staying within the same bound."""
+    src, tgt = lengths
+    sampler = make(lengths, budget="max")
+    order = np.concatenate(sampler.batches)
+    with_eos = tgt + 1
+    reference = fairseq_batch_by_size(order, np.maximum(src, with_eos), MAX_TOKENS)
+    greedy = pack_greedy(order, src, with_eos, MAX_TOKENS, budget="max")
+    assert greedy == reference
+    assert len(sampler.batches) == len(reference)
+    assert all(padded_as_given(b, src, with_eos, "max") <= MAX_TOKENS for b in sampler.batches)
+    # The same number bounds one side's padded tokens instead of both sides' ("sum"): nearly
+    # twice the examples per batch, so nearly half the batches (both sides are as long).
+    assert 1.6 < len(make(lengths).batches) / len(sampler.batches) < 2.0
+
+
 def test_snake_order_pads_less_than_a_plain_length_sort(lengths):
     """At the tiny recipe's budget (8192) a batch spans several source lengths; sorting the
     target length in alternating directions keeps the seams between them short."""
@@ -71,24 +103,29 @@ def test_snake_order_pads_less_than_a_plain_length_sort(lengths):
     assert snake < 0.05
 
 
-def partition_cost(batches, src, tgt, max_tokens) -> int:
+def partition_cost(batches, src, tgt, max_tokens, budget="sum") -> int:
     """`pack_min_padding`'s objective, stated independently: padded tokens + max_tokens per batch."""
-    return sum(padded_as_given(b, src, tgt) for b in batches) + max_tokens * len(batches)
+    return sum(padded_as_given(b, src, tgt, budget) for b in batches) + max_tokens * len(batches)
 
 
-def padded_as_given(batch, src, tgt) -> int:
-    """`padded` for lengths that already count bos/eos (what the packing functions take)."""
-    return len(batch) * (max(src[i] for i in batch) + max(tgt[i] for i in batch))
+def padded_as_given(batch, src, tgt, budget="sum") -> int:
+    """`padded` for lengths that already count bos/eos (what the packing functions take); under
+    fairseq's budget ("max") the longer side's padded tokens, B * max(max src, max tgt)."""
+    longest_src, longest_tgt = max(src[i] for i in batch), max(tgt[i] for i in batch)
+    if budget == "max":
+        return len(batch) * max(longest_src, longest_tgt)
+    return len(batch) * (longest_src + longest_tgt)
 
 
+@pytest.mark.parametrize("budget", ["sum", "max"])
 @pytest.mark.parametrize("seed", range(6))
-def test_min_padding_cuts_are_optimal_against_exhaustive_search(seed):
+def test_min_padding_cuts_are_optimal_against_exhaustive_search(seed, budget):
     """Every way of cutting 11 examples into consecutive within-budget batches (2^10 of them)
     is scored; the dynamic programme finds one with the least cost."""
     rng = np.random.default_rng(seed)
     src, tgt = rng.integers(1, 12, size=11), rng.integers(1, 12, size=11)
     order = rng.permutation(11)
-    max_tokens = 40
+    max_tokens = 40 if budget == "sum" else 24
     best = None
     for cuts in itertools.product([False, True], repeat=10):
         batches, current = [], [int(order[0])]
@@ -98,13 +135,13 @@ def test_min_padding_cuts_are_optimal_against_exhaustive_search(seed):
                 current = []
             current.append(int(index))
         batches.append(current)
-        if all(len(b) == 1 or padded_as_given(b, src, tgt) <= max_tokens for b in batches):
-            cost = partition_cost(batches, src, tgt, max_tokens)
+        if all(len(b) == 1 or padded_as_given(b, src, tgt, budget) <= max_tokens for b in batches):
+            cost = partition_cost(batches, src, tgt, max_tokens, budget)
             best = cost if best is None else min(best, cost)
-    packed = pack_min_padding(order, src, tgt, max_tokens)
+    packed = pack_min_padding(order, src, tgt, max_tokens, budget)
     assert [i for b in packed for i in b] == order.tolist()  # consecutive, order kept
-    assert all(len(b) == 1 or padded_as_given(b, src, tgt) <= max_tokens for b in packed)
-    assert partition_cost(packed, src, tgt, max_tokens) == best
+    assert all(len(b) == 1 or padded_as_given(b, src, tgt, budget) <= max_tokens for b in packed)
+    assert partition_cost(packed, src, tgt, max_tokens, budget) == best
 
 
 @pytest.mark.parametrize("max_tokens", [4096, 8192])
@@ -222,7 +259,7 @@ def test_example_over_budget_is_named(lengths):
     src, tgt = lengths
     src = src.copy()
     src[123] = 5000
-    with pytest.raises(DataError, match=r"training example 123 alone needs 5\d+ padded tokens"):
+    with pytest.raises(DataError, match=r"training example 123 alone needs 5\d+ tokens"):
         TokenBatchSampler(src, tgt, MAX_TOKENS, seed=0)
 
 

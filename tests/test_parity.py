@@ -29,7 +29,9 @@ def committed(tmp_path, references):
     """Empty results folders, and writers of committed runs of each system scored against the
     real references."""
     root = tmp_path / "results"
-    wu_decoding = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))["eval"]
+    wu_preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))
+    wu_decoding = wu_preset["eval"]
+    wu_batching = {key: wu_preset["train"][key] for key in parity.RECIPE_KEYS["train"]}
 
     def fairseq_result(name, translations, seed=1, max_update=3000, smoke=False):
         out = root / "parity" / f"{name}.json"
@@ -49,7 +51,7 @@ def committed(tmp_path, references):
         out.write_text(json.dumps(payload))
 
     def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE,
-                decoding=wu_decoding):  # fmt: skip
+                decoding=wu_decoding, batching=wu_batching):  # fmt: skip
         run = tmp_path / name
         metrics, hypotheses = run / "metrics", run / "eval"
         metrics.mkdir(parents=True)
@@ -64,7 +66,8 @@ def committed(tmp_path, references):
                  "eval.json": evaluation}  # fmt: skip
         for file, content in files.items():
             (metrics / file).write_text(json.dumps(content))
-        params = {"experiment_name": recipe, "seed": seed, "train": {"max_steps": max_steps},
+        params = {"experiment_name": recipe, "seed": seed,
+                  "train": {"max_steps": max_steps, **batching},
                   "data": {"src_lang": "en", "tgt_lang": "de"}, "eval": decoding}  # fmt: skip
         (run / "params.yaml").write_text(yaml.safe_dump(params))
         command = f"dvc exp run -S experiment={recipe} -S seed={seed}"
@@ -123,6 +126,8 @@ def test_each_shared_budget_is_compared_with_a_paired_bootstrap(committed, tmp_p
 
 
 def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(committed, tmp_path):
+    """Rows recorded under an earlier setting of the recipe are named with it and compared
+    apart, after the recipe as it is."""
     root, fairseq_result, our_row, exact, worse = committed
     parity_dir = root / "parity"
     for seed in (1, 2):
@@ -134,12 +139,34 @@ def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(commit
     preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))["eval"]
     earlier = {key: value for key, value in preset.items() if key != "length_normalization"}
     our_row("wu_gnmt.en-de", worse, seed=0, decoding=earlier)
+    # batched under our own budget before the preset took fairseq's (no key then: the default)
+    our_row(
+        "wu_sum_s2.en-de",
+        worse,
+        seed=2,
+        batching={"max_tokens": 8192, "accumulate_grad_batches": 2},
+    )
+    our_row(
+        "wu_sum_s3.en-de",
+        worse,
+        seed=3,
+        batching={"max_tokens": 8192, "accumulate_grad_batches": 2},
+    )
 
     block = parity.markdown(root, parity_dir)
     comparisons = [line for line in block.splitlines() if line.startswith("- ")]
-    assert len(comparisons) == 1 and comparisons[0].startswith("- 3000 updates, 2 seed pair(s)")
+    summed = "multi30k_wu2021, train.max_tokens 8192, train.batch_budget sum"
+    assert [line.split(": ours - fairseq")[0] for line in comparisons] == [
+        "- 3000 updates, 2 seed pair(s)",
+        "- 3000 updates (ours: multi30k_wu2021, eval.length_normalization gnmt), 1 seed pair(s)",
+        f"- 3000 updates (ours: {summed}), 2 seed pair(s)",
+    ]
     assert "multi30k_base" not in block and "| 1000 | 1000 |" in block
     assert "| ours | multi30k_wu2021, eval.length_normalization gnmt | 0 | 3000 |" in block
+    assert f"| ours | {summed} | 2 | 3000 |" in block
+    # the exact rows against the worse fairseq, the degraded ones about level with it
+    assert float(comparisons[0].split("val ")[1].split(" ")[0]) > 5
+    assert abs(float(comparisons[2].split("val ")[1].split(" ")[0])) < 0.01
 
 
 def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path):

@@ -3,7 +3,9 @@ containing approximately 25000 source tokens and 25000 target tokens"), fairseq-
 
 Training batches (`TokenBatchSampler`):
   - budget: padded source + padded target tokens, B * max_src_len + B * (max_tgt_len + 1)
-    <= max_tokens; the +1 is the bos (tgt_in) / eos (tgt_out) each target gains.
+    <= max_tokens; the +1 is the bos (tgt_in) / eos (tgt_out) each target gains. Or, with
+    `budget="max"` (train.batch_budget), fairseq's rule: B * max(max_src_len, max_tgt_len + 1)
+    <= max_tokens (`pipeline.data.budget`).
   - length bucketing: examples sorted by (src_len, tgt_len), ties broken by seeded noise,
     then cut into consecutive batches, so a batch holds near-equal lengths (little padding):
     as few batches as greedy filling makes, with the cuts placed to pad least
@@ -37,26 +39,33 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
+from pipeline.data.budget import BATCH_BUDGETS
 from pipeline.errors import DataError
 
 TARGET_SPECIALS = 1  # bos prepended to tgt_in, eos appended to tgt_out: T = tgt_len + 1
 
 
 def pack_greedy(
-    order: Sequence[int], src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int
+    order: Sequence[int],
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    max_tokens: int,
+    budget: str = "sum",
 ) -> list[list[int]]:
-    """Cut `order` into consecutive batches with B * (max src len + max tgt len) <= max_tokens,
-    each filled until the next example would not fit: the fewest batches for this order, the
-    baseline `pack_min_padding` is held to (same count, less padding; tests compare them).
+    """Cut `order` into consecutive batches with B * (max src len + max tgt len) <= max_tokens
+    (`budget` "max": B * max(max src len, max tgt len)), each filled until the next example
+    would not fit: the fewest batches for this order, the baseline `pack_min_padding` is held
+    to (same count, less padding; tests compare them).
 
     A single example over the budget gets a batch of its own (callers decide if that is ok).
     """
+    width = BATCH_BUDGETS[budget]
     batches: list[list[int]] = []
     current: list[int] = []
     src_max = tgt_max = 0
     for index in order:
         grown_src, grown_tgt = max(src_max, src_lens[index]), max(tgt_max, tgt_lens[index])
-        if current and (len(current) + 1) * (grown_src + grown_tgt) > max_tokens:
+        if current and (len(current) + 1) * width(grown_src, grown_tgt) > max_tokens:
             batches.append(current)
             current, grown_src, grown_tgt = [], src_lens[index], tgt_lens[index]
         current.append(int(index))
@@ -67,10 +76,14 @@ def pack_greedy(
 
 
 def pack_min_padding(
-    order: Sequence[int], src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int
+    order: Sequence[int],
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    max_tokens: int,
+    budget: str = "sum",
 ) -> list[list[int]]:
     """Cut `order` into consecutive batches within the budget of `pack_greedy`, placing the
-    cuts so that the batches pad least.
+    cuts so that the batches pad least (under `budget` "max": so that they spend least of it).
 
     Greedy filling cuts wherever the budget runs out, often just after a length seam, and
     the batch then pads all its examples to the few longer ones. Here a dynamic programme
@@ -86,6 +99,7 @@ def pack_min_padding(
     order = np.asarray(order, dtype=np.int64)
     src = np.asarray(src_lens, dtype=np.int64)[order]
     tgt = np.asarray(tgt_lens, dtype=np.int64)[order]
+    width = BATCH_BUDGETS[budget]
     count = len(order)
     best_cost = np.zeros(count + 1, dtype=np.int64)  # best_cost[i]: examples [0, i) packed
     batch_start = np.zeros(count + 1, dtype=np.int64)
@@ -96,7 +110,7 @@ def pack_min_padding(
         # Padded size of the batches [end - size, end) for size = 1 .. window (non-decreasing).
         src_max = np.maximum.accumulate(src[end - window : end][::-1])
         tgt_max = np.maximum.accumulate(tgt[end - window : end][::-1])
-        padded = sizes[:window] * (src_max + tgt_max)
+        padded = sizes[:window] * width(src_max, tgt_max)
         longest = max(1, int(np.searchsorted(padded, max_tokens, side="right")))
         totals = best_cost[end - longest : end][::-1] + padded[:longest]
         choice = int(np.argmin(totals))  # batch size choice + 1
@@ -143,6 +157,7 @@ class TokenBatchSampler(Sampler[list[int]]):
     Args:
         src_lens, tgt_lens: token counts per example (without bos/eos).
         max_tokens: budget for B * max_src_len + B * (max_tgt_len + 1).
+        budget: "sum" as above, or "max": B * max(max_src_len, max_tgt_len + 1) (fairseq's).
         seed: fixes the tie-breaking noise and, with the epoch, the batch order.
         num_replicas, rank: this process's share under DDP (1, 0 otherwise).
         batches_per_update: batches each optimizer step accumulates; every rank's epoch
@@ -161,12 +176,14 @@ class TokenBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         batches_per_update: int = 1,
         shuffle: bool = True,
+        budget: str = "sum",
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, num_replicas={num_replicas})")
         self.src_lens = np.asarray(src_lens, dtype=np.int64)
         self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64) + TARGET_SPECIALS
         self.max_tokens = max_tokens
+        self.budget = budget
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
@@ -179,15 +196,16 @@ class TokenBatchSampler(Sampler[list[int]]):
         )
 
     def _check_fits(self) -> None:
-        width = self.src_lens + self.tgt_lens
+        width = BATCH_BUDGETS[self.budget](self.src_lens, self.tgt_lens)
         too_long = np.flatnonzero(width > self.max_tokens)
         if too_long.size:
             index = int(too_long[0])
             raise DataError(
-                f"training example {index} alone needs {int(width[index])} padded tokens "
-                f"(source {int(self.src_lens[index])} + target {int(self.tgt_lens[index])} "
-                f"with bos/eos) > train.max_tokens={self.max_tokens} ({too_long.size} such "
-                "examples); raise train.max_tokens or lower data.filter.max_words"
+                f"training example {index} alone needs {int(width[index])} tokens of the "
+                f"budget (source {int(self.src_lens[index])}, target "
+                f"{int(self.tgt_lens[index])} with bos/eos, train.batch_budget={self.budget}) "
+                f"> train.max_tokens={self.max_tokens} ({too_long.size} such examples); raise "
+                "train.max_tokens or lower data.filter.max_words"
             )
 
     def _bucketed_batches(self) -> list[list[int]]:
@@ -200,7 +218,9 @@ class TokenBatchSampler(Sampler[list[int]]):
         noise = np.random.default_rng(self.seed).random(len(self.src_lens))
         snaking_tgt = np.where(self.src_lens % 2 == 0, self.tgt_lens, -self.tgt_lens)
         order = np.lexsort((noise, snaking_tgt, self.src_lens))
-        return pack_min_padding(order, self.src_lens, self.tgt_lens, self.max_tokens)
+        return pack_min_padding(
+            order, self.src_lens, self.tgt_lens, self.max_tokens, self.budget
+        )
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank and every epoch)."""

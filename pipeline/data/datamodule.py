@@ -223,6 +223,7 @@ class TranslationDataModule(L.LightningDataModule):
             num_replicas=num_replicas,
             rank=rank,
             batches_per_update=self.cfg.train.accumulate_grad_batches,
+            budget=self.cfg.train.batch_budget,
         )
         workers = self.cfg.train.num_workers
         return ResumableDataLoader(
