@@ -8,7 +8,9 @@ batch (what a plain `DataLoader(batch_size=..., shuffle=True)` gives).
 Tokens are counted as the batches hold them: source padded to the batch's longest source,
 target padded to its longest target + 1 (bos in tgt_in, eos in tgt_out). Padding fraction =
 pad positions / all positions, over the epoch. Also reported: batches per epoch, sentences
-per batch, and the largest padded batch (what sets peak memory).
+per batch, target tokens per batch (mean and standard deviation: what each batch's tokens weigh
+in an update under `train.loss_normalization: batch`), and the largest padded batch (what sets
+peak memory). The budget is counted as `train.batch_budget` says.
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ def batch_stats(batches: list[list[int]], src_lens: np.ndarray, tgt_lens: np.nda
     padded = np.array([padded_size(b, src_lens, tgt_lens) for b in batches])
     real = np.array([src_lens[b].sum() + (tgt_lens[b] + TARGET_SPECIALS).sum() for b in batches])
     sizes = np.array([len(b) for b in batches])
+    targets = np.array([(tgt_lens[b] + TARGET_SPECIALS).sum() for b in batches])
     return {
         "batches": len(batches),
         "padding_fraction": float(1 - real.sum() / padded.sum()),
         "sentences_per_batch": float(sizes.mean()),
         "real_tokens_per_batch": float(real.mean()),
+        "target_tokens_per_batch": float(targets.mean()),
+        "target_tokens_per_batch_std": float(targets.std()),
         "max_padded_tokens": int(padded.max()),
         "mean_padded_tokens": float(padded.mean()),
     }
@@ -66,7 +71,9 @@ def run(args: argparse.Namespace) -> dict:
         src_lens = np.asarray(splits[split]["src_len"], dtype=np.int64)
         tgt_lens = np.asarray(splits[split]["tgt_len"], dtype=np.int64)
 
-    sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=cfg.seed)
+    sampler = TokenBatchSampler(
+        src_lens, tgt_lens, max_tokens, seed=cfg.seed, budget=cfg.train.batch_budget
+    )
     token_batches = sampler.epoch_batches(0)
     batch_size = max(1, round(len(src_lens) / len(token_batches)))
     fixed = fixed_size_batches(len(src_lens), batch_size, cfg.seed)
@@ -77,14 +84,17 @@ def run(args: argparse.Namespace) -> dict:
 
     print(
         f"{split}: {len(src_lens)} pairs, {int(src_lens.sum())} source + {int(tgt_lens.sum())} "
-        f"target subword tokens; token budget {max_tokens}; fixed batches of {batch_size} "
+        f"target subword tokens; token budget {max_tokens} ({cfg.train.batch_budget}); fixed "
+        f"batches of {batch_size} "
         "sentences (the same mean)"
     )
     header = ["scheme", "batches", "padding", "sentences/batch", "real tok/batch",
-              "mean padded", "max padded"]  # fmt: skip
+              "target tok/batch", "mean padded", "max padded"]  # fmt: skip
     rows = [
         [name, s["batches"], f"{s['padding_fraction']:.1%}", s["sentences_per_batch"],
-         s["real_tokens_per_batch"], s["mean_padded_tokens"], s["max_padded_tokens"]]
+         s["real_tokens_per_batch"],
+         f"{s['target_tokens_per_batch']:.0f} +- {s['target_tokens_per_batch_std']:.0f}",
+         s["mean_padded_tokens"], s["max_padded_tokens"]]
         for name, s in stats.items()
     ]  # fmt: skip
     print_table(header, rows)
@@ -93,6 +103,7 @@ def run(args: argparse.Namespace) -> dict:
         "split": split,
         "examples": len(src_lens),
         "max_tokens": max_tokens,
+        "batch_budget": cfg.train.batch_budget,
         "fixed_batch_size": batch_size,
         "results": stats,
         "padding_ratio_fixed_vs_token": stats["fixed_size_random"]["padding_fraction"]

@@ -97,7 +97,7 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
 # The settings of Wu et al.'s recipe that its rows are compared under, besides the budget: how
 # updates are batched and how the model decodes
 RECIPE_KEYS = {
-    "train": ("max_tokens", "batch_budget", "accumulate_grad_batches"),
+    "train": ("max_tokens", "batch_budget", "accumulate_grad_batches", "loss_normalization"),
     "eval": ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b",
              "average", "average_by"),
 }  # fmt: skip

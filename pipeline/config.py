@@ -26,6 +26,9 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
 # data.tokenizer.pretokenizer: what the text goes through before the subword model reads it
 PRETOKENIZERS = ("none", "moses")
+# train.loss_normalization: how an update of several batches weighs them
+# (pipeline.training.module.TranslationModule.on_before_optimizer_step)
+LOSS_NORMALIZATIONS = ("batch", "update")
 
 
 @dataclass
@@ -107,6 +110,9 @@ class TrainConfig:
     # max_tgt) as fairseq's --max-tokens (pipeline.data.budget)
     batch_budget: str = "sum"
     accumulate_grad_batches: int = 1
+    # An update's loss: "batch", the mean of its batches' per-token losses; "update", its summed
+    # loss over all its target tokens (every batch and rank) by their number, as fairseq's
+    loss_normalization: str = "batch"
     lr_factor: float = 1.0  # lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     warmup_steps: int = 4000
     # The last cooldown_steps of max_steps scale that lr down linearly to 0 (0: eq. 3 alone)
@@ -259,6 +265,11 @@ def validate(cfg: Config) -> Config:
     )
     _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
     _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
+    _check(
+        t.loss_normalization in LOSS_NORMALIZATIONS,
+        "train.loss_normalization",
+        f"must be one of {list(LOSS_NORMALIZATIONS)}, got '{t.loss_normalization}'",
+    )
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")

@@ -167,14 +167,18 @@ def test_padding_accounting_matches_padded_tensors(tokenized_smoke):
     src_lens, tgt_lens = np.asarray(train["src_len"]), np.asarray(train["tgt_len"])
     batches = batching.fixed_size_batches(len(train), 37, seed=1)[:5]
     pads = positions = 0
+    targets = []
     for batch in batches:
         rows = train.select(batch)
         src = pad_batch(rows["src_ids"], 0)
         tgt_in = pad_batch(rows["tgt_ids"], 0, prefix=2)
         pads += int(src.eq(0).sum() + tgt_in.eq(0).sum())
         positions += src.numel() + tgt_in.numel()
+        targets.append(int(tgt_in.ne(0).sum()))  # one per target token the loss sees
     stats = batching.batch_stats(batches, src_lens, tgt_lens)
     assert stats["padding_fraction"] == pytest.approx(pads / positions)
+    assert stats["target_tokens_per_batch"] == pytest.approx(np.mean(targets))
+    assert stats["target_tokens_per_batch_std"] == pytest.approx(np.std(targets))
 
 
 def test_default_tokenized_folder_is_used_only_with_the_asked_vocabulary(tokenized_smoke, capsys):

@@ -55,6 +55,7 @@ def test_experiment_preset_selects_values():
         ("eval.nbest=9", "eval.nbest"),
         ("eval.length_normalization=average", "eval.length_normalization"),
         ("train.batch_budget=padded", "train.batch_budget"),
+        ("train.loss_normalization=mean", "train.loss_normalization"),
         ("eval.bootstrap_samples=1", "eval.bootstrap_samples"),  # one resample: no interval
         ("train.cooldown_steps=9000", "train.cooldown_steps"),  # longer than max_steps
         ("train.cooldown_steps=-1", "train.cooldown_steps"),
@@ -159,7 +160,7 @@ def test_wu2021_preset_is_their_recipe():
     # --max-tokens 4096 (fairseq's bound, B * max(src, tgt)) on 2 GPUs: 2 batches an update
     assert (t.max_steps, t.warmup_steps, t.max_tokens, t.accumulate_grad_batches) == (
         8000, 2000, 4096, 2)  # fmt: skip
-    assert t.batch_budget == "max"
+    assert (t.batch_budget, t.loss_normalization) == ("max", "update")
     # --lr 0.005 is the peak, reached at the last warm-up update, then lr * sqrt(2000 / update)
     rate = functools.partial(
         inverse_sqrt_rate, d_model=m.d_model, warmup_steps=t.warmup_steps, factor=t.lr_factor

@@ -155,7 +155,10 @@ def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(commit
 
     block = parity.markdown(root, parity_dir)
     comparisons = [line for line in block.splitlines() if line.startswith("- ")]
-    summed = "multi30k_wu2021, train.max_tokens 8192, train.batch_budget sum"
+    summed = (
+        "multi30k_wu2021, train.max_tokens 8192, train.batch_budget sum, "
+        "train.loss_normalization batch"
+    )
     assert [line.split(": ours - fairseq")[0] for line in comparisons] == [
         "- 3000 updates, 2 seed pair(s)",
         "- 3000 updates (ours: multi30k_wu2021, eval.length_normalization gnmt), 1 seed pair(s)",

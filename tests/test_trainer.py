@@ -31,6 +31,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     select_checkpoints,
 )
+from pipeline.training.loss import label_smoothed_nll
 from pipeline.training.module import DivergedError, TranslationModule, inverse_sqrt_rate
 from pipeline.training.precision import cpu_has_bf16_instructions
 from pipeline.training.trainer import (
@@ -452,6 +453,52 @@ def test_accumulation_counts_optimizer_updates(train_config):
     assert steps == ["step-0000003.ckpt", "step-0000006.ckpt", "step-0000009.ckpt"]
 
 
+class RecordFirstUpdate(Callback):
+    """The weights before training, the batches of the first update, and the gradient its
+    optimizer step applied (read as the second update clears it)."""
+
+    def on_train_start(self, trainer, module) -> None:
+        self.initial = copy.deepcopy(module.model.state_dict())
+        self.batches: list[dict] = []
+        self.grads: dict[str, torch.Tensor] | None = None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.global_step == 0:
+            self.batches.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
+
+    def on_before_zero_grad(self, trainer, module, optimizer) -> None:
+        if trainer.global_step == 1 and self.grads is None:
+            self.grads = {n: p.grad.clone() for n, p in module.model.named_parameters()}
+
+
+@pytest.mark.parametrize("normalization", ["batch", "update"])
+def test_loss_normalization_weighs_an_updates_batches_as_configured(train_config, normalization):
+    """An update of two batches: `batch` averages their per-token losses, `update` (fairseq's)
+    divides their summed loss by all their target tokens. The gradient the optimizer step got
+    equals the one plain autograd gives for that loss, from the same weights and batches."""
+    cfg = train_config(*TINY, "train.accumulate_grad_batches=2", "train.max_steps=2",
+                       f"train.loss_normalization={normalization}", "model.dropout=0.0",
+                       "train.precision=32-true", "train.val_check_interval=2",
+                       "train.val_bleu=false", "train.gradient_clip_val=0")  # fmt: skip
+    recorder = RecordFirstUpdate()
+    run(cfg, callbacks=[recorder])
+    reference = TranslationModule(cfg, vocab_size=recorder.initial["src_embed.weight"].size(0))
+    reference.model.load_state_dict(recorder.initial)
+    sums, tokens = [], []
+    for batch in recorder.batches:
+        logits = reference.model(batch["src"], batch["tgt_in"])
+        loss_sum, _ = label_smoothed_nll(logits, batch["tgt_out"], epsilon=0.1,
+                                         pad_id=reference.pad_id)  # fmt: skip
+        sums.append(loss_sum)
+        tokens.append(int(batch["tgt_out"].ne(reference.pad_id).sum()))
+    assert len(tokens) == 2 and tokens[0] != tokens[1]  # the two weightings differ
+    per_batch = (sums[0] / tokens[0] + sums[1] / tokens[1]) / 2
+    per_token = (sums[0] + sums[1]) / sum(tokens)
+    (per_token if normalization == "update" else per_batch).backward()
+    for name, param in reference.model.named_parameters():
+        assert torch.allclose(recorder.grads[name], param.grad, rtol=1e-4, atol=1e-7), name
+
+
 @pytest.mark.slow
 def test_accumulation_bf16_and_a_callers_wandb_run(train_config):
     # Under bf16 autocast as well: the loss is computed in fp32 (see label_smoothed_nll).
@@ -488,12 +535,20 @@ DDP_SCRIPT = textwrap.dedent(
 
     class Record(Callback):
         def __init__(self):
-            self.batches = []
+            self.batches, self.first_update, self.grads = [], [], None
+        def on_train_start(self, trainer, module):
+            self.initial = {k: v.clone() for k, v in module.model.state_dict().items()}
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             self.batches.append((trainer.current_epoch, batch["ids"].tolist()))
+            if trainer.global_step == 0:
+                self.first_update.append({k: v for k, v in batch.items() if torch.is_tensor(v)})
+        def on_before_zero_grad(self, trainer, module, optimizer):
+            if trainer.global_step == 1 and self.grads is None:
+                self.grads = {n: p.grad.clone() for n, p in module.model.named_parameters()}
         def on_train_end(self, trainer, module):
             torch.save({"batches": self.batches, "world_size": trainer.world_size,
-                        "state_dict": module.model.state_dict()},
+                        "state_dict": module.model.state_dict(), "initial": self.initial,
+                        "first_update": self.first_update, "grads": self.grads},
                        f"{sys.argv[2]}/rank{trainer.global_rank}.pt")
 
     with open(sys.argv[1]) as f:
@@ -505,8 +560,11 @@ DDP_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(train_config, tmp_path):
+    # fairseq's loss normalization, whose token count is summed over the ranks
     cfg = train_config(*TINY, "train.accelerator=cpu", "train.devices=2", "train.max_steps=8",
-                       "train.val_check_interval=4", "train.log_every_n_steps=2")  # fmt: skip
+                       "train.val_check_interval=4", "train.log_every_n_steps=2",
+                       "train.loss_normalization=update", "model.dropout=0.0",
+                       "train.precision=32-true", "train.gradient_clip_val=0")  # fmt: skip
     (tmp_path / "cfg.json").write_text(json.dumps(config_lib.to_dict(cfg)))
     (tmp_path / "ddp_run.py").write_text(DDP_SCRIPT)
     result = subprocess.run(
@@ -529,6 +587,17 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     # Identical weights on both ranks after training (DDP averaged every gradient).
     for key, tensor in ranks[0]["state_dict"].items():
         assert torch.equal(tensor, ranks[1]["state_dict"][key]), key
+    # The first update's gradient: both ranks' summed loss over all their target tokens.
+    reference = TranslationModule(cfg, vocab_size=ranks[0]["initial"]["src_embed.weight"].size(0))
+    reference.model.load_state_dict(ranks[0]["initial"])
+    batches = [batch for rank in ranks for batch in rank["first_update"]]
+    sums = [label_smoothed_nll(reference.model(b["src"], b["tgt_in"]), b["tgt_out"],
+                               epsilon=0.1, pad_id=reference.pad_id)[0] for b in batches]  # fmt: skip
+    tokens = sum(int(b["tgt_out"].ne(reference.pad_id).sum()) for b in batches)
+    (sum(sums) / tokens).backward()
+    for name, param in reference.model.named_parameters():
+        for rank in ranks:
+            assert torch.allclose(rank["grads"][name], param.grad, rtol=1e-4, atol=1e-7), name
 
     (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # exactly one W&B run
     wandb_run = read_offline_run(run_dir)

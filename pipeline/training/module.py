@@ -7,6 +7,10 @@
 
 Padding positions of the target carry no loss. Metrics are token-weighted torchmetrics
 aggregates, so they are exact across batches and reduced across DDP ranks on `compute()`.
+
+An update of several batches (gradient accumulation, DDP ranks) averages its batches' losses
+(`train.loss_normalization: batch`), or, as fairseq does, divides the loss summed over all its
+target tokens by their number (`update`: each token weighs the same, whatever its batch holds).
 """
 
 from __future__ import annotations
@@ -157,6 +161,7 @@ class TranslationModule(L.LightningModule):
         self.history: list[dict] = []
         self._first_nonfinite_step: Tensor | None = None  # device scalar; -1 while all finite
         self._window_tokens = 0  # target tokens since the last train log (this rank)
+        self._update_tokens = 0  # target tokens of the update being accumulated (this rank)
         self._window_seconds = 0.0
         self._window_start: float | None = None
         self.total_train_tokens = 0  # this rank, this process
@@ -229,7 +234,27 @@ class TranslationModule(L.LightningModule):
         self._track_nonfinite(loss.detach())
         self._window_tokens += num_tokens
         self.total_train_tokens += num_tokens
+        if self.cfg.train.loss_normalization == "update":
+            # The summed loss: Lightning divides what this returns by the batches per update,
+            # undone here; `on_before_optimizer_step` divides by the update's tokens.
+            self._update_tokens += num_tokens
+            return loss_sum * self.trainer.accumulate_grad_batches
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Under `loss_normalization: update`, the accumulated gradient of the summed loss over
+        the update's target tokens on every rank (DDP averaged the ranks: times their number),
+        before clipping, as fairseq's `multiply_grads(1 / sample_size)`."""
+        if self.cfg.train.loss_normalization != "update":
+            return
+        tokens = torch.tensor(float(self._update_tokens), device=self.device)
+        if self.trainer.world_size > 1:
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
+        scale = self.trainer.world_size / tokens.clamp(min=1.0)
+        for param in self.parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale)
+        self._update_tokens = 0
 
     def _track_nonfinite(self, loss: Tensor) -> None:
         """Remember the first step whose loss was NaN/inf, on the device (no host sync)."""
