@@ -95,8 +95,9 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
 
 
 # The settings of Wu et al.'s recipe that its rows are compared under, besides the budget: how
-# updates are batched and how the model decodes
+# the model starts, how updates are batched and how the model decodes
 RECIPE_KEYS = {
+    "model": ("init",),
     "train": ("max_tokens", "batch_budget", "accumulate_grad_batches", "loss_normalization"),
     "eval": ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b",
              "average", "average_by"),
@@ -111,7 +112,8 @@ def recipe_changes(params: dict, preset: dict) -> list[str]:
 
     from pipeline import config
 
-    defaults = {"train": asdict(config.TrainConfig()), "eval": asdict(config.EvalConfig())}
+    defaults = {"model": asdict(config.ModelConfig()), "train": asdict(config.TrainConfig()),
+                "eval": asdict(config.EvalConfig())}  # fmt: skip
     changes = []
     for section, keys in RECIPE_KEYS.items():
         recorded = {**defaults[section], **params.get(section, {})}

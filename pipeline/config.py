@@ -26,6 +26,8 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
 # data.tokenizer.pretokenizer: what the text goes through before the subword model reads it
 PRETOKENIZERS = ("none", "moses")
+# model.init: how the Transformer's weights start (pipeline.model.transformer)
+INITS = ("xavier", "fairseq")
 # train.loss_normalization: how an update of several batches weighs them
 # (pipeline.training.module.TranslationModule.on_before_optimizer_step)
 LOSS_NORMALIZATIONS = ("batch", "update")
@@ -99,6 +101,9 @@ class ModelConfig:
     norm_first: bool = False  # post-norm as in the paper; pre-norm as an option
     tie_embeddings: bool = True  # source, target and output embeddings share one matrix
     fused_attention: bool = True  # F.scaled_dot_product_attention fast path
+    # xavier: every matrix Xavier-uniform, biases zero; fairseq: as fairseq 0.12 (the FFN and
+    # the q/k/v biases keep nn.Linear's default; pipeline.model.transformer)
+    init: str = "xavier"
 
 
 @dataclass
@@ -241,6 +246,7 @@ def validate(cfg: Config) -> Config:
         f"must be 'sinusoidal' or 'learned', got '{m.positional}'",
     )
     _check(m.max_positions > 0, "model.max_positions", "must be positive")
+    _check(m.init in INITS, "model.init", f"must be one of {list(INITS)}, got '{m.init}'")
     _check(
         0.0 <= t.label_smoothing < 1.0,
         "train.label_smoothing",

@@ -50,6 +50,7 @@ def test_experiment_preset_selects_values():
         ("model.heads=3", "model.heads"),
         ("model.dropout=1.5", "model.dropout"),
         ("model.positional=rotary", "model.positional"),
+        ("model.init=orthogonal", "model.init"),
         ("data.tokenizer.pretokenizer=spacy", "data.tokenizer.pretokenizer"),
         ("train.label_smoothing=-0.1", "train.label_smoothing"),
         ("eval.nbest=9", "eval.nbest"),
@@ -155,6 +156,7 @@ def test_wu2021_preset_is_their_recipe():
     assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads) == (4, 4, 128, 256, 4)
     assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.0, 0.0)
     assert (m.norm_first, m.positional, m.tie_embeddings) == (False, "sinusoidal", True)
+    assert m.init == "xavier"  # their fork's Xavier FFN (fairseq 0.12's differs: model.init)
     assert (t.adam_betas, t.adam_eps, t.weight_decay) == ([0.9, 0.98], 1e-8, 0.0)
     assert (t.label_smoothing, t.gradient_clip_val) == (0.1, 25.0)
     # --max-tokens 4096 (fairseq's bound, B * max(src, tgt)) on 2 GPUs: 2 batches an update

@@ -51,7 +51,7 @@ def committed(tmp_path, references):
         out.write_text(json.dumps(payload))
 
     def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE,
-                decoding=wu_decoding, batching=wu_batching):  # fmt: skip
+                decoding=wu_decoding, batching=wu_batching, model=None):  # fmt: skip
         run = tmp_path / name
         metrics, hypotheses = run / "metrics", run / "eval"
         metrics.mkdir(parents=True)
@@ -68,7 +68,8 @@ def committed(tmp_path, references):
             (metrics / file).write_text(json.dumps(content))
         params = {"experiment_name": recipe, "seed": seed,
                   "train": {"max_steps": max_steps, **batching},
-                  "data": {"src_lang": "en", "tgt_lang": "de"}, "eval": decoding}  # fmt: skip
+                  "data": {"src_lang": "en", "tgt_lang": "de"}, "eval": decoding,
+                  "model": model or {}}  # fmt: skip
         (run / "params.yaml").write_text(yaml.safe_dump(params))
         command = f"dvc exp run -S experiment={recipe} -S seed={seed}"
         results.record(name, command, metrics, run / "params.yaml", root, hypotheses)
@@ -153,8 +154,11 @@ def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(commit
         batching={"max_tokens": 8192, "accumulate_grad_batches": 2},
     )
 
+    our_row("wu_init.en-de", exact, seed=4, max_steps=2000, model={"init": "fairseq"})
+
     block = parity.markdown(root, parity_dir)
     comparisons = [line for line in block.splitlines() if line.startswith("- ")]
+    assert "| ours | multi30k_wu2021, model.init fairseq | 4 | 2000 |" in block
     summed = (
         "multi30k_wu2021, train.max_tokens 8192, train.batch_budget sum, "
         "train.loss_normalization batch"

@@ -172,6 +172,34 @@ def test_initialisation():
     assert torch.all(model.encoder_layers[0].ffn.linear1.bias == 0)
 
 
+def test_fairseq_initialisation_keeps_pytorchs_linear_defaults_where_fairseq_does():
+    """model.init fairseq: fairseq 0.12's FFN layers are plain nn.Linear (weights and biases
+    U(+-1/sqrt(fan_in)), the distribution of a fresh nn.Linear), its q/k/v biases too; the rest
+    is as under xavier."""
+    torch.manual_seed(0)
+    d, d_ff = 64, 128
+    model = Transformer(small_config(d_model=d, d_ff=d_ff, init="fairseq"), 2000, PAD)
+    reference = nn.Linear(d, d_ff)  # PyTorch's own default, for the spread
+    for layer in [*model.encoder_layers, *model.decoder_layers]:
+        for linear, fan_in in ((layer.ffn.linear1, d), (layer.ffn.linear2, d_ff)):
+            for param in (linear.weight, linear.bias):
+                assert 0.9 * fan_in**-0.5 < param.abs().max() <= fan_in**-0.5
+        w1 = layer.ffn.linear1.weight
+        assert w1.std().item() == pytest.approx(reference.weight.std().item(), rel=0.1)
+        attentions = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
+        for attention in attentions:
+            assert 0.9 * d**-0.5 < attention.in_proj.bias.abs().max() <= d**-0.5
+            xavier = math.sqrt(6 / (d + 3 * d))  # the stacked (3d, d) matrix, as under xavier
+            assert 0.95 * xavier < attention.in_proj.weight.abs().max() <= xavier
+            assert torch.all(attention.out_proj.bias == 0)
+    emb = model.src_embed.weight
+    assert torch.all(emb[PAD] == 0)
+    assert emb[1:].std().item() == pytest.approx(d**-0.5, rel=0.05)
+    # Under xavier the same FFN has the larger Xavier bound and zero biases.
+    xavier_model = Transformer(small_config(d_model=d, d_ff=d_ff), 2000, PAD)
+    assert xavier_model.encoder_layers[0].ffn.linear2.weight.abs().max() > 1.5 * d_ff**-0.5
+
+
 def test_max_positions_error_names_the_key():
     model = Transformer(small_config(max_positions=8), VOCAB, PAD)
     src, tgt_in = random_batch([9], [3])

@@ -10,7 +10,9 @@ sqrt(d_model)."  3.5: positional encodings are added to the embeddings; 5.4: dro
 
 With `tie_embeddings` one (V, D) matrix is the source embedding, the target embedding and W_out
 (a joint source/target vocabulary). Embeddings are initialised N(0, d_model^-0.5) (fairseq), so
-the scaled embeddings have unit variance; every other matrix is Xavier-uniform, biases zero.
+the scaled embeddings have unit variance; every other matrix is Xavier-uniform, biases zero
+(`model.init: xavier`). The paper does not say how it initialises; `model.init: fairseq` is
+fairseq 0.12's Transformer, which differs only where it keeps PyTorch's `nn.Linear` default.
 Padding masks come from `pad_id`; target padding needs none (see `DecoderLayer.forward`).
 """
 
@@ -23,9 +25,14 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.config import ModelConfig
-from pipeline.model.attention import padding_attention_mask
+from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
 from pipeline.model.dropout import Dropout
-from pipeline.model.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
+from pipeline.model.layers import (
+    DecoderLayer,
+    DecoderLayerCache,
+    EncoderLayer,
+    PositionwiseFeedForward,
+)
 from pipeline.model.positional import LearnedPositionalEmbedding, build_positional
 
 
@@ -97,6 +104,8 @@ class Transformer(nn.Module):
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=std)
         if isinstance(self.positional, LearnedPositionalEmbedding):
             self.positional.reset_parameters()
+        if self.cfg.init == "fairseq":
+            keep_linear_defaults_as_fairseq(self)
 
     def num_parameters(self) -> int:
         """Trainable parameters, a shared (tied) matrix counted once."""
@@ -181,3 +190,18 @@ class Transformer(nn.Module):
             x, weights = layer(x, memory, memory_mask, need_weights=True)
             per_layer.append(weights[0])  # (heads, T, S)
         return torch.stack(per_layer)
+
+
+def keep_linear_defaults_as_fairseq(model: nn.Module) -> None:
+    """Where fairseq 0.12's Transformer initialises otherwise than Xavier / zero biases: its
+    position-wise FFN layers are plain `nn.Linear`s (TransformerEncoderLayerBase.build_fc1/2)
+    and keep PyTorch's default, weights and biases U(+-1/sqrt(fan_in)); its attention's q, k, v
+    projections are Xavier (gain 1/sqrt(2) each, the bound of ours on the stacked matrix) but
+    their biases keep the default U(+-1/sqrt(d_model)). Embeddings, W^O and LayerNorm agree."""
+    for module in model.modules():
+        if isinstance(module, PositionwiseFeedForward):
+            module.linear1.reset_parameters()
+            module.linear2.reset_parameters()
+        elif isinstance(module, MultiHeadAttention):
+            bound = module.in_proj.in_features**-0.5
+            nn.init.uniform_(module.in_proj.bias, -bound, bound)
