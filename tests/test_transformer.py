@@ -186,7 +186,9 @@ def test_fairseq_initialisation_keeps_pytorchs_linear_defaults_where_fairseq_doe
                 assert 0.9 * fan_in**-0.5 < param.abs().max() <= fan_in**-0.5
         w1 = layer.ffn.linear1.weight
         assert w1.std().item() == pytest.approx(reference.weight.std().item(), rel=0.1)
-        attentions = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
+        attentions = [layer.self_attn] + (
+            [layer.cross_attn] if hasattr(layer, "cross_attn") else []
+        )
         for attention in attentions:
             assert 0.9 * d**-0.5 < attention.in_proj.bias.abs().max() <= d**-0.5
             xavier = math.sqrt(6 / (d + 3 * d))  # the stacked (3d, d) matrix, as under xavier
