@@ -11,7 +11,7 @@ BATCH_BUDGETS = {
     # both sides' padded tokens, B * (max_src + max_tgt): section 5.1's batches are counted in
     # source and target tokens
     "sum": np.add,
-    # fairseq's --max-tokens, B * max(max_src, max_tgt) (LanguagePairDataset.num_tokens): about
-    # half the padded tokens of "sum" at the same number
+    # fairseq's --max-tokens, B * max(max_src, max_tgt) (LanguagePairDataset.num_tokens): each
+    # side up to max_tokens, so about twice the padded tokens of "sum" at the same number
     "max": np.maximum,
 }
