@@ -34,9 +34,9 @@ SCHEMES = ("token_batching", "fixed_size_random")
 def batch_stats(batches: list[list[int]], src_lens: np.ndarray, tgt_lens: np.ndarray) -> dict:
     """Padding and size statistics of one epoch's batches (tgt_lens without bos/eos)."""
     padded = np.array([padded_size(b, src_lens, tgt_lens) for b in batches])
-    real = np.array([src_lens[b].sum() + (tgt_lens[b] + TARGET_SPECIALS).sum() for b in batches])
-    sizes = np.array([len(b) for b in batches])
     targets = np.array([(tgt_lens[b] + TARGET_SPECIALS).sum() for b in batches])
+    real = np.array([src_lens[b].sum() for b in batches]) + targets
+    sizes = np.array([len(b) for b in batches])
     return {
         "batches": len(batches),
         "padding_fraction": float(1 - real.sum() / padded.sum()),

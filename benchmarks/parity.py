@@ -108,12 +108,9 @@ def recipe_changes(params: dict, preset: dict) -> list[str]:
     """`<section>.<key> <value>` for each setting of RECIPE_KEYS in which a recorded row differs
     from Wu et al.'s `preset` (`wu_preset`; a key the row predates has the default of its
     config dataclass, as it had then)."""
-    from dataclasses import asdict
-
     from pipeline import config
 
-    defaults = {"model": asdict(config.ModelConfig()), "train": asdict(config.TrainConfig()),
-                "eval": asdict(config.EvalConfig())}  # fmt: skip
+    defaults = config.to_dict(config.Config())
     changes = []
     for section, keys in RECIPE_KEYS.items():
         recorded = {**defaults[section], **params.get(section, {})}

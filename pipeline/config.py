@@ -223,6 +223,10 @@ def _check(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"config key '{key}': {message}")
 
 
+def _check_one_of(value: str, choices, key: str) -> None:
+    _check(value in choices, key, f"must be one of {sorted(choices)}, got '{value}'")
+
+
 def validate(cfg: Config) -> Config:
     """Reject impossible combinations before any compute is spent."""
     m, t, d, e = cfg.model, cfg.train, cfg.data, cfg.eval
@@ -246,18 +250,14 @@ def validate(cfg: Config) -> Config:
         f"must be 'sinusoidal' or 'learned', got '{m.positional}'",
     )
     _check(m.max_positions > 0, "model.max_positions", "must be positive")
-    _check(m.init in INITS, "model.init", f"must be one of {list(INITS)}, got '{m.init}'")
+    _check_one_of(m.init, INITS, "model.init")
     _check(
         0.0 <= t.label_smoothing < 1.0,
         "train.label_smoothing",
         f"must be in [0, 1), got {t.label_smoothing}",
     )
     _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
-    _check(
-        t.batch_budget in BATCH_BUDGETS,
-        "train.batch_budget",
-        f"must be one of {sorted(BATCH_BUDGETS)}, got '{t.batch_budget}'",
-    )
+    _check_one_of(t.batch_budget, BATCH_BUDGETS, "train.batch_budget")
     _check(t.loss_chunk_rows > 0, "train.loss_chunk_rows", "must be positive")
     for key in ("cpu_mmap_threshold_mb", "onednn_primitive_cache"):
         value = getattr(t, key)
@@ -271,11 +271,7 @@ def validate(cfg: Config) -> Config:
     )
     _check(len(t.adam_betas) == 2, "train.adam_betas", "must be two numbers [beta1, beta2]")
     _check(t.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
-    _check(
-        t.loss_normalization in LOSS_NORMALIZATIONS,
-        "train.loss_normalization",
-        f"must be one of {list(LOSS_NORMALIZATIONS)}, got '{t.loss_normalization}'",
-    )
+    _check_one_of(t.loss_normalization, LOSS_NORMALIZATIONS, "train.loss_normalization")
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
@@ -335,11 +331,7 @@ def validate(cfg: Config) -> Config:
         "one-token source would get an empty translation",
     )
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
-    _check(
-        e.length_normalization in LENGTH_NORMALIZATIONS,
-        "eval.length_normalization",
-        f"must be one of {sorted(LENGTH_NORMALIZATIONS)}, got '{e.length_normalization}'",
-    )
+    _check_one_of(e.length_normalization, LENGTH_NORMALIZATIONS, "eval.length_normalization")
     _check(
         e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,
         "eval.bootstrap_samples",

@@ -471,6 +471,26 @@ class RecordFirstUpdate(Callback):
             self.grads = {n: p.grad.clone() for n, p in module.model.named_parameters()}
 
 
+def autograd_update_gradients(cfg, initial: dict, batches: list[dict], per_token: bool):
+    """(gradients, target tokens per batch): what plain autograd gives an update of `batches`
+    from the weights `initial`, for their loss summed over all their target tokens by their
+    number (`per_token`, fairseq's) or for the mean of their per-token losses."""
+    reference = TranslationModule(cfg, vocab_size=initial["src_embed.weight"].size(0))
+    reference.model.load_state_dict(initial)
+    sums, tokens = [], []
+    for batch in batches:
+        logits = reference.model(batch["src"], batch["tgt_in"])
+        sums.append(label_smoothed_nll(logits, batch["tgt_out"], epsilon=cfg.train.label_smoothing,
+                                       pad_id=reference.pad_id)[0])  # fmt: skip
+        tokens.append(int(batch["tgt_out"].ne(reference.pad_id).sum()))
+    if per_token:
+        loss = sum(sums) / sum(tokens)
+    else:
+        loss = sum(total / count for total, count in zip(sums, tokens)) / len(sums)
+    loss.backward()
+    return {name: param.grad for name, param in reference.model.named_parameters()}, tokens
+
+
 @pytest.mark.parametrize("normalization", ["batch", "update"])
 def test_loss_normalization_weighs_an_updates_batches_as_configured(train_config, normalization):
     """An update of two batches: `batch` averages their per-token losses, `update` (fairseq's)
@@ -482,21 +502,12 @@ def test_loss_normalization_weighs_an_updates_batches_as_configured(train_config
                        "train.val_bleu=false", "train.gradient_clip_val=0")  # fmt: skip
     recorder = RecordFirstUpdate()
     run(cfg, callbacks=[recorder])
-    reference = TranslationModule(cfg, vocab_size=recorder.initial["src_embed.weight"].size(0))
-    reference.model.load_state_dict(recorder.initial)
-    sums, tokens = [], []
-    for batch in recorder.batches:
-        logits = reference.model(batch["src"], batch["tgt_in"])
-        loss_sum, _ = label_smoothed_nll(logits, batch["tgt_out"], epsilon=0.1,
-                                         pad_id=reference.pad_id)  # fmt: skip
-        sums.append(loss_sum)
-        tokens.append(int(batch["tgt_out"].ne(reference.pad_id).sum()))
+    expected, tokens = autograd_update_gradients(
+        cfg, recorder.initial, recorder.batches, per_token=normalization == "update"
+    )
     assert len(tokens) == 2 and tokens[0] != tokens[1]  # the two weightings differ
-    per_batch = (sums[0] / tokens[0] + sums[1] / tokens[1]) / 2
-    per_token = (sums[0] + sums[1]) / sum(tokens)
-    (per_token if normalization == "update" else per_batch).backward()
-    for name, param in reference.model.named_parameters():
-        assert torch.allclose(recorder.grads[name], param.grad, rtol=1e-4, atol=1e-7), name
+    for name, grad in expected.items():
+        assert torch.allclose(recorder.grads[name], grad, rtol=1e-4, atol=1e-7), name
 
 
 @pytest.mark.slow
@@ -588,16 +599,11 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     for key, tensor in ranks[0]["state_dict"].items():
         assert torch.equal(tensor, ranks[1]["state_dict"][key]), key
     # The first update's gradient: both ranks' summed loss over all their target tokens.
-    reference = TranslationModule(cfg, vocab_size=ranks[0]["initial"]["src_embed.weight"].size(0))
-    reference.model.load_state_dict(ranks[0]["initial"])
     batches = [batch for rank in ranks for batch in rank["first_update"]]
-    sums = [label_smoothed_nll(reference.model(b["src"], b["tgt_in"]), b["tgt_out"],
-                               epsilon=0.1, pad_id=reference.pad_id)[0] for b in batches]  # fmt: skip
-    tokens = sum(int(b["tgt_out"].ne(reference.pad_id).sum()) for b in batches)
-    (sum(sums) / tokens).backward()
-    for name, param in reference.model.named_parameters():
+    expected, _ = autograd_update_gradients(cfg, ranks[0]["initial"], batches, per_token=True)
+    for name, grad in expected.items():
         for rank in ranks:
-            assert torch.allclose(rank["grads"][name], param.grad, rtol=1e-4, atol=1e-7), name
+            assert torch.allclose(rank["grads"][name], grad, rtol=1e-4, atol=1e-7), name
 
     (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # exactly one W&B run
     wandb_run = read_offline_run(run_dir)

@@ -251,9 +251,8 @@ class TranslationModule(L.LightningModule):
         if self.trainer.world_size > 1:
             tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
         scale = self.trainer.world_size / tokens.clamp(min=1.0)
-        for param in self.parameters():
-            if param.grad is not None:
-                param.grad.mul_(scale)
+        # one fused multiply over all gradients, not a kernel per parameter
+        torch._foreach_mul_([p.grad for p in self.parameters() if p.grad is not None], scale)
         self._update_tokens = 0
 
     def _track_nonfinite(self, loss: Tensor) -> None:
