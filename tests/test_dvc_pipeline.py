@@ -202,10 +202,10 @@ def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
     assert (checkpoints / "last.ckpt").exists()  # the run is kept for the next repro to judge
 
 
-def test_a_preempted_dvc_exp_run_says_how_to_resume_and_that_way_resumes(repo):
+def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     """`dvc exp run` checks the workspace out before it runs, which deletes the checkpoints of a
-    train stage DVC never recorded (persist or not): the preemption message must not tell the
-    user to run it again, but to resume with `dvc repro`, which does."""
+    train stage DVC never recorded (persist or not): a stopped stage keeps them beside the
+    workspace's, and the same command run again puts them back and resumes."""
     values = ["experiment=smoke", "train.max_steps=400", "train.val_check_interval=20",
               "train.progress_bar=false"]  # fmt: skip
     compose_params(repo, *values)
@@ -226,10 +226,15 @@ def test_a_preempted_dvc_exp_run_says_how_to_resume_and_that_way_resumes(repo):
     stage[0].send_signal(signal.SIGTERM)  # a preemption of the stage
     out, _ = exp.communicate(timeout=300)
     assert exp.returncode != 0
-    assert "resume it with `dvc repro`" in out and "run the same command again" not in out
-    stopped = yaml.safe_load((checkpoints / "progress.json").read_text())["step"]
+    assert "run the same command again to resume from it" in out
+    assert not list(checkpoints.glob("*.ckpt")), "moved out of the checkout's reach"
+    kept = repo / "models/train.preempted/checkpoints"
+    stopped = yaml.safe_load((kept / "progress.json").read_text())["step"]
     assert 0 < stopped < 400
 
-    sh(["dvc", "repro", "train"], repo)  # as the message says
+    again = sh(["dvc", "exp", "run", *overrides], repo)  # as the message says
     summary = yaml.safe_load((repo / "metrics/train.json").read_text())
-    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 400
+    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 400, again.stdout[
+        -3000:
+    ]
+    assert not list(kept.iterdir()) and not (repo / "models/train.replaced").exists()

@@ -40,8 +40,10 @@ from pipeline.training.trainer import (
     config_differences,
     device_count,
     resolve_strategy,
+    restore_preempted_run,
     resume_checkpoint,
     run,
+    stash_preempted_run,
 )
 from tests.conftest import redirect_paths, run_stage
 
@@ -201,6 +203,24 @@ def test_resume_decision(make_config, tmp_path, trained_step, overrides, code, e
         assert not path.exists()
         aside = list(Path(f"{trained.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
         assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == trained_step
+
+
+def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(make_config):
+    """The next `dvc exp run` checks the workspace out first: it deletes a train output DVC
+    never recorded, or puts back the one it did (here another experiment's finished run)."""
+    stopped = make_config("model.heads=4", "train.max_steps=10")
+    _fake_run(stopped, 5)
+    kept = checkpoint_dir(f"{stopped.paths.train_dir}.preempted")
+    assert str(kept) in stash_preempted_run(stopped) and (kept / LAST_NAME).exists()
+    assert not list(checkpoint_dir(stopped.paths.train_dir).glob("*.ckpt"))
+    _fake_run(make_config("model.heads=2", "train.max_steps=10"), 10)  # the checkout's
+    with pytest.warns(UserWarning, match="the run stopped under `dvc exp run` goes on there"):
+        path = resume_checkpoint(stopped)
+    assert read_checkpoint(path)["global_step"] == 5 and not list(kept.iterdir())
+    aside = list(Path(f"{stopped.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
+    assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == 10
+    restore_preempted_run(stopped)  # nothing kept any more: nothing moves
+    assert read_checkpoint(path)["global_step"] == 5
 
 
 def test_resume_lists_the_free_keys_that_differ(make_config):

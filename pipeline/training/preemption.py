@@ -141,7 +141,7 @@ class PreemptionCallback(Callback):
         got = signal.Signals(self.received).name if self.received else "another rank's signal"
         raise Preempted(
             f"training stopped by {got} at step {trainer.global_step}: saved "
-            f"{self.checkpoint_path}; {resume_hint()}"
+            f"{self.checkpoint_path}; run the same command again to resume from it"
         )
 
 
@@ -149,14 +149,8 @@ class PreemptionCallback(Callback):
 DVC_EXP_NAME = "DVC_EXP_NAME"
 
 
-def resume_hint() -> str:
-    """How to resume: the same command, except under `dvc exp run`, whose next run checks the
-    workspace out before running and so deletes the checkpoints of a stage DVC never recorded
-    (its persist outputs included); `dvc repro` keeps them and resumes."""
-    if os.environ.get(DVC_EXP_NAME):
-        return (
-            "resume it with `dvc repro` (params.yaml holds this experiment's values), then "
-            "`dvc exp save`; not `dvc exp run` again, which deletes the unfinished run's "
-            "checkpoints before training"
-        )
-    return "run the same command again to resume from it"
+def under_dvc_exp_run() -> bool:
+    """Whether this stage runs under `dvc exp run`, whose next run checks the workspace out
+    before it runs anything and so deletes the outputs of a stage DVC never recorded (persist
+    ones included): the trainer keeps a stopped run's checkpoints beside the workspace's."""
+    return bool(os.environ.get(DVC_EXP_NAME))

@@ -18,6 +18,7 @@ collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank en
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 import warnings
@@ -54,7 +55,9 @@ from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.live import SafeDVCLiveLogger
 from pipeline.training.module import PRECISION_KEY, TranslationModule
 from pipeline.training.precision import resolve_precision
-from pipeline.training.preemption import PreemptionCallback
+from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "train.json"
 DVCLIVE_SUBDIR = "train"  # under paths.plots_dir
@@ -94,6 +97,8 @@ RESUME_FREE_KEYS = (
 )
 GPU_ACCELERATORS = ("gpu", "cuda")
 REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
+# <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
+PREEMPTED_SUFFIX = ".preempted"
 
 
 # ---------------------------------------------------------------------- hardware
@@ -324,6 +329,7 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     train_dir = Path(cfg.paths.train_dir)
     if rank_zero_only.rank == 0:  # half-written files of a writer that was killed
         remove_stale_temps(checkpoint_dir(train_dir))
+    restore_preempted_run(cfg)
     if not cfg.train.resume:
         _move_aside(train_dir, "train.resume=false")
         return None, None
@@ -395,7 +401,40 @@ def run(
     `resume_checkpoint`). `train.cpu_speed_paths` holds for this run (`pipeline.cpu_paths`).
     """
     with cpu_paths.configured(cfg.train.cpu_speed_paths):
-        return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+        try:
+            return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+        except Preempted as stopped:
+            if not under_dvc_exp_run():
+                raise
+            raise Preempted(f"{stopped} ({stash_preempted_run(cfg)})") from None
+
+
+def _preempted_dir(cfg: Config) -> Path:
+    train_dir = Path(cfg.paths.train_dir)
+    return train_dir.with_name(train_dir.name + PREEMPTED_SUFFIX)
+
+
+def stash_preempted_run(cfg: Config) -> str:
+    """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
+    exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
+    Returns where they went, for the stop message."""
+    if rank_zero_only.rank == 0:
+        move_checkpoints(cfg.paths.train_dir, checkpoint_dir(_preempted_dir(cfg)))
+    return (
+        f"its checkpoints wait in {checkpoint_dir(_preempted_dir(cfg))}, where the workspace "
+        "checkout of the next `dvc exp run` does not delete them"
+    )
+
+
+def restore_preempted_run(cfg: Config) -> None:
+    """Put a run stopped under `dvc exp run` back in place (a run found there instead, which
+    that checkout restored from DVC's cache, is moved aside: nothing is deleted)."""
+    stash = checkpoint_dir(_preempted_dir(cfg))
+    if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
+        return
+    _move_aside(Path(cfg.paths.train_dir), "the run stopped under `dvc exp run` goes on there")
+    moved = move_checkpoints(_preempted_dir(cfg), checkpoint_dir(cfg.paths.train_dir))
+    log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
 
 
 def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
