@@ -44,7 +44,8 @@ class Run:
     """One trained and evaluated system, as the table shows it."""
 
     system: str
-    recipe: str
+    experiment: str  # the preset it ran (conf/experiment/), whatever settings it changed
+    recipe: str  # the preset and the changed settings the table names
     seed: int
     updates: int
     max_updates: int  # the budget it was given (early stopping may end it sooner)
@@ -79,6 +80,7 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
         recipe = payload["recipe"]
         runs.append(Run(
             system=f"fairseq {payload['venv']['versions']['fairseq']}",
+            experiment=WU_RECIPE,
             recipe="Wu et al. 2021 (fairseq)",
             seed=recipe["seed"],
             updates=payload["updates"],
@@ -134,18 +136,19 @@ def our_runs(results_root: Path) -> list[Run]:
     runs, preset = [], None
     for row in results.load_rows(results_root):
         params, train, run = row["params"], row["train.json"], row[results.RUN_FILE]
-        recipe = params["experiment_name"]
-        if recipe != WU_RECIPE and run["command"] != DEFAULT_RECIPE_COMMAND:
+        experiment = recipe = params["experiment_name"]
+        if experiment != WU_RECIPE and run["command"] != DEFAULT_RECIPE_COMMAND:
             continue
         if (params["data"]["src_lang"], params["data"]["tgt_lang"]) != ("en", "de"):
             continue
-        if recipe == WU_RECIPE:
+        if experiment == WU_RECIPE:
             preset = preset or wu_preset()  # composed once, for the first such row
             if changes := recipe_changes(params, preset):
                 recipe = ", ".join([recipe, *changes])
         folder = results_root / row["name"]
         runs.append(Run(
             system="ours",
+            experiment=experiment,
             recipe=recipe,
             seed=params["seed"],
             updates=train["steps"],
@@ -208,7 +211,7 @@ def comparisons(runs: list[Run]) -> list[str]:
     is first, then each earlier setting of it that rows were recorded under (named)."""
     lines = []
     theirs = [r for r in runs if r.system.startswith("fairseq")]
-    ours = [r for r in runs if r.system == "ours" and _is_wu(r.recipe)]
+    ours = [r for r in runs if r.system == "ours" and r.experiment == WU_RECIPE]
     recipes = sorted({r.recipe for r in ours}, key=lambda recipe: (recipe != WU_RECIPE, recipe))
     shared = [(recipe, budget) for recipe in recipes for budget in sorted(
         {r.max_updates for r in ours if r.recipe == recipe} & {r.max_updates for r in theirs}
@@ -246,11 +249,6 @@ def comparisons(runs: list[Run]) -> list[str]:
     return lines
 
 
-def _is_wu(recipe: str) -> bool:
-    """Wu et al.'s recipe, as it is or as an earlier setting of it (`our_runs`)."""
-    return recipe == WU_RECIPE or recipe.startswith(f"{WU_RECIPE}, ")
-
-
 def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float:
     """`scoring.length_ratio` of several seeds' translations side by side."""
     return scoring.length_ratio([line for seed in seeds for line in seed], references * len(seeds))
@@ -258,8 +256,7 @@ def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float
 
 def markdown(results_root: Path, parity_dir: Path) -> str:
     runs = fairseq_runs(parity_dir) + our_runs(results_root)
-    runs.sort(key=lambda r: (not (_is_wu(r.recipe) or r.system.startswith("fairseq")),
-                             r.max_updates, r.system, r.recipe, r.seed))  # fmt: skip
+    runs.sort(key=lambda r: (r.experiment != WU_RECIPE, r.max_updates, r.system, r.recipe, r.seed))
     lines = [*table(runs), ""]
     compared = comparisons(runs)
     lines += compared or ["- no budget run by both systems yet"]
