@@ -55,6 +55,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 from sqlalchemy import event
+from sqlalchemy.pool import NullPool
 
 from pipeline import config as config_lib
 from pipeline.atomic import write_json_atomic, write_text_atomic
@@ -251,8 +252,12 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-        # Wait on SQLite's write lock instead of failing with "database is locked".
-        engine_kwargs = {"connect_args": {"timeout": 120}}
+        # Wait on SQLite's write lock instead of failing with "database is locked". No pool:
+        # each session opens the file anew, so that a study.db replaced under running workers
+        # (`git pull` or `git checkout` of the committed storage writes a new file) is the one
+        # they go on with; a pooled connection would hold the deleted file, where SQLite
+        # refuses every write ("attempt to write a readonly database").
+        engine_kwargs = {"connect_args": {"timeout": 120}, "poolclass": NullPool}
     else:
         engine_kwargs = {"pool_pre_ping": True}
     retry = RetryInterruptedTrial(max_retries=settings.max_retries)
@@ -397,7 +402,13 @@ def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
 
     def beat() -> None:
         while not stop.wait(interval):
-            storage.record_heartbeat(trial_id)
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as err:  # keep beating: a storage that comes back hears it again
+                # Optuna's StorageInternalError hides the database's own message in its cause.
+                log.error(
+                    "trial %d: cannot record its heartbeat: %s", trial_id, err.__cause__ or err
+                )
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
     thread.start()

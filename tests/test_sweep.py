@@ -7,9 +7,12 @@ end-to-end smoke study with real training is in test_sweep_e2e.py.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -281,6 +284,60 @@ def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
     assert retried[0].params == {"variant": "heads_1", "seed": 1}
+
+
+@pytest.mark.slow
+def test_a_study_db_replaced_under_a_running_worker_is_the_one_it_goes_on_with(tmp_path):
+    """`git pull` or `git checkout` of a committed study.db writes a new file under the running
+    workers (seen in this repository: a `git stash` of the live storage). A worker that kept its
+    connection to the old, deleted file could record nothing more there (SQLite: "attempt to
+    write a readonly database"): its heartbeats stopped and its trial went unfinished."""
+    db = tmp_path / "study.db"
+    url = f"sqlite:///{db}"
+    spec_path = write_spec(tmp_path, f"replaced-{uuid.uuid4().hex[:8]}", variants=2)
+    worker = start_worker(tmp_path, spec_path, url, slow_point="1-heads_1")
+    deadline = time.monotonic() + 60
+    while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.2)
+    replacement = tmp_path / "study.db.new"
+    shutil.copy2(db, replacement)
+    os.replace(replacement, db)  # a new file (inode) at the same path, as git writes it
+    replaced_at = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    out, _ = worker.communicate(timeout=240)
+    assert worker.returncode == 0 and "readonly database" not in out, out
+    study = load(spec_path, url)
+    assert Counter(t.state for t in study.trials) == {TrialState.COMPLETE: 4}
+    slow = next(t for t in study.trials if t.params == {"variant": "heads_1", "seed": 1})
+    with sqlite3.connect(db) as connection:  # Optuna stamps heartbeats with SQLite's UTC time
+        (last_beat,) = connection.execute(
+            "SELECT heartbeat FROM trial_heartbeats WHERE trial_id = ?", (slow._trial_id,)
+        ).fetchone()
+    # The slow trial ran on for a minute, beating into the new file.
+    assert datetime.datetime.fromisoformat(last_beat) > replaced_at + datetime.timedelta(seconds=10)
+
+
+def test_a_heartbeat_the_storage_refuses_is_logged_and_beats_again(tmp_path, caplog):
+    """A storage that refuses a heartbeat for a while (here SQLite's write lock, held by another
+    connection) must not end the heartbeat thread: it used to die at the first error, and the
+    trial ran on with no heartbeat, for the next worker to take over as dead."""
+    db = tmp_path / "study.db"
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{db}", engine_kwargs={"connect_args": {"timeout": 0.05}}
+    )
+    trial_id = optuna.create_study(storage=storage).ask()._trial_id
+    locker = sqlite3.connect(db, isolation_level=None)
+    with sweep.heartbeat(storage, trial_id, interval=0.2):
+        locker.execute("BEGIN EXCLUSIVE")
+        time.sleep(1.0)  # every beat in this second: "database is locked"
+        locker.execute("ROLLBACK")
+        unlocked = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None, microsecond=0)
+        time.sleep(1.5)
+    assert "cannot record its heartbeat: " in caplog.text and "database is locked" in caplog.text
+    (last_beat,) = locker.execute(
+        "SELECT heartbeat FROM trial_heartbeats WHERE trial_id = ?", (trial_id,)
+    ).fetchone()
+    assert datetime.datetime.fromisoformat(last_beat) >= unlocked
 
 
 CLAIM_AND_DIE = textwrap.dedent(
