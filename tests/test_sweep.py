@@ -99,6 +99,16 @@ def start_worker(
     )
 
 
+def start_slow_point(tmp_path: Path, spec: Path, storage: str) -> subprocess.Popen:
+    """A worker on whose point 1-heads_1 a first attempt takes a minute, once that point runs."""
+    worker = start_worker(tmp_path, spec, storage, slow_point="1-heads_1")
+    deadline = time.monotonic() + 60
+    while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.2)
+    return worker
+
+
 def started_points(tmp_path: Path) -> list[dict]:
     log = tmp_path / "trials.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -266,11 +276,7 @@ def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
 @pytest.mark.slow
 def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"kill-{uuid.uuid4().hex[:8]}", variants=2)
-    victim = start_worker(tmp_path, spec_path, storage_url, slow_point="1-heads_1")
-    deadline = time.monotonic() + 60
-    while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
-        assert time.monotonic() < deadline and victim.poll() is None
-        time.sleep(0.2)
+    victim = start_slow_point(tmp_path, spec_path, storage_url)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
 
@@ -295,11 +301,7 @@ def test_a_study_db_replaced_under_a_running_worker_is_the_one_it_goes_on_with(t
     db = tmp_path / "study.db"
     url = f"sqlite:///{db}"
     spec_path = write_spec(tmp_path, f"replaced-{uuid.uuid4().hex[:8]}", variants=2)
-    worker = start_worker(tmp_path, spec_path, url, slow_point="1-heads_1")
-    deadline = time.monotonic() + 60
-    while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
-        assert time.monotonic() < deadline and worker.poll() is None
-        time.sleep(0.2)
+    worker = start_slow_point(tmp_path, spec_path, url)
     replacement = tmp_path / "study.db.new"
     shutil.copy2(db, replacement)
     os.replace(replacement, db)  # a new file (inode) at the same path, as git writes it
