@@ -14,7 +14,9 @@ Many workers, on one machine or many, run the same command against one storage U
 - heartbeats: a worker that dies leaves a RUNNING trial whose heartbeat goes stale; the next worker
   to look marks it failed and re-enqueues its parameters (`RetryInterruptedTrial`, at most
   `settings.max_retries` times). A worker stopped by SIGTERM/SIGUSR1 saves the trial's checkpoint,
-  marks the trial failed and re-enqueues its point at once (not counted as a retry).
+  marks the trial failed and re-enqueues its point at once (not counted as a retry). A worker
+  whose storage records none of its heartbeats for `grace_period - heartbeat_interval` seconds
+  stops the trial the same way, but leaves the storage alone: others retry the stale trial.
 - a trial trains in its point's own work directory (`<work-dir>/<study>/<variant>-seed<seed>/`,
   outside the repository: checkpoints, averaged model, heatmaps), so the re-run of an interrupted
   point resumes from its checkpoint instead of training from step 0. A finished trial's record
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import datetime
 import fcntl
 import itertools
@@ -51,6 +54,7 @@ from typing import Any
 import optuna
 import torch
 import yaml
+from lightning.pytorch.callbacks import Callback
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
@@ -61,6 +65,7 @@ from pipeline import config as config_lib
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import main
 from pipeline.errors import ConfigError, PipelineError, Preempted
+from pipeline.training.preemption import PreemptionCallback
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +309,7 @@ class RetryInterruptedTrial:
                 params=trial.params,
                 distributions=trial.distributions,
                 user_attrs=trial.user_attrs,
-                # The sampler's own attributes (GridSampler's grid_id) come along.
+                # The point's fixed params (an enqueued trial's) come along.
                 system_attrs={**trial.system_attrs, "failed_trial": history[0],
                               "retry_history": history, "deaths": deaths},
             )
@@ -332,8 +337,12 @@ def _begin_sqlite_transactions_immediately(engine) -> None:
 
 
 def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    """TPE for a search. A grid's points are enqueued in GridSampler's order (`StudySpec.grid`)
+    and claimed with their params fixed, so its sampler never draws a value: not GridSampler,
+    whose `after_trial` reads a `grid_id` that only its own `ask` sets (a one-point grid's
+    trial could not be told)."""
     if spec.kind == "grid":
-        return optuna.samplers.GridSampler(spec.grid_space(), seed=spec.sampler_seed)
+        return optuna.samplers.RandomSampler(seed=spec.sampler_seed)
     return optuna.samplers.TPESampler(seed=spec.sampler_seed)
 
 
@@ -392,31 +401,83 @@ def _wait_for_grid(study: optuna.Study, spec: StudySpec) -> None:
 # --------------------------------------------------------------------------- workers
 
 
+class Heartbeat:
+    """A running trial's heartbeat, recorded by a thread every `interval` seconds. A beat the
+    storage refuses is logged and tried again at the next; `silent_for` tells how long the
+    storage has recorded none (`HeartbeatWatchdog` stops the trial before others count it dead).
+    """
+
+    def __init__(self, storage: RDBStorage, trial_id: int, interval: float) -> None:
+        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+        self.last_recorded = time.monotonic()
+        self.last_error: BaseException | None = None
+        self.lost = False  # the trial was stopped because of it
+
+    def record(self) -> None:
+        try:
+            self.storage.record_heartbeat(self.trial_id)
+        except Exception as err:  # keep beating: a storage that comes back hears it again
+            # Optuna's StorageInternalError hides the database's own message in its cause.
+            self.last_error = err.__cause__ or err
+            log.error("trial %d: cannot record its heartbeat: %s", self.trial_id, self.last_error)
+        else:
+            self.last_recorded = time.monotonic()
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last_recorded
+
+
+# The heartbeat of the trial this worker runs, for the trial's training (`HeartbeatWatchdog`).
+CURRENT_HEARTBEAT: contextvars.ContextVar[Heartbeat | None] = contextvars.ContextVar(
+    "current_heartbeat", default=None
+)
+
+
 @contextlib.contextmanager
 def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
     """Record the trial's heartbeat every `interval` seconds while the body runs; the first one
     before the body starts, so that a worker killed at any point of its trial leaves a heartbeat
-    to go stale (Optuna never retries a RUNNING trial that has none)."""
+    to go stale (Optuna never retries a RUNNING trial that has none). Yields the `Heartbeat`."""
     storage.record_heartbeat(trial_id)
+    beat = Heartbeat(storage, trial_id, interval)
     stop = threading.Event()
 
-    def beat() -> None:
+    def beat_until_stopped() -> None:
         while not stop.wait(interval):
-            try:
-                storage.record_heartbeat(trial_id)
-            except Exception as err:  # keep beating: a storage that comes back hears it again
-                # Optuna's StorageInternalError hides the database's own message in its cause.
-                log.error(
-                    "trial %d: cannot record its heartbeat: %s", trial_id, err.__cause__ or err
-                )
+            beat.record()
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread = threading.Thread(target=beat_until_stopped, name=f"heartbeat-{trial_id}", daemon=True)
     thread.start()
+    token = CURRENT_HEARTBEAT.set(beat)
     try:
-        yield
+        yield beat
     finally:
+        CURRENT_HEARTBEAT.reset(token)
         stop.set()
-        thread.join()
+        # A beat stuck on a storage out of reach (SQLite waits for its lock) is left behind.
+        thread.join(timeout=0 if beat.lost else None)
+
+
+class HeartbeatWatchdog(Callback):
+    """Stops a trial's training at a checkpoint, as a preemption does, once the storage has
+    recorded none of its heartbeats for `grace_period - heartbeat_interval` seconds: past
+    `grace_period` other workers count the trial dead and run its point again, in the same
+    work directory, and two processes would train one run."""
+
+    def __init__(self, beat: Heartbeat, settings: SweepSettings) -> None:
+        self.beat = beat
+        self.limit = settings.grace_period - settings.heartbeat_interval
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        silent = self.beat.silent_for()
+        if self.beat.lost or silent < self.limit:
+            return
+        self.beat.lost = True
+        why = self.beat.last_error or "no answer"
+        (preemption,) = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionCallback)]
+        preemption.request_stop(
+            f"a lost heartbeat (the study's storage recorded none for {silent:.0f} s: {why})"
+        )
 
 
 def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
@@ -549,13 +610,15 @@ def _run_and_tell(
     results_root: Path,
     trial_fn: TrialFn,
 ) -> None:
-    with heartbeat(storage, trial._trial_id, spec.settings.heartbeat_interval):
+    with heartbeat(storage, trial._trial_id, spec.settings.heartbeat_interval) as beat:
         try:
             value = trial_fn(spec, trial, results_root)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
             return
         except Preempted:
+            if beat.lost:
+                raise  # the storage is out of reach; its stale heartbeat queues the point again
             # The checkpoint is saved: queue the point again first (so that no worker sees the
             # study as exhausted in between), then close this attempt.
             frozen = storage.get_trial(trial._trial_id)
@@ -680,11 +743,12 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_r
     from pipeline.training import trainer
 
     pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
+    beat = CURRENT_HEARTBEAT.get()
+    watchdog = HeartbeatWatchdog(beat, spec.settings) if beat is not None else None
+    callbacks = [callback for callback in (pruning, watchdog) if callback is not None]
     with _one_ddp_launch(trial.number):
         # A point whose training finished before its worker stopped is not trained again.
-        metrics = trainer.run(
-            cfg, wandb_run=wandb_run, callbacks=[pruning] if pruning else [], keep_finished=True
-        )
+        metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=callbacks, keep_finished=True)
     if pruning is not None and pruning.pruned_at_step is not None:
         raise optuna.TrialPruned(f"trial {trial.number} pruned at step {pruning.pruned_at_step}")
     return metrics

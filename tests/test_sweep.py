@@ -273,6 +273,16 @@ def test_workers_started_at_once_run_each_point_once(tmp_path, storage_url):
     assert len(started_points(tmp_path)) == 6
 
 
+def test_a_one_point_grid_runs_and_finishes(tmp_path):
+    """GridSampler, the grid's sampler once, failed to tell the only trial of a one-point
+    grid (KeyError: 'grid_id': our claimed trials never pass through its `ask`)."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    spec_path = write_spec(tmp_path, f"one-{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    wait_all([start_worker(tmp_path, spec_path, url)], timeout=120)
+    (trial,) = load(spec_path, url).trials
+    assert trial.state == TrialState.COMPLETE and trial.params == {"variant": "heads_1", "seed": 1}
+
+
 @pytest.mark.slow
 def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"kill-{uuid.uuid4().hex[:8]}", variants=2)

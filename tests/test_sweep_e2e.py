@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import matplotlib.image
 import optuna
@@ -100,6 +102,35 @@ def start_worker(spec_path, results, work) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
+def write_smoke_grid(
+    tmp_path, study: str, steps: int, interval: int, variants: dict, grace_period: int
+) -> Path:
+    """A grid study of `variants` (seed 1) on the smoke recipe: `steps` updates, validated every
+    `interval`, fast heartbeats; returns the spec's path."""
+    spec = {
+        "study": study,
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "budget": {"train.max_steps": steps, "train.val_check_interval": interval,
+                   "eval.average": 1},
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": [1],
+        "variants": variants,
+        "settings": {"heartbeat_interval": 1, "grace_period": grace_period, "poll_interval": 0.5},
+    }  # fmt: skip
+    spec_path = tmp_path / f"{study}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    return spec_path
+
+
+def wait_for_checkpoint(worker: subprocess.Popen, progress: Path, step: int) -> None:
+    """Until the trial's `progress.json` shows a checkpoint at `step` or later."""
+    deadline = time.monotonic() + 240
+    while not (progress.exists() and json.loads(progress.read_text())["step"] >= step):
+        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+        time.sleep(0.2)
+
+
 def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_dir, monkeypatch):
     """The study machinery as a preemptible machine uses it: two workers share a grid; one is
     stopped by a real SIGTERM mid-training; the same command run again resumes that point
@@ -107,30 +138,13 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     report come out complete."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     steps, interval = 100, 20
-    spec = {
-        "study": "resume_smoke",
-        "kind": "grid",
-        "base_experiment": "smoke",
-        "budget": {
-            "train.max_steps": steps,
-            "train.val_check_interval": interval,
-            "eval.average": 1,
-        },
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
-        "seeds": [1],
-        "variants": {"base": {}, "heads_1": {"model.heads": 1}},
-        "settings": {"heartbeat_interval": 1, "grace_period": 3, "poll_interval": 0.5},
-    }
-    spec_path = tmp_path / "resume_smoke.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
+    variants = {"base": {}, "heads_1": {"model.heads": 1}}
+    spec_path = write_smoke_grid(tmp_path, "resume_smoke", steps, interval, variants, 3)
     results, work = tmp_path / "results", tmp_path / "work"
 
     first = start_worker(spec_path, results, work)
     progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
-    deadline = time.monotonic() + 240
-    while not (progress.exists() and json.loads(progress.read_text())["step"] >= interval):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
-        time.sleep(0.2)
+    wait_for_checkpoint(first, progress, interval)
     second = start_worker(spec_path, results, work)  # takes the other point
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=120)
@@ -161,6 +175,45 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
                      "--no-wandb")  # fmt: skip
     assert "2 of 2 trials finished" in report and "| heads_1 | model.heads=1 |" in report
     assert (results / "resume_smoke" / "bleu_per_variant.png").exists()
+
+
+def test_a_trial_whose_storage_stops_recording_heartbeats_stops_at_a_checkpoint(
+    tmp_path, multi30k_dir, monkeypatch
+):
+    """A storage that records no heartbeat for longer than the grace period lets other workers
+    count the trial dead and run its point again, in the same work directory. Here SQLite's
+    write lock is held by another connection (a real lock; the worker's own writes wait on it):
+    the worker stops training at a checkpoint before the grace period is out, touches the
+    storage no more and exits as a preempted worker does; once the lock is gone, the same
+    command resumes the point from that checkpoint."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    steps, interval = 400, 20
+    spec_path = write_smoke_grid(tmp_path, "lost_heartbeat", steps, interval, {"base": {}}, 4)
+    results, work = tmp_path / "results", tmp_path / "work"
+    worker = start_worker(spec_path, results, work)
+    progress = work / "lost_heartbeat" / "base-seed1" / "train" / "checkpoints" / "progress.json"
+    wait_for_checkpoint(worker, progress, interval)
+    lock = sqlite3.connect(results / "lost_heartbeat" / "study.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        out, _ = worker.communicate(timeout=120)
+    finally:
+        lock.execute("ROLLBACK")
+    assert worker.returncode == 3, out
+    assert "training stopped by a lost heartbeat (the study's storage recorded none for" in out
+    stopped_at = json.loads(progress.read_text())["step"]
+    assert interval <= stopped_at < steps
+
+    again = start_worker(spec_path, results, work)
+    out, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, out
+    storage = f"sqlite:///{results / 'lost_heartbeat' / 'study.db'}"
+    trials = optuna.load_study(study_name="lost_heartbeat", storage=storage).trials
+    assert sorted(t.state.name for t in trials) == ["COMPLETE", "FAIL"]  # stale, then retried
+    train = json.loads(
+        (results / "lost_heartbeat" / "trials" / "base-seed1" / "train.json").read_text()
+    )
+    assert train["resumed_from"] and train["steps"] == steps
 
 
 def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, monkeypatch):

@@ -71,6 +71,7 @@ class PreemptionCallback(Callback):
         self.checkpoint_path = Path(checkpoint_path)
         self.signals = tuple(signals)
         self.received: int | None = None  # the first preemption signal this process got
+        self.stop_reason: str | None = None  # `request_stop`'s, if no signal came first
         self._stopping = False  # every rank agreed to stop after the current step
         self._original_handlers: dict[int, object] = {}
 
@@ -79,6 +80,12 @@ class PreemptionCallback(Callback):
     def _on_signal(self, signum: int, frame) -> None:
         if self.received is None:
             self.received = signum
+
+    def request_stop(self, reason: str) -> None:
+        """Stop as a preemption signal would (end of the step, checkpoint, `Preempted`), for
+        `reason` (what the message says stopped training). Main thread only."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
 
     def install(self) -> None:
         """Handle the preemption signals here (only the main thread may set handlers)."""
@@ -117,7 +124,8 @@ class PreemptionCallback(Callback):
     # ------------------------------------------------------------------ stopping
 
     def _any_rank_signalled(self, trainer: L.Trainer) -> bool:
-        flag = torch.tensor(float(self.received is not None), device=trainer.strategy.root_device)
+        asked = self.received is not None or self.stop_reason is not None
+        flag = torch.tensor(float(asked), device=trainer.strategy.root_device)
         if trainer.world_size > 1:
             flag = trainer.strategy.reduce(flag, reduce_op="sum")
         return bool(flag.item() > 0)
@@ -138,7 +146,10 @@ class PreemptionCallback(Callback):
 
     def _stop(self, trainer: L.Trainer) -> None:
         trainer.save_checkpoint(self.checkpoint_path)  # rank zero writes, all ranks wait
-        got = signal.Signals(self.received).name if self.received else "another rank's signal"
+        if self.received:
+            got = signal.Signals(self.received).name
+        else:
+            got = self.stop_reason or "another rank's signal"
         raise Preempted(
             f"training stopped by {got} at step {trainer.global_step}: saved "
             f"{self.checkpoint_path}; run the same command again to resume from it"
