@@ -227,6 +227,7 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     out, _ = exp.communicate(timeout=300)
     assert exp.returncode != 0
     assert "run the same command again to resume from it" in out
+    assert "its checkpoints wait in models/train.preempted/checkpoints" in out
     assert not list(checkpoints.glob("*.ckpt")), "moved out of the checkout's reach"
     kept = repo / "models/train.preempted/checkpoints"
     stopped = yaml.safe_load((kept / "progress.json").read_text())["step"]

@@ -205,13 +205,15 @@ def test_resume_decision(make_config, tmp_path, trained_step, overrides, code, e
         assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == trained_step
 
 
-def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(make_config):
+def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(
+    make_config, tmp_path
+):
     """The next `dvc exp run` checks the workspace out first: it deletes a train output DVC
     never recorded, or puts back the one it did (here another experiment's finished run)."""
     stopped = make_config("model.heads=4", "train.max_steps=10")
     _fake_run(stopped, 5)
     kept = checkpoint_dir(f"{stopped.paths.train_dir}.preempted")
-    assert str(kept) in stash_preempted_run(stopped) and (kept / LAST_NAME).exists()
+    assert stash_preempted_run(stopped) == kept and (kept / LAST_NAME).exists()
     assert not list(checkpoint_dir(stopped.paths.train_dir).glob("*.ckpt"))
     _fake_run(make_config("model.heads=2", "train.max_steps=10"), 10)  # the checkout's
     with pytest.warns(UserWarning, match="the run stopped under `dvc exp run` goes on there"):
@@ -221,6 +223,7 @@ def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(m
     assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == 10
     restore_preempted_run(stopped)  # nothing kept any more: nothing moves
     assert read_checkpoint(path)["global_step"] == 5
+    assert stash_preempted_run(make_config(root=tmp_path / "fresh")) is None  # nothing to keep
 
 
 def test_resume_lists_the_free_keys_that_differ(make_config):

@@ -404,9 +404,12 @@ def run(
         try:
             return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
         except Preempted as stopped:
-            if not under_dvc_exp_run():
+            if not under_dvc_exp_run() or not (kept := stash_preempted_run(cfg)):
                 raise
-            raise Preempted(f"{stopped} ({stash_preempted_run(cfg)})") from None
+            raise Preempted(
+                f"{stopped} (its checkpoints wait in {kept}, where the workspace checkout of the "
+                "next `dvc exp run` does not delete them)"
+            ) from None
 
 
 def _preempted_dir(cfg: Config) -> Path:
@@ -414,16 +417,14 @@ def _preempted_dir(cfg: Config) -> Path:
     return train_dir.with_name(train_dir.name + PREEMPTED_SUFFIX)
 
 
-def stash_preempted_run(cfg: Config) -> str:
+def stash_preempted_run(cfg: Config) -> Path | None:
     """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
     exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
-    Returns where they went, for the stop message."""
-    if rank_zero_only.rank == 0:
-        move_checkpoints(cfg.paths.train_dir, checkpoint_dir(_preempted_dir(cfg)))
-    return (
-        f"its checkpoints wait in {checkpoint_dir(_preempted_dir(cfg))}, where the workspace "
-        "checkout of the next `dvc exp run` does not delete them"
-    )
+    Returns where they went (None: there were none, or another rank moves them)."""
+    kept = checkpoint_dir(_preempted_dir(cfg))
+    if rank_zero_only.rank == 0 and move_checkpoints(cfg.paths.train_dir, kept):
+        return kept
+    return None
 
 
 def restore_preempted_run(cfg: Config) -> None:
