@@ -256,7 +256,14 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
         )
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path in ("", ":memory:"):
+            raise ConfigError(
+                f"--storage {url!r} is an in-memory SQLite database, which lives and dies with "
+                "one connection: no other worker, and no later run, could read the study. Use "
+                "a file, sqlite:///path/study.db."
+            )
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Wait on SQLite's write lock instead of failing with "database is locked". No pool:
         # each session opens the file anew, so that a study.db replaced under running workers
         # (`git pull` or `git checkout` of the committed storage writes a new file) is the one

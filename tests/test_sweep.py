@@ -182,6 +182,13 @@ def test_storage_other_than_an_rdb_url_is_refused_saying_why(url):
     assert url in str(error.value)
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_storage_is_refused_saying_why(url):
+    with pytest.raises(ConfigError, match="in-memory SQLite database") as error:
+        sweep.open_storage(url, sweep.SweepSettings())
+    assert repr(url) in str(error.value)
+
+
 def test_concurrent_claims_never_hand_one_waiting_trial_to_two_workers(storage_url):
     # Threads with their own storages (own connections) race for 60 enqueued trials; without
     # BEGIN IMMEDIATE on SQLite, ~20 of them were claimed twice per run.
