@@ -409,13 +409,13 @@ def _wait_for_grid(study: optuna.Study, spec: StudySpec) -> None:
 
 
 class Heartbeat:
-    """A running trial's heartbeat, recorded by a thread every `interval` seconds. A beat the
-    storage refuses is logged and tried again at the next; `silent_for` tells how long the
-    storage has recorded none (`HeartbeatWatchdog` stops the trial before others count it dead).
+    """A running trial's heartbeat, recorded by `heartbeat`'s thread. A beat the storage refuses
+    is logged and tried again at the next; `silent_for` tells how long the storage has recorded
+    none (`HeartbeatWatchdog` stops the trial before others count it dead).
     """
 
-    def __init__(self, storage: RDBStorage, trial_id: int, interval: float) -> None:
-        self.storage, self.trial_id, self.interval = storage, trial_id, interval
+    def __init__(self, storage: RDBStorage, trial_id: int) -> None:
+        self.storage, self.trial_id = storage, trial_id
         self.last_recorded = time.monotonic()
         self.last_error: BaseException | None = None
         self.lost = False  # the trial was stopped because of it
@@ -446,7 +446,7 @@ def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
     before the body starts, so that a worker killed at any point of its trial leaves a heartbeat
     to go stale (Optuna never retries a RUNNING trial that has none). Yields the `Heartbeat`."""
     storage.record_heartbeat(trial_id)
-    beat = Heartbeat(storage, trial_id, interval)
+    beat = Heartbeat(storage, trial_id)
     stop = threading.Event()
 
     def beat_until_stopped() -> None:

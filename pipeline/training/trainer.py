@@ -367,7 +367,7 @@ def _move_aside(train_dir: Path, why: str) -> None:
     if rank_zero_only.rank != 0:
         return
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    destination = train_dir.with_name(train_dir.name + REPLACED_SUFFIX) / stamp
+    destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
     moved = move_checkpoints(train_dir, destination)
     if moved:
         warnings.warn(
@@ -412,16 +412,17 @@ def run(
             ) from None
 
 
-def _preempted_dir(cfg: Config) -> Path:
-    train_dir = Path(cfg.paths.train_dir)
-    return train_dir.with_name(train_dir.name + PREEMPTED_SUFFIX)
+def _beside(train_dir: str | Path, suffix: str) -> Path:
+    """`<train_dir><suffix>`: a folder beside the train stage's output, not part of it."""
+    train_dir = Path(train_dir)
+    return train_dir.with_name(train_dir.name + suffix)
 
 
 def stash_preempted_run(cfg: Config) -> Path | None:
     """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
     exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
     Returns where they went (None: there were none, or another rank moves them)."""
-    kept = checkpoint_dir(_preempted_dir(cfg))
+    kept = checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
     if rank_zero_only.rank == 0 and move_checkpoints(cfg.paths.train_dir, kept):
         return kept
     return None
@@ -430,11 +431,12 @@ def stash_preempted_run(cfg: Config) -> Path | None:
 def restore_preempted_run(cfg: Config) -> None:
     """Put a run stopped under `dvc exp run` back in place (a run found there instead, which
     that checkout restored from DVC's cache, is moved aside: nothing is deleted)."""
-    stash = checkpoint_dir(_preempted_dir(cfg))
+    kept = _beside(cfg.paths.train_dir, PREEMPTED_SUFFIX)
+    stash = checkpoint_dir(kept)
     if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
         return
     _move_aside(Path(cfg.paths.train_dir), "the run stopped under `dvc exp run` goes on there")
-    moved = move_checkpoints(_preempted_dir(cfg), checkpoint_dir(cfg.paths.train_dir))
+    moved = move_checkpoints(kept, checkpoint_dir(cfg.paths.train_dir))
     log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
 
 
