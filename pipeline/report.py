@@ -222,7 +222,14 @@ def findings(rows: list[VariantRow]) -> list[str]:
             lines.append(f"- {r.variant}: {measured}: {verdict}; the paper has no such row.")
             continue
         paper = r.paper["bleu"]
-        if not significant:
+        if no_difference := r.paper.get("no_difference"):  # the paper's words: no effect
+            verdict = (
+                f'significant, where the paper finds no difference ("{no_difference}"): '
+                "does not hold"
+                if significant
+                else f'not significant, as the paper finds ("{no_difference}")'
+            )
+        elif not significant:
             verdict = "not significant here, so neither confirms nor contradicts"
         elif paper == 0 or (paper > 0) != (r.delta > 0):
             verdict = "significant, against the paper's direction"

@@ -157,8 +157,15 @@ def load_spec(path: str | Path) -> StudySpec:
     for name, entry in spec.paper.items():
         if name not in spec.variants:
             raise ConfigError(f"{path}: paper.{name}: no such variant")
-        if not isinstance(entry, dict) or not {"bleu", "rows"} <= set(entry):
-            raise ConfigError(f"{path}: paper.{name} needs 'bleu' and 'rows' (and may give 'ppl')")
+        if (
+            not isinstance(entry, dict)
+            or not {"bleu", "rows"} <= set(entry)
+            or not set(entry) <= {"bleu", "rows", "ppl", "no_difference"}
+        ):
+            raise ConfigError(
+                f"{path}: paper.{name} needs 'bleu' and 'rows' and may give 'ppl' and "
+                f"'no_difference' (the paper's words where it finds none), got {entry}"
+            )
     if spec.kind == "search" and (not spec.space or not spec.n_trials):
         raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")
     # Trials share one prepared + tokenized copy of the data (see ensure_data).

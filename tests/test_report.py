@@ -134,6 +134,18 @@ def test_findings_say_what_the_p_values_support(study, references):
     assert "not significant" in heads_8 and "no such row" in heads_8
 
 
+def test_a_difference_where_the_paper_finds_none_does_not_hold(study, references):
+    spec, study_dir = study
+    for variant in ("heads_1", "heads_8"):
+        spec.paper[variant] = {"bleu": -0.1, "rows": "(E)", "no_difference": "nearly identical"}
+    rows = report.variant_rows(spec, report.load_records(study_dir), references)
+    lines = {line.split(":")[0]: line for line in report.findings(rows)}
+    assert lines["- heads_1"].endswith(
+        'significant, where the paper finds no difference ("nearly identical"): does not hold.'
+    )
+    assert lines["- heads_8"].endswith('not significant, as the paper finds ("nearly identical").')
+
+
 def test_report_files_and_readme_block(study, tmp_path):
     spec, study_dir = study
     path = report.write_report(spec, study_dir, log_to_wandb=False)

@@ -175,6 +175,16 @@ def test_unknown_spec_key_is_named(tmp_path):
         sweep.load_spec(path)
 
 
+def test_a_paper_entry_with_an_unknown_key_is_named(tmp_path):
+    spec = yaml.safe_load(write_spec(tmp_path, "paper").read_text())
+    variant = next(iter(spec["variants"]))
+    spec["paper"] = {variant: {"bleu": -0.1, "rows": "(E)", "no_diference": "nearly identical"}}
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match=rf"paper\.{variant}.*no_diference"):
+        sweep.load_spec(path)
+
+
 @pytest.mark.parametrize("url", ["journal.log", "inmemory"])
 def test_storage_other_than_an_rdb_url_is_refused_saying_why(url):
     with pytest.raises(ConfigError, match="need an RDB storage") as error:
