@@ -279,7 +279,7 @@ def charts(
         out / CHARTS["bleu_per_variant"],
     )
     smoothing = {
-        f"{r.variant} ({r.factor})": list(zip(r.val_ppl, r.val_bleu))
+        r.variant: list(zip(r.val_ppl, r.val_bleu))
         for r in rows
         if r.variant == BASE_VARIANT or "train.label_smoothing" in spec.variants[r.variant]
     }
@@ -289,7 +289,7 @@ def charts(
                 smoothing,
                 xlabel="val perplexity (last checkpoint)",
                 ylabel="val BLEU (lc), averaged checkpoints, beam",
-                title="label smoothing: perplexity against BLEU (paper 5.4)",
+                title="label smoothing: val perplexity against BLEU (paper 5.4)",
             ),
             out / CHARTS["ppl_vs_bleu"],
         )

@@ -162,3 +162,19 @@ def test_bar_chart_with_error_bars(tmp_path):
     assert read_png(path).shape[:2] == figure_pixels(fig)
     with pytest.raises(ValueError, match="4 labels, 3 values"):
         plots.bar_chart_figure(labels, values[:3], None, ylabel="BLEU")
+
+
+def test_eleven_curves_are_told_apart_by_colour_or_line_style():
+    curves = {f"variant_{i}": ([1, 2], [i, i + 1]) for i in range(11)}
+    figure = plots.curves_figure(curves, xlabel="update", ylabel="BLEU")
+    looks = [(line.get_color(), line.get_linestyle()) for line in figure.axes[0].get_lines()]
+    assert len(looks) == 11 and len(set(looks)) == 11
+
+
+def test_scatter_legend_names_each_label_and_marks_its_mean():
+    points = {"base": [(7.4, 39.3), (7.8, 38.1)], "smoothing_0.0": [(8.7, 37.9), (8.8, 37.8)]}
+    figure = plots.labelled_scatter_figure(points, xlabel="ppl", ylabel="BLEU")
+    ax = figure.axes[0]
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == list(points)
+    means = [line.get_xydata()[0] for line in ax.get_lines() if line.get_marker() == "x"]
+    np.testing.assert_allclose(means, [[7.6, 38.7], [8.75, 37.85]])

@@ -290,15 +290,20 @@ def labelled_scatter_figure(
     ylabel: str,
     title: str | None = None,
 ) -> Figure:
-    """Each label's (x, y) points in one colour, labelled at their mean."""
-    fig, ax = _axes_figure((5.5, 4.2), "points", points)
+    """Each label's (x, y) points in one colour, their mean as a cross; a legend names them
+    (labels written beside the points pushed the axes aside)."""
+    fig, ax = _axes_figure((6.5, 4.5), "points", points)
     for label, pairs in points.items():
         xs, ys = zip(*pairs)
-        ax.plot(xs, ys, "o", markersize=6, label=label)
-        ax.annotate(label, (float(np.mean(xs)), float(np.mean(ys))), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)  # fmt: skip
+        (dots,) = ax.plot(xs, ys, "o", markersize=6, label=label)
+        ax.plot(np.mean(xs), np.mean(ys), "x", markersize=9, color=dots.get_color())
+    ax.legend(fontsize=8)
     _label_axes(ax, xlabel, ylabel, title)
     return fig
+
+
+COLOUR_CYCLE = 10  # matplotlib's default colours before they repeat
+LINE_STYLES = ("-", "--", ":")
 
 
 def curves_figure(
@@ -310,8 +315,10 @@ def curves_figure(
 ) -> Figure:
     """One line per label: (steps, values)."""
     fig, ax = _axes_figure((7.5, 4.5), "curves", curves)
-    for label, (steps, values) in curves.items():
-        ax.plot(steps, values, "-", linewidth=1.3, label=label)
+    for index, (label, (steps, values)) in enumerate(curves.items()):
+        # past the colour cycle's ten colours a new line style keeps every curve apart
+        style = LINE_STYLES[index // COLOUR_CYCLE % len(LINE_STYLES)]
+        ax.plot(steps, values, style, linewidth=1.3, label=label)
     ax.legend(fontsize=7, ncol=2)
     _label_axes(ax, xlabel, ylabel, title)
     return fig
