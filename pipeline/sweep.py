@@ -133,6 +133,11 @@ class StudySpec:
         return {"variant": list(self.variants), "seed": list(self.seeds)}
 
 
+# A `paper` entry: the paper's own result for a variant (pipeline.report prints and judges it).
+PAPER_REQUIRED = {"bleu", "rows"}
+PAPER_OPTIONAL = {"ppl", "no_difference"}
+
+
 def load_spec(path: str | Path) -> StudySpec:
     """Read and validate a study spec, naming the file and key of any problem."""
     path = Path(path)
@@ -159,12 +164,13 @@ def load_spec(path: str | Path) -> StudySpec:
             raise ConfigError(f"{path}: paper.{name}: no such variant")
         if (
             not isinstance(entry, dict)
-            or not {"bleu", "rows"} <= set(entry)
-            or not set(entry) <= {"bleu", "rows", "ppl", "no_difference"}
+            or not PAPER_REQUIRED <= set(entry)
+            or not set(entry) <= PAPER_REQUIRED | PAPER_OPTIONAL
         ):
             raise ConfigError(
-                f"{path}: paper.{name} needs 'bleu' and 'rows' and may give 'ppl' and "
-                f"'no_difference' (the paper's words where it finds none), got {entry}"
+                f"{path}: paper.{name} needs {sorted(PAPER_REQUIRED)} and may give "
+                f"{sorted(PAPER_OPTIONAL)} (no_difference: the paper's words where it finds "
+                f"none), got {entry}"
             )
     if spec.kind == "search" and (not spec.space or not spec.n_trials):
         raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -302,7 +303,6 @@ def labelled_scatter_figure(
     return fig
 
 
-COLOUR_CYCLE = 10  # matplotlib's default colours before they repeat
 LINE_STYLES = ("-", "--", ":")
 
 
@@ -315,9 +315,10 @@ def curves_figure(
 ) -> Figure:
     """One line per label: (steps, values)."""
     fig, ax = _axes_figure((7.5, 4.5), "curves", curves)
+    colours = len(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
     for index, (label, (steps, values)) in enumerate(curves.items()):
-        # past the colour cycle's ten colours a new line style keeps every curve apart
-        style = LINE_STYLES[index // COLOUR_CYCLE % len(LINE_STYLES)]
+        # past the colour cycle's colours a new line style keeps every curve apart
+        style = LINE_STYLES[index // colours % len(LINE_STYLES)]
         ax.plot(steps, values, style, linewidth=1.3, label=label)
     ax.legend(fontsize=7, ncol=2)
     _label_axes(ax, xlabel, ylabel, title)
