@@ -5,7 +5,7 @@ metrics (`prepare.json`, `tokenize.json`, `train.json`, `eval.json`), the `param
 with, and `run.json` (the command, the machine, the commit). After a run:
 
     python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
-    python -m pipeline.results table        # the Markdown table README carries
+    python -m pipeline.results table --update-readme README.md  # README's table, rewritten
 
 `tests/test_results.py` checks that README's table is exactly `table` of the committed rows.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import readme
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
 from pipeline.environment import provenance
@@ -121,7 +122,7 @@ def table(rows: list[dict]) -> str:
         "| parameters | train + eval wall time | hardware | command |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
-    lines = [BEGIN, header]
+    lines = [header]
     signatures: dict[str, str] = {}
     for row in rows:
         train, evaluation, run = row["train.json"], row["eval.json"], row[RUN_FILE]
@@ -147,15 +148,7 @@ def table(rows: list[dict]) -> str:
         signatures.update(evaluation.get("signatures", {}))
     lines.append("")
     lines += [f"- `{metric}`: `{sig}`" for metric, sig in sorted(signatures.items())]
-    lines.append(END)
-    return "\n".join(lines)
-
-
-def readme_block(readme: Path) -> str:
-    text = readme.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise DataError(f"{readme}: no {BEGIN} ... {END} block")
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -176,7 +169,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a run made on another machine: the JSON `python -m pipeline.environment` printed "
         "there (commit, hardware, environment) in place of this machine's",
     )
-    sub.add_parser("table", help="print README's Results table")
+    tab = sub.add_parser("table", help="print README's Results table")
+    tab.add_argument(
+        "--update-readme", type=Path, metavar="README", help="also write it between its markers"
+    )
     return parser.parse_args(argv)
 
 
@@ -194,7 +190,10 @@ def cli(argv: list[str] | None = None) -> None:
         )
         print(f"recorded {row}")
     else:
-        print(table(load_rows(args.root)))
+        block = table(load_rows(args.root))
+        if args.update_readme:
+            readme.fill(args.update_readme, BEGIN, END, block)
+        print(block, end="")
 
 
 if __name__ == "__main__":

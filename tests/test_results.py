@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from pipeline import results
+from pipeline import readme, results
 from pipeline.environment import lock_hash
 from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
@@ -59,8 +59,8 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
     block = results.table(rows)
     lines = block.splitlines()
-    assert lines[0] == results.BEGIN and lines[-1] == results.END
-    first, second = lines[3], lines[4]
+    assert lines[0].startswith("| recipe |") and results.BEGIN not in block
+    first, second = lines[2], lines[3]
     cells = [c.strip() for c in first.strip("|").split("|")]
     assert cells[:9] == [
         "multi30k_tiny", "en->de", "last 3, 2.4", "41.3", "39.9", "42.0", "67.2", "40.2", "2.60 M"
@@ -106,7 +106,25 @@ def test_a_run_made_on_another_machine_keeps_that_machines_provenance(tmp_path):
 
 def test_readme_results_table_is_the_committed_runs_table():
     rows = results.load_rows(REPO_ROOT / "results")
-    assert results.readme_block(REPO_ROOT / "README.md") == results.table(rows)
+    committed = readme.read(REPO_ROOT / "README.md", results.BEGIN, results.END)
+    assert committed == results.table(rows), (
+        "run `python -m pipeline.results table --update-readme README.md`"
+    )
+
+
+def test_table_update_readme_rewrites_only_its_block(tmp_path, capsys):
+    metrics, params = _finished_run(tmp_path / "run", 41.26)
+    results.record("a.en-de", "make repro", metrics, params, tmp_path / "results")
+    page = tmp_path / "README.md"
+    page.write_text(f"# Title\n\n{results.BEGIN}\nstale row\n{results.END}\n\nAfter.\n")
+    results.cli(["--root", str(tmp_path / "results"), "table", "--update-readme", str(page)])
+    printed = capsys.readouterr().out
+    text = page.read_text()
+    assert (
+        "stale row" not in text and text.startswith("# Title\n\n") and text.endswith("\nAfter.\n")
+    )
+    assert readme.read(page, results.BEGIN, results.END) == printed
+    assert "| 41.3 |" in printed
 
 
 def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_checkpoint(tmp_path):
