@@ -26,6 +26,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
 # data.tokenizer.pretokenizer: what the text goes through before the subword model reads it
 PRETOKENIZERS = ("none", "moses")
+TOKENIZER_MODEL_TYPES = ("bpe", "unigram", "word")  # sentencepiece model types
 # model.init: how the Transformer's weights start (pipeline.model.transformer)
 INITS = ("xavier", "fairseq")
 # train.loss_normalization: how an update of several batches weighs them
@@ -47,7 +48,9 @@ class FilterConfig:
 class TokenizerConfig:
     """Joint subword model (sentencepiece) trained on the training split only."""
 
-    model_type: str = "bpe"  # bpe | unigram
+    # bpe | unigram: subwords learned here; word: one id per whitespace-separated unit of text
+    # segmented elsewhere (benchmarks/wu2021_segmentation.py: subword-nmt's)
+    model_type: str = "bpe"
     vocab_size: int = 8000
     character_coverage: float = 1.0
     case_fold: bool = False  # lowercase everything the model reads and writes (NFKC + fold)
@@ -299,9 +302,9 @@ def validate(cfg: Config) -> Config:
     _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
     _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
     _check(
-        d.tokenizer.model_type in ("bpe", "unigram"),
+        d.tokenizer.model_type in TOKENIZER_MODEL_TYPES,
         "data.tokenizer.model_type",
-        "must be 'bpe' or 'unigram'",
+        f"must be one of {', '.join(TOKENIZER_MODEL_TYPES)}, got '{d.tokenizer.model_type}'",
     )
     _check(
         d.tokenizer.pretokenizer in PRETOKENIZERS,

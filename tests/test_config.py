@@ -52,6 +52,7 @@ def test_experiment_preset_selects_values():
         ("model.positional=rotary", "model.positional"),
         ("model.init=orthogonal", "model.init"),
         ("data.tokenizer.pretokenizer=spacy", "data.tokenizer.pretokenizer"),
+        ("data.tokenizer.model_type=char", "data.tokenizer.model_type"),
         ("train.label_smoothing=-0.1", "train.label_smoothing"),
         ("eval.nbest=9", "eval.nbest"),
         ("eval.length_normalization=average", "eval.length_normalization"),

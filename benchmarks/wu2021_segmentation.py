@@ -1,0 +1,75 @@
+"""Wu et al.'s exact subword segmentation, for our pipeline: is the parity gap the data or the training?
+
+Ours (sentencepiece BPE) and fairseq (subword-nmt BPE, `benchmarks.fairseq_peer`) split the same
+Moses-tokenized lowercased text into different subwords, so their validation losses per subword
+are not comparable, and a BLEU gap between them may come from the segmentation. This writes the
+text fairseq trains on, made by fairseq_peer's own `prepare` and `bpe` stages (task1-tokenize.sh,
+then subword-nmt with 10000 joint merges), and prints the `dvc exp run` overrides under which our
+pipeline trains on exactly those subwords: `data.source=text` on the segmented files, no further
+pre-tokenization, and a sentencepiece `word` model that maps each subword to one id (its
+vocabulary is the subword types of the training text, as fairseq-preprocess's joined dictionary).
+
+    python -m benchmarks.wu2021_segmentation --venv VENV    # VENV/bin/subword-nmt; prints overrides
+    dvc exp run -S experiment=multi30k_wu2021 <the printed overrides> train
+
+Only the training and its validation loss are comparable this way: the evaluate stage would
+score text that still carries subword-nmt's `@@ ` joiners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks import fairseq_peer
+from pipeline.cli import main
+
+# fairseq_peer's subsets -> our split names (conf/data/multi30k.yaml)
+SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+SPECIAL_PIECES = 4  # <pad> <unk> <s> </s> (data.tokenizer.*_id)
+
+
+def subword_types(files: list[Path]) -> int:
+    """Distinct whitespace-separated subwords of `files` (fairseq's joined dictionary, less
+    its specials)."""
+    types: set[str] = set()
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            types.update(line.split())
+    return len(types)
+
+
+def overrides(args: argparse.Namespace, layout: fairseq_peer.Layout) -> list[str]:
+    """`dvc exp run -S` values that make our pipeline read the segmented files as they are."""
+    values = ["data.source=text"]
+    for subset, split in SPLITS.items():
+        for side, lang in (("src", args.src), ("tgt", args.tgt)):
+            values.append(f"+data.text_files.{split}.{side}={layout.bpe_file(subset, lang)}")
+    train = [layout.bpe_file("train", lang) for lang in (args.src, args.tgt)]
+    return values + [
+        "data.tokenizer.pretokenizer=none",  # already Moses-tokenized and lowercased
+        "data.tokenizer.case_fold=false",
+        "data.tokenizer.model_type=word",
+        f"data.tokenizer.vocab_size={subword_types(train) + SPECIAL_PIECES}",
+    ]
+
+
+def cli(argv: list[str] | None = None) -> None:
+    args = fairseq_peer.build_parser().parse_args(argv)
+    layout = fairseq_peer.Layout(args.work_dir)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    settings = fairseq_peer.data_settings(args)
+    if not fairseq_peer.stage_done(layout.tok, settings):  # as a fairseq_peer run left it
+        fairseq_peer.prepare(args, layout, settings)
+    fairseq_peer.fresh_dir(layout.bpe)  # fairseq_peer redoes it (its mark names its venv)
+    env = fairseq_peer.tool_env(args)
+    with open(layout.logs / "bpe.log", "a") as log:
+        for command, stdin, stdout in fairseq_peer.bpe_commands(args, layout):
+            fairseq_peer.run_command(command, env, log, stdin=stdin, stdout=stdout)
+    print(f"segmented text in {layout.bpe}", file=sys.stderr)
+    print(" ".join(f"-S '{value}'" for value in overrides(args, layout)))
+
+
+if __name__ == "__main__":
+    main(cli)
