@@ -1,0 +1,51 @@
+"""The parity runs' validation losses, fairseq's (bits, per epoch) against ours (nats), on one scale."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import parity_curves
+
+
+@pytest.fixture
+def parity_dir(tmp_path):
+    epochs = [{"epoch": e, "updates": 62 * e, "val_loss": 8.0 / e} for e in range(1, 11)]
+    (tmp_path / "fairseq_a.json").write_text(json.dumps({"per_epoch": epochs}))
+    (tmp_path / "fairseq_no_curve.json").write_text(json.dumps({"scores": {}}))
+    diagnostics = tmp_path / "diagnostics"
+    diagnostics.mkdir()
+    rows = "".join(f"{61 * e}\t{6.0 / e}\n" for e in range(1, 6))  # ours: 61 updates an epoch
+    (diagnostics / "ours_x.val_loss.tsv").write_text("step\tloss\n" + rows)
+    readme = f"# Diagnostics\n\n{parity_curves.BEGIN}\nstale\n{parity_curves.END}\nafter\n"
+    (diagnostics / "README.md").write_text(readme)
+    return tmp_path
+
+
+def test_curves_share_a_scale_and_ours_is_read_at_fairseqs_updates(parity_dir):
+    fairseq = parity_curves.fairseq_curves(parity_dir)
+    assert list(fairseq) == ["fairseq_a"]  # a run without per-epoch losses has no curve
+    updates, losses = fairseq["fairseq_a"]
+    assert updates[2] == 186 and losses[1] == pytest.approx(4.0 * math.log(2))  # bits -> nats
+    ours = parity_curves.our_curves(parity_dir / "diagnostics")["ours_x"]
+    # update 124 lies between our validations at 122 (3.0) and 183 (2.0)
+    assert parity_curves.read_at(ours, 124) == pytest.approx(np.interp(124, [122, 183], [3.0, 2.0]))
+    assert parity_curves.read_at(ours, 60) is None and parity_curves.read_at(ours, 306) is None
+
+
+def test_cli_writes_the_figure_and_the_readme_table(parity_dir, capsys):
+    diagnostics = parity_dir / "diagnostics"
+    parity_curves.cli(["--parity-dir", str(parity_dir), "--diagnostics", str(diagnostics),
+                       "--reference", "fairseq_a"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert (diagnostics / parity_curves.FIGURE).stat().st_size > 0
+    text = (diagnostics / "README.md").read_text()
+    assert "stale" not in text and printed in text and text.endswith("after\n")
+    rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines()[2:]}
+    fairseq_124 = 4.0 * math.log(2)
+    ours_124 = np.interp(124, [122, 183], [3.0, 2.0])
+    assert f"{ours_124:.3f} ({ours_124 - fairseq_124:+.3f})" in rows["124"]
+    assert rows["620"].endswith("| - |")  # past our last validation: not extrapolated
