@@ -30,7 +30,8 @@ DIAGNOSTICS = PARITY_DIR / "diagnostics"
 CURVE_SUFFIX = ".val_loss.tsv"
 FIGURE = "val_loss.png"
 BEGIN, END = "<!-- curves:begin -->", "<!-- curves:end -->"
-TABLE_EVERY = 5  # epochs between the table's rows (the last fairseq epoch always shown)
+TABLE_EVERY = 5  # epochs between the rows past the first FIRST_EPOCHS (the last always shown)
+FIRST_EPOCHS = 10  # every one of them: where the short diagnostic runs end
 ZOOM_FROM = 1000  # updates: the right panel shows where the curves flatten
 
 
@@ -74,7 +75,7 @@ def table(reference: str, curves: dict, ours: dict) -> list[str]:
         f"| updates | {reference} | " + " | ".join(f"{n} (- fairseq)" for n in names) + " |",
         "|---|---|" + "---|" * len(names),
     ]
-    shown = [i for i in range(len(updates)) if (i + 1) % TABLE_EVERY == 0 or i < 3]
+    shown = [i for i in range(len(updates)) if (i + 1) % TABLE_EVERY == 0 or i < FIRST_EPOCHS - 1]
     shown += [] if len(updates) - 1 in shown else [len(updates) - 1]
     for i in shown:
         cells = []
