@@ -7,6 +7,7 @@ import sacrebleu
 
 from pipeline.training.module import (
     CorpusBleu,
+    TokenMean,
     TranslationModule,
     cooldown_scale,
     inverse_sqrt_rate,
@@ -112,3 +113,51 @@ def test_module_saves_its_config_and_rebuilds_from_hyperparameters(make_config):
     assert rebuilt.model.num_parameters() == module.model.num_parameters()
     # Checkpoints hold the Transformer once, under `model.` (what averaging and eval load).
     assert module.state_dict().keys() == {f"model.{k}" for k in module.model.state_dict()}
+
+
+def test_token_mean_weighs_each_value_by_its_tokens():
+    import torch
+    from torchmetrics import MeanMetric
+
+    values, tokens = [1.0, 3.0, 2.0], [1, 3, 6]
+    ours, reference = TokenMean(), MeanMetric(nan_strategy="warn")  # "warn" keeps the weights
+    for value, count in zip(values, tokens):
+        ours.update(torch.tensor(value), weight=count)
+        reference.update(torch.tensor(value), weight=count)
+    expected = sum(v * n for v, n in zip(values, tokens)) / sum(tokens)  # 2.2, not the plain 2.0
+    assert ours.compute().item() == pytest.approx(expected) == reference.compute().item()
+
+
+def test_val_loss_is_the_mean_over_the_splits_tokens(trained_smoke):
+    """val/loss is the loss per target token of the whole split, not the mean of its batches'
+    means (what torchmetrics' MeanMetric(nan_strategy="disable") logged)."""
+    import copy
+    from pathlib import Path
+
+    import lightning as L
+    import torch
+
+    from pipeline.data.datamodule import TranslationDataModule
+
+    cfg = copy.deepcopy(trained_smoke)
+    cfg.eval.max_tokens = 120  # many batches, of unequal token counts
+    checkpoint = Path(cfg.paths.train_dir) / "checkpoints" / "last.ckpt"
+    module = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    module.cfg.train.val_bleu = False  # the loss alone (BLEU needs the references attached)
+    data = TranslationDataModule(cfg)
+    data.setup("validate")
+    loader = data.val_dataloader()
+    module.eval()
+    sums, counts = [], []
+    with torch.inference_mode():
+        for batch in loader:
+            loss_sum, _, tokens = module._loss(batch)
+            sums.append(float(loss_sum))
+            counts.append(tokens)
+    per_token = sum(sums) / sum(counts)
+    batch_means = sum(s / n for s, n in zip(sums, counts)) / len(counts)
+    assert abs(per_token - batch_means) > 1e-3  # the two means differ here: the test can fail
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
+    (logged,) = trainer.validate(module, dataloaders=loader, verbose=False)
+    assert logged["val/loss"] == pytest.approx(per_token, rel=1e-5)

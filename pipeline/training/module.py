@@ -63,6 +63,25 @@ def cooldown_scale(step: int, *, max_steps: int, cooldown_steps: int) -> float:
     return min(1.0, (max_steps - step + 1) / cooldown_steps)
 
 
+class TokenMean(MeanMetric):
+    """The mean of per-token values weighted by their token counts, summed over DDP ranks,
+    without a host sync per update. torchmetrics' `MeanMetric(nan_strategy="disable")` (the
+    no-sync setting) replaces the weights with ones (torchmetrics 1.9.0;
+    Lightning-AI/torchmetrics#3434), which made val/loss the plain mean of its batches' means:
+    the few long sentences of the last batch weighed as much as a full batch. Same states as
+    `MeanMetric` (`mean_value`, `weight`), so checkpoints' logging windows still restore."""
+
+    def __init__(self) -> None:
+        super().__init__(nan_strategy="disable")
+
+    def update(self, value: Tensor, weight: float | Tensor) -> None:
+        value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        weight = torch.as_tensor(weight, dtype=self.dtype, device=self.device)
+        weight = torch.broadcast_to(weight, value.shape)
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()
+
+
 class CorpusBleu(Metric):
     """Corpus BLEU exactly as `sacrebleu.corpus_bleu` computes it (13a tokenisation, exp
     smoothing), accumulated as sacrebleu's sufficient statistics so that it sums over batches
@@ -143,11 +162,11 @@ class TranslationModule(L.LightningModule):
         compiled = torch.compile(self.model.teacher_forced_states) if cfg.train.compile else None
         self._forward = compiled
 
-        # nan_strategy="disable": no host sync per update; divergence is tracked separately.
-        self.train_loss = MeanMetric(nan_strategy="disable")
-        self.train_nll = MeanMetric(nan_strategy="disable")
-        self.val_loss = MeanMetric(nan_strategy="disable")
-        self.val_nll = MeanMetric(nan_strategy="disable")
+        # Token-weighted, no host sync per update; divergence is tracked separately.
+        self.train_loss = TokenMean()
+        self.train_nll = TokenMean()
+        self.val_loss = TokenMean()
+        self.val_nll = TokenMean()
         # A case-folded model writes lowercase: its val/bleu (checkpoint ranking, early
         # stopping, sweeps) ignores case, or every capital in the references would count.
         self.val_bleu = CorpusBleu(lowercase=special.case_fold)
