@@ -173,3 +173,18 @@ def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_lib.Config:
     cfg.train.progress_bar = False
     run(cfg)
     return cfg
+
+
+def split_loss(module, loader) -> tuple[float, float]:
+    """The label-smoothed loss of `module` (eval mode) over `loader`'s batches: per target token
+    of the whole split, and the plain mean of the batches' per-token means."""
+    import torch
+
+    module.eval()
+    sums, counts = [], []
+    with torch.inference_mode():
+        for batch in loader:
+            loss_sum, _, tokens = module._loss(batch)
+            sums.append(float(loss_sum))
+            counts.append(tokens)
+    return sum(sums) / sum(counts), sum(s / n for s, n in zip(sums, counts)) / len(counts)

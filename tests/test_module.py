@@ -12,6 +12,7 @@ from pipeline.training.module import (
     cooldown_scale,
     inverse_sqrt_rate,
 )
+from tests.conftest import split_loss
 
 
 def test_schedule_values_at_chosen_steps():
@@ -135,7 +136,6 @@ def test_val_loss_is_the_mean_over_the_splits_tokens(trained_smoke):
     from pathlib import Path
 
     import lightning as L
-    import torch
 
     from pipeline.data.datamodule import TranslationDataModule
 
@@ -147,15 +147,7 @@ def test_val_loss_is_the_mean_over_the_splits_tokens(trained_smoke):
     data = TranslationDataModule(cfg)
     data.setup("validate")
     loader = data.val_dataloader()
-    module.eval()
-    sums, counts = [], []
-    with torch.inference_mode():
-        for batch in loader:
-            loss_sum, _, tokens = module._loss(batch)
-            sums.append(float(loss_sum))
-            counts.append(tokens)
-    per_token = sum(sums) / sum(counts)
-    batch_means = sum(s / n for s, n in zip(sums, counts)) / len(counts)
+    per_token, batch_means = split_loss(module, loader)
     assert abs(per_token - batch_means) > 1e-3  # the two means differ here: the test can fail
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
