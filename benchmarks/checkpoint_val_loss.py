@@ -12,21 +12,18 @@ its val split from `--tokenized`) and writes `step<TAB>loss` as dvclive does.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from pipeline.cli import main
+from pipeline.training.checkpoints import step_checkpoints
 
-STEP_CHECKPOINT = re.compile(r"step-(\d+)\.ckpt")
 
-
-def step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of each `step-<N>.ckpt` in `directory`, by step."""
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := STEP_CHECKPOINT.fullmatch(p.name))]  # fmt: skip
+def run_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the run's `step-<N>.ckpt` files, by step; none is an error naming it."""
+    found = step_checkpoints(directory)
     if not found:
         raise SystemExit(f"{directory}: no step-<N>.ckpt checkpoints")
-    return sorted(found)
+    return found
 
 
 def val_loss(checkpoint: Path, tokenized: Path) -> float:
@@ -56,7 +53,7 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     rows = ["step\tloss"]
-    for step, path in step_checkpoints(args.checkpoints):
+    for step, path in run_checkpoints(args.checkpoints):
         rows.append(f"{step}\t{val_loss(path, args.tokenized)}")
         print(rows[-1], flush=True)
     args.out.write_text("\n".join(rows) + "\n", encoding="utf-8")

@@ -19,9 +19,9 @@ def test_one_row_per_step_checkpoint_with_its_loss_per_token(trained_smoke, tmp_
                              "--out", str(out)])  # fmt: skip
     header, *rows = out.read_text().splitlines()
     steps = [int(row.split("\t")[0]) for row in rows]
-    saved = sorted(int(p.stem.split("-")[1]) for p in checkpoints.glob("step-*.ckpt"))
-    assert header == "step\tloss" and steps == saved and len(steps) >= 2
-    module = TranslationModule.load_from_checkpoint(checkpoints / f"step-{steps[-1]:07d}.ckpt")
+    saved = sorted((int(p.stem.split("-")[1]), p) for p in checkpoints.glob("step-*.ckpt"))
+    assert header == "step\tloss" and steps == [step for step, _ in saved] and len(steps) >= 2
+    module = TranslationModule.load_from_checkpoint(saved[-1][1])
     data = TranslationDataModule(trained_smoke)
     data.setup("validate")
     per_token, _ = split_loss(module, data.val_dataloader())
@@ -30,4 +30,4 @@ def test_one_row_per_step_checkpoint_with_its_loss_per_token(trained_smoke, tmp_
 
 def test_a_folder_without_step_checkpoints_is_named(tmp_path):
     with pytest.raises(SystemExit, match=str(tmp_path)):
-        checkpoint_val_loss.step_checkpoints(tmp_path)
+        checkpoint_val_loss.run_checkpoints(tmp_path)

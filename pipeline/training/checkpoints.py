@@ -104,6 +104,12 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.ckpt") if not p.name.startswith("."))
 
 
+def step_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step-<N>.ckpt` in `directory` (the newest validations), by step."""
+    found = ((_STEP_FILE.match(p.name), p) for p in _checkpoint_files(directory))
+    return sorted((int(match["step"]), path) for match, path in found if match)
+
+
 def _named_step(path: Path) -> int | None:
     """The step in a `step-*` or `best-step-*` file name (None for last.ckpt and others)."""
     match = _STEP_FILE.match(path.name) or _BEST_FILE.match(path.name)
@@ -218,13 +224,16 @@ def select_checkpoints(train_dir: str | os.PathLike, n: int, by: str = "last") -
         raise ValueError(f"by must be 'last' or 'best', got {by!r}")
     directory = checkpoint_dir(train_dir)
     ranked: list[tuple[tuple, Path]] = []
-    for path in _checkpoint_files(directory) if directory.is_dir() else []:
-        if by == "last" and (match := _STEP_FILE.match(path.name)):
-            ranked.append(((int(match["step"]),), path))
-        elif by == "best" and (match := _BEST_FILE.match(path.name)):
-            score = float(match["score"])
-            better = score if match["metric"] == "bleu" else -score  # loss: lower is better
-            ranked.append(((better, int(match["step"])), path))
+    if not directory.is_dir():
+        pass
+    elif by == "last":
+        ranked = [((step,), path) for step, path in step_checkpoints(directory)]
+    else:
+        for path in _checkpoint_files(directory):
+            if match := _BEST_FILE.match(path.name):
+                score = float(match["score"])
+                better = score if match["metric"] == "bleu" else -score  # loss: lower is better
+                ranked.append(((better, int(match["step"])), path))
     if not ranked:
         raise DataError(
             f"{directory}: no {'step-*' if by == 'last' else 'best-*'}.ckpt checkpoints to "
