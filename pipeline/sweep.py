@@ -143,7 +143,7 @@ def load_spec(path: str | Path) -> StudySpec:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: study spec not found (see ablations/*.yaml)")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _read_spec(path)
     known = set(StudySpec.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -201,6 +201,40 @@ def load_spec(path: str | Path) -> StudySpec:
             )
         composed[name] = cfg
     return spec
+
+
+def _read_spec(path: Path) -> dict[str, Any]:
+    """The spec's keys, over those of the spec it `extends` (a path beside it), if any. There,
+    `variants` may be a list: those of the parent's variants (and their `paper` entries) to run
+    again, e.g. a re-run of some rows under another measure, in a study of its own."""
+    raw = yaml.safe_load(path.read_text()) or {}
+    parent_name = raw.pop("extends", None)
+    if parent_name is None:
+        if isinstance(raw.get("variants"), list):
+            raise ConfigError(f"{path}: 'variants' is a list of names only under 'extends'")
+        return raw
+    parent_path = path.parent / parent_name
+    if not parent_path.is_file():
+        raise ConfigError(f"{path}: extends: {parent_path} not found")
+    parent = _read_spec(parent_path)
+    if raw.get("study", parent.get("study")) == parent.get("study"):
+        raise ConfigError(
+            f"{path}: key 'study' must name a study of its own, not {parent_path}'s "
+            f"'{parent.get('study')}' (the two would share one storage)"
+        )
+    selected = raw.get("variants")
+    if isinstance(selected, list):
+        parent_variants = parent.get("variants") or {}
+        unknown = [name for name in selected if name not in parent_variants]
+        if unknown:
+            raise ConfigError(
+                f"{path}: variants {unknown} are not variants of {parent_path} "
+                f"({sorted(parent_variants)})"
+            )
+        raw["variants"] = {name: parent_variants[name] for name in selected}
+        paper = parent.get("paper") or {}
+        raw.setdefault("paper", {name: paper[name] for name in selected if name in paper})
+    return {**parent, **raw}
 
 
 def _overrides_text(overrides: dict[str, Any]) -> str:
@@ -847,6 +881,7 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
     """Copy what the report needs into the point's record folder (committed with the study) and
     keep the headline numbers on the trial itself. `run.json` is written last."""
     from pipeline.environment import provenance
+    from pipeline.training.module import LOSS_AVERAGE
 
     record = paths.record
     record.mkdir(parents=True, exist_ok=True)
@@ -867,6 +902,7 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
         "params": trial.params,
         **provenance(),
         "precision": train_metrics.get("precision"),
+        "loss_average": LOSS_AVERAGE,
         "threads": torch.get_num_threads(),
         "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
         "eval_wall_time_s": round(eval_seconds, 1),

@@ -149,6 +149,12 @@ def test_specs_in_repo_are_valid():
     heads = {v.get("model.heads") for v in table3.variants.values()} - {None}
     assert heads == {1, 2, 8, 16}  # plus the base recipe's 4 heads
     assert len(table3.seeds) >= 2
+    smoothing = sweep.load_spec(REPO_ROOT / "ablations/table3_label_smoothing.yaml")
+    assert smoothing.study != table3.study and smoothing.budget == table3.budget
+    assert smoothing.variants == {
+        name: table3.variants[name]
+        for name in ("base", "label_smoothing_0.0", "label_smoothing_0.2")
+    }
     search = sweep.load_spec(REPO_ROOT / "ablations/search.yaml")
     assert set(search.space) == {
         "model.heads",
@@ -157,6 +163,45 @@ def test_specs_in_repo_are_valid():
         "train.label_smoothing",
     }
     assert search.pruner
+
+
+def test_a_spec_extending_another_reruns_the_chosen_variants_under_its_own_study(tmp_path):
+    parent = yaml.safe_load(write_spec(tmp_path, "parent").read_text())
+    parent["paper"] = {
+        "heads_2": {"bleu": -0.6, "rows": "(A)"},
+        "heads_4": {"bleu": 0.1, "rows": "(A)"},
+    }
+    (tmp_path / "parent.yaml").write_text(yaml.safe_dump(parent))
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"extends": "parent.yaml", "study": "child",
+                                     "variants": ["heads_1", "heads_2"], "seeds": [7]}))  # fmt: skip
+    spec = sweep.load_spec(child)
+    assert spec.study == "child" and spec.seeds == [7]
+    assert spec.variants == {"heads_1": {"model.heads": 1}, "heads_2": {"model.heads": 2}}
+    assert spec.paper == {"heads_2": parent["paper"]["heads_2"]}
+    assert (spec.base_experiment, spec.settings) == (parent["base_experiment"], sweep.load_spec(
+        tmp_path / "parent.yaml").settings)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("child", "message"),
+    [
+        ({"variants": ["heads_3"]}, r"child\.yaml: variants \['heads_3'\] are not variants of"),
+        ({"study": "parent"}, r"child\.yaml: key 'study' must name a study of its own"),
+        ({"extends": "nowhere.yaml"}, r"child\.yaml: extends: .*nowhere\.yaml not found"),
+        ({"extends": None, "variants": ["heads_1"]}, r"child\.yaml: 'variants' is a list"),
+    ],
+)
+def test_a_bad_extending_spec_is_named(tmp_path, child, message):
+    write_spec(tmp_path, "parent")
+    path = tmp_path / "child.yaml"
+    raw = {"extends": "parent.yaml", "study": "child", **child}
+    if raw["extends"] is None:
+        raw = {**yaml.safe_load((tmp_path / "parent.yaml").read_text()), "study": "child",
+               "variants": child["variants"]}  # fmt: skip
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=message):
+        sweep.load_spec(path)
 
 
 def test_bad_variant_is_refused_before_compute(tmp_path):
