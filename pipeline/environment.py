@@ -25,8 +25,9 @@ LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 LOCKED_EXTRAS = ("dev", "bench", "export")  # what `make setup` installs
 HASH_CHARS = 16
-# A copy of the work tree without .git (a lent GPU machine gets the files alone) names the
-# commit it was copied from here; a checkout's own `git rev-parse` wins.
+# A copy of the work tree on a lent GPU machine names the commit it was copied from here. The
+# variable wins over `git rev-parse` there: the copy's .git can be stale (2026-11-26: the
+# session's first commit, while the files were two commits on).
 COMMIT_ENV = "TRANSFORMER_ABLATIONS_COMMIT"
 
 
@@ -52,10 +53,12 @@ def hardware() -> str:
 
 
 def git_commit() -> str | None:
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
     ).stdout.strip()
-    return commit or os.environ.get(COMMIT_ENV) or None
+    return commit or None
 
 
 def lock_hash(lock: Path = LOCK_FILE) -> str | None:

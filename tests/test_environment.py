@@ -58,6 +58,9 @@ def test_a_copy_of_the_tree_without_git_records_the_commit_it_names(tmp_path, mo
     assert environment.git_commit() == "abc1234"
 
 
-def test_a_checkout_records_its_own_commit_whatever_the_variable_says(monkeypatch):
+def test_the_commit_a_launcher_names_wins_over_a_copied_checkouts_own(monkeypatch):
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    own = environment.git_commit()
+    assert own is not None  # this checkout's HEAD
     monkeypatch.setenv(environment.COMMIT_ENV, "abc1234")
-    assert environment.git_commit() not in (None, "abc1234")
+    assert environment.git_commit() == "abc1234"
