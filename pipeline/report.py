@@ -33,6 +33,7 @@ from pipeline import readme, sweep
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.evaluation import plots, scoring
+from pipeline.training.module import LOSS_AVERAGE
 
 BASE_VARIANT = "base"
 TEST_SPLIT = "test_2016_flickr"
@@ -75,9 +76,15 @@ class VariantRow:
     test_bleu: list[float]
     test_half_widths: list[float]
     seeds: list[int]
+    # False where a trial logged its val loss as the mean of the val batches' means (records
+    # made before TokenMean, e978b99, carry no `loss_average`)
+    ppl_per_token: bool = True
     paper: dict[str, Any] = field(default_factory=dict)
     delta: float | None = None
     p_value: float | None = None
+    ppl_delta: float | None = None
+    # every seed's val PPL on one side of every base seed's
+    ppl_seeds_apart: bool = False
 
     @property
     def test_mean(self) -> float:
@@ -153,6 +160,7 @@ def variant_rows(
                     if "bleu_lc_ci" in r.eval[TEST_SPLIT]
                 ],
                 seeds=[r.seed for r in group],
+                ppl_per_token=all(r.run.get("loss_average") == LOSS_AVERAGE for r in group),
                 paper=spec.paper.get(variant, {}),
             )
         )
@@ -162,6 +170,10 @@ def variant_rows(
         if base_row is None or row is base_row:
             continue
         row.delta = row.test_mean - base_row.test_mean
+        row.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(base_row.val_ppl)
+        row.ppl_seeds_apart = min(row.val_ppl) > max(base_row.val_ppl) or max(row.val_ppl) < min(
+            base_row.val_ppl
+        )
         row.p_value = pooled_p_value(base, by_variant[row.variant], references)
     return rows
 
@@ -202,15 +214,52 @@ def grid_table(rows: list[VariantRow]) -> str:
         delta = "-" if r.delta is None else f"{r.delta:+.2f}"
         p_value = "-" if r.p_value is None else f"{r.p_value:.3f}"
         lines.append(
-            f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_ppl)} | "
+            f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_ppl)}{_ppl_mark(r)} | "
             f"{_mean_std(r.val_bleu)} | {_mean_std(r.test_bleu)} | {delta} | {p_value} | "
             f"{', '.join(map(str, r.seeds))} | {_paper_cell(r.paper)} |"
         )
     return "\n".join(lines)
 
 
+BATCH_MEAN_MARK = " †"
+
+
+def _ppl_mark(row: VariantRow) -> str:
+    return "" if row.ppl_per_token else BATCH_MEAN_MARK
+
+
+def ppl_note(rows: list[VariantRow]) -> str:
+    """What the PPL column measures, and where a row's was logged as a mean of batch means."""
+    note = "val PPL is the last checkpoint's perplexity per target subword"
+    if all(r.ppl_per_token for r in rows):
+        return note + "."
+    return (
+        f"{note}, except where marked{BATCH_MEAN_MARK}: logged before e978b99 as the mean of "
+        "the val batches' means (torchmetrics#3434), so such rows compare with each other (same "
+        "val batches), not with perplexities per token."
+    )
+
+
+def _ppl_finding(r: VariantRow) -> str:
+    """The val perplexity against the base's, beside the paper's; no test: 'apart' when every
+    seed of the variant is on one side of every seed of the base."""
+    if r.ppl_delta is None or r.paper.get("ppl") is None:
+        return ""
+    paper = r.paper["ppl"]
+    if not r.ppl_seeds_apart:
+        verdict = "seeds overlap"
+    elif paper == 0:
+        verdict = "seeds apart, where the paper's is unchanged"
+    elif (paper > 0) != (r.ppl_delta > 0):
+        verdict = "seeds apart, against the paper's direction"
+    else:
+        verdict = "seeds apart, in the paper's direction"
+    return f"; val PPL {r.ppl_delta:+.2f}{_ppl_mark(r)} vs the paper's {paper:+.2f}: {verdict}"
+
+
 def findings(rows: list[VariantRow]) -> list[str]:
-    """One sentence per compared row: does the paper's direction hold here, at p < 0.05?"""
+    """One sentence per compared row: does the paper's direction hold here, at p < 0.05? And
+    its perplexity beside the paper's."""
     lines = []
     for r in rows:
         if r.delta is None or r.p_value is None:
@@ -219,7 +268,9 @@ def findings(rows: list[VariantRow]) -> list[str]:
         significant = r.p_value < SIGNIFICANCE
         if not r.paper:
             verdict = "significant" if significant else "not significant"
-            lines.append(f"- {r.variant}: {measured}: {verdict}; the paper has no such row.")
+            lines.append(
+                f"- {r.variant}: {measured}: {verdict}; the paper has no such row{_ppl_finding(r)}."
+            )
             continue
         paper = r.paper["bleu"]
         if no_difference := r.paper.get("no_difference"):  # the paper's words: no effect
@@ -235,7 +286,9 @@ def findings(rows: list[VariantRow]) -> list[str]:
             verdict = "significant, against the paper's direction"
         else:
             verdict = "significant, in the paper's direction: holds"
-        lines.append(f"- {r.variant}: {measured} vs the paper's {paper:+.1f}: {verdict}.")
+        lines.append(
+            f"- {r.variant}: {measured} vs the paper's {paper:+.1f}: {verdict}{_ppl_finding(r)}."
+        )
     return lines
 
 
@@ -287,7 +340,12 @@ def charts(
         made["ppl_vs_bleu"] = plots.save_png(
             plots.labelled_scatter_figure(
                 smoothing,
-                xlabel="val perplexity (last checkpoint)",
+                xlabel="val perplexity, last checkpoint"
+                + (
+                    ", per target subword"
+                    if all(r.ppl_per_token for r in rows)
+                    else f" ({BATCH_MEAN_MARK.strip()}: mean of val batch means)"
+                ),
                 ylabel="val BLEU (lc), averaged checkpoints, beam",
                 title="label smoothing: val perplexity against BLEU (paper 5.4)",
             ),
@@ -328,8 +386,8 @@ def markdown(
         "",
         grid_table(rows),
         "",
-        "BLEU (lc) is sacreBLEU's lowercased BLEU of the averaged checkpoints' beam search; val "
-        "PPL is the last checkpoint's per-subword perplexity on val. p is sacreBLEU's paired "
+        "BLEU (lc) is sacreBLEU's lowercased BLEU of the averaged checkpoints' beam search; "
+        f"{ppl_note(rows)} p is sacreBLEU's paired "
         "bootstrap (1000 resamples) of the variant against the base on test2016, the seeds "
         "both ran pooled (each seed's test set side by side). The paper's column is its own "
         "Table 3 difference for the same change (newstest2013, base model, 100k steps).",

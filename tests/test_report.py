@@ -17,6 +17,7 @@ import pytest
 import sacrebleu
 
 from pipeline import report, sweep
+from pipeline.training.module import LOSS_AVERAGE
 from tests.conftest import REPO_ROOT
 
 SPLIT = report.TEST_SPLIT
@@ -71,7 +72,10 @@ def study(tmp_path, references):
                 "val": {"bleu_lc": val},
             },
             "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
-            sweep.RUN_FILE: {"params": {"variant": variant, "seed": seed}},
+            sweep.RUN_FILE: {
+                "params": {"variant": variant, "seed": seed},
+                "loss_average": LOSS_AVERAGE,
+            },
         }
         for name, content in files.items():
             (folder / name).write_text(json.dumps(content))
@@ -146,6 +150,43 @@ def test_a_difference_where_the_paper_finds_none_does_not_hold(study, references
     assert lines["- heads_8"].endswith('not significant, as the paper finds ("nearly identical").')
 
 
+def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
+    spec, study_dir = study
+    rows = report.variant_rows(spec, report.load_records(study_dir), references)
+    assert "| 11.50 ± 0.71 |" in report.grid_table(rows) and "†" not in report.grid_table(rows)
+    assert report.ppl_note(rows).endswith("perplexity per target subword.")
+    # the base's records as made before TokenMean: no `loss_average`
+    for run_file in study_dir.glob(f"trials/base-seed*/{sweep.RUN_FILE}"):
+        run = json.loads(run_file.read_text())
+        run_file.write_text(json.dumps({k: v for k, v in run.items() if k != "loss_average"}))
+    rows = report.variant_rows(spec, report.load_records(study_dir), references)
+    assert "| 11.50 ± 0.71 † |" in report.grid_table(rows)
+    assert "| heads_1 | model.heads=1 | 1.00 M | 11.50 ± 0.71 |" in report.grid_table(rows)
+    assert "except where marked †" in report.ppl_note(rows)
+
+
+@pytest.mark.parametrize(
+    ("heads_1_ppl", "paper_ppl", "verdict"),
+    [
+        ((12.0, 12.5), 0.29, "val PPL +0.75 vs the paper's +0.29: seeds overlap"),
+        ((13.0, 14.0), 0.29, "val PPL +2.00 vs the paper's +0.29: seeds apart, in the paper's"),
+        ((13.0, 14.0), -0.29, "val PPL +2.00 vs the paper's -0.29: seeds apart, against the"),
+        ((9.0, 10.0), 0.0, "val PPL -2.00 vs the paper's +0.00: seeds apart, where the paper"),
+    ],
+)
+def test_findings_set_the_perplexity_beside_the_papers(
+    study, references, heads_1_ppl, paper_ppl, verdict
+):
+    spec, study_dir = study  # the base's val PPL: 11 and 12
+    spec.paper["heads_1"]["ppl"] = paper_ppl
+    for seed, ppl in zip((1, 2), heads_1_ppl):
+        train = study_dir / "trials" / f"heads_1-seed{seed}" / "train.json"
+        train.write_text(json.dumps({**json.loads(train.read_text()), "last": {"val/ppl": ppl}}))
+    rows = report.variant_rows(spec, report.load_records(study_dir), references)
+    heads_1 = next(line for line in report.findings(rows) if line.startswith("- heads_1"))
+    assert verdict in heads_1
+
+
 def test_report_files_and_readme_block(study, tmp_path):
     spec, study_dir = study
     path = report.write_report(spec, study_dir, log_to_wandb=False)
@@ -179,10 +220,11 @@ def test_no_finished_trial_is_a_clear_error(tmp_path):
         report.write_report(spec, tmp_path / "smoke", log_to_wandb=False)
 
 
-def test_readme_ablation_block_is_the_reports_output():
-    """README's Table-3 section is exactly what `python -m pipeline.report table3
-    --update-readme README.md` makes of the committed records."""
-    spec = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
+def test_readme_ablation_block_is_the_reports_output(study_name):
+    """README's section of each committed study is exactly what `python -m pipeline.report
+    <study> --update-readme README.md` makes of the committed records."""
+    spec = sweep.load_spec(REPO_ROOT / f"ablations/{study_name}.yaml")
     study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
     readme = REPO_ROOT / "README.md"
     begin, end = report.readme_markers(spec.study)

@@ -166,6 +166,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     run = json.loads((record / "run.json").read_text())
     assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
         ("preempted", stopped_at), ("finished", steps)]  # fmt: skip
+    assert run["loss_average"] == "target_token"  # the report keeps its PPL unmarked
     train = json.loads((record / "train.json").read_text())
     assert train["resumed_from"] and train["steps"] == steps
     curve_steps = [p["step"] for p in json.loads((record / "curve.json").read_text())]
@@ -174,6 +175,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     report = run_cli("pipeline.report", str(spec_path), "--results-dir", str(results),
                      "--no-wandb")  # fmt: skip
     assert "2 of 2 trials finished" in report and "| heads_1 | model.heads=1 |" in report
+    assert "†" not in report
     assert (results / "resume_smoke" / "bleu_per_variant.png").exists()
 
 
