@@ -8,8 +8,10 @@
 #       <the lock's packages that the GPU image lacks>
 #   cp -r ../shared/data/multi30k .devrun/multi30k
 #   (fairseq jobs) fairseq-fixed==0.12.3.1's sdist and the wheels of its dependencies that the
-#   image lacks (hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3, bitarray, subword-nmt,
-#   sacremoses, cffi) in .devrun/fairseq-wheels: a `run` carries at most 64 MiB, so a call
+#   image lacks (hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3, bitarray, subword-nmt, mock,
+#   sacremoses, cffi, pycparser) in .devrun/fairseq-wheels, also those that .whl carries (the
+#   fairseq venv's pip does not count $SITE's: 2026-11-26 its build stopped at cffi, and a job
+#   that cannot start leaves the others running): a `run` carries at most 64 MiB, so a call
 #   that carries these may leave .whl out (what an earlier call installed stays there).
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
 #   scripts/lent_gpu.sh start <commit> <job>...   # the jobs, in the background
@@ -60,7 +62,7 @@ start_study() {
     mkdir -p "$RUNS/results"
     [[ -d ablations/results/$study ]] && cp -r "ablations/results/$study" "$RUNS/results/"
     local left
-    left=$(points_left "$spec" "$RUNS/results/$study/study.db") || exit 1
+    left=$(points_left "$spec" "$RUNS/results/$study/study.db") || return 1
     echo "study $study: starting $left workers"
     for i in $(seq 1 "$left"); do
         setsid nohup nice -n 5 "$PYTHON" -m pipeline.sweep "$spec" --results-dir "$RUNS/results" \
@@ -74,7 +76,7 @@ start_dvc() {
     mkdir -p "$folder"
     # shellcheck disable=SC2086 # the overrides are words
     (cd "$folder" && "$PYTHON" -m pipeline.config $overrides >params.yaml &&
-        "$PYTHON" -m pipeline.environment >made_on.json) || exit 1
+        "$PYTHON" -m pipeline.environment >made_on.json) || return 1
     echo "dvc: $name ($overrides)"
     setsid nohup bash -c "cd $folder && for stage in prepare tokenize train evaluate; do $PYTHON -m pipeline.stages.\$stage || exit; done" \
         >"$LOGS/dvc-$name.log" 2>&1 &
@@ -90,7 +92,7 @@ start_fairseq() {
     export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
     # shellcheck disable=SC2086
     "$PYTHON" -m benchmarks.fairseq_peer --build-venv-only $venv_options \
-        >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; exit 1; }
+        >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; return 1; }
     echo "fairseq: $name ($options)"
     # shellcheck disable=SC2086
     setsid nohup "$PYTHON" -m benchmarks.fairseq_peer --out "$RUNS/fairseq/$name.json" \
@@ -116,17 +118,20 @@ print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is
     fi
     "$PYTHON" -m pip freeze --path "$SITE" >"$RUNS/freeze-carried.txt" 2>/dev/null
     "$PYTHON" -m pip freeze >"$RUNS/freeze.txt" 2>/dev/null
-    local job kind name rest
-    for job in "$@"; do
+    local job kind name rest failed=0
+    for job in "$@"; do  # every job's kind checked before any starts
+        [[ $job =~ ^(study|dvc|wu|fairseq): ]] || { echo "unknown job $job" && exit 2; }
+    done
+    for job in "$@"; do  # a job that cannot start leaves the others running
         IFS=: read -r kind name rest <<<"$job"
         case $kind in
         study) start_study "$name" ;;
         dvc) start_dvc "$name" "$rest" ;;
         wu) start_dvc "$name" "experiment=multi30k_wu2021 $rest" ;;
         fairseq) start_fairseq "$name" "$rest" ;;
-        *) echo "unknown job $job" && exit 2 ;;
-        esac
+        esac || { echo "NOT STARTED: $job" && failed=1; }
     done
+    return $failed
 }
 
 # This run's jobs: every one has $RUNS in its command line (a stage, in its parent shell's).
@@ -146,7 +151,9 @@ wait_jobs() {
     local until=$((SECONDS + $1))
     while ((SECONDS < until)) && (($(running) > 0)); do
         progress
-        sleep "${LENT_GPU_POLL:-60}"
+        # never past the deadline: the caller's next step (collect) must fit in its call
+        local left=$((until - SECONDS)) poll=${LENT_GPU_POLL:-60}
+        ((left > 0)) && sleep $((left < poll ? left : poll))
     done
     progress
 }

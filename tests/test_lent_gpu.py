@@ -43,16 +43,21 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
         "OUT": str(out),
     }
 
-    def script(*args: str, timeout: float) -> str:
-        done = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=env, text=True,
-                              capture_output=True, timeout=timeout)  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
+    def script(*args: str, timeout: float, returncode: int = 0, **more_env: str) -> str:
+        done = subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, text=True,
+                              env={**env, **more_env}, capture_output=True, timeout=timeout)  # fmt: skip
+        assert done.returncode == returncode, done.stdout + done.stderr
         return done.stdout
 
-    started = script("start", "abc1234", f"study:{spec}",
+    # a job that cannot start (its spec is missing) is named and leaves the others to run
+    missing = f"study:{tmp_path / 'missing.yaml'}"
+    started = script("start", "abc1234", missing, f"study:{spec}",
                      "dvc:smoke:experiment=smoke train.max_steps=10 train.val_check_interval=5 eval.average=1",
-                     timeout=120)  # fmt: skip
+                     timeout=120, returncode=1)  # fmt: skip
+    assert f"NOT STARTED: {missing}" in started
     assert f"study {study}: starting 2 workers" in started and "dvc: smoke" in started
+    # waiting ends at its deadline, not at the next poll after it
+    script("wait_jobs", "1", timeout=30, LENT_GPU_POLL="600")
     waited = script("wait_jobs", "600", timeout=660)
     last = [line for line in waited.splitlines() if line.startswith("== ")][-1]
     assert "processes: 0;" in last, waited  # every job ended
@@ -83,6 +88,6 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     assert (run / "eval" / "model.ckpt").stat().st_size > 0
     assert yaml.safe_load((run / "params.yaml").read_text())["train"]["max_steps"] == 10
     made_on = json.loads((run / "made_on.json").read_text())
-    assert made_on["commit"] and made_on["hardware"]
+    assert made_on["commit"] == "abc1234" and made_on["hardware"]  # the commit it was told
     assert (back / "logs" / f"{study}-worker-1.log").exists()
     assert not (REPO_ROOT / "ablations" / "results" / study).exists()  # nothing in the tree
