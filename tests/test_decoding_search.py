@@ -43,6 +43,25 @@ def test_grid_on_val_and_the_best_setting_reproduces_in_evaluate(search_config):
     assert scores["chrf"] == pytest.approx(best["chrf"], abs=1e-9)
 
 
+def test_a_given_averaged_checkpoint_scores_as_its_window_does(search_config, tmp_path):
+    from pipeline.training.checkpoints import select_checkpoints
+
+    cfg = search_config
+    given = tmp_path / "model.ckpt"  # what a run's evaluate stage leaves: eval/model.ckpt
+    evaluate.write_model_checkpoint(select_checkpoints(cfg.paths.train_dir, 2), given)
+    grid = dict(beam_sizes=[3], length_penalties=[0.6, 2.0], metric="bleu_lc")
+    from_run = decoding_search.search(cfg, averages=[2], **grid)["rows"]
+    from_file = decoding_search.search(cfg, averages=[5], checkpoint=given, **grid)["rows"]
+    assert [r["average"] for r in from_file] == [decoding_search.GIVEN_CHECKPOINT] * 2
+    for run_row, file_row in zip(from_run, from_file, strict=True):
+        assert file_row == {**run_row, "average": decoding_search.GIVEN_CHECKPOINT}
+
+
+def test_a_missing_checkpoint_is_named_before_any_decoding(tmp_path):
+    with pytest.raises(decoding_search.PipelineError, match=r"--checkpoint .*nowhere\.ckpt"):
+        decoding_search.run(["--checkpoint", str(tmp_path / "nowhere.ckpt")])
+
+
 def test_table_marks_the_best_row():
     row = {"average": 3, "beam_size": 5, "length_penalty": 1.0, "bleu": 40.0, "bleu_lc": 40.5,
            "bleu_tok_lc": 40.7, "chrf": 60.0, "length_ratio": 0.98}  # fmt: skip

@@ -2,10 +2,12 @@
 window x beam size x length penalty, each scored with sacreBLEU on `data.val_split` only.
 
     python -m pipeline.evaluation.decoding_search [--average 3 5 10] [--beam-size 5]
-        [--length-penalty 0.6 1.0 1.4 2.0] [--metric bleu]
+        [--length-penalty 0.6 1.0 1.4 2.0] [--metric bleu] [--checkpoint eval/model.ckpt]
 
 Reads the run's params.yaml (as the DVC stages do) and its training checkpoints; prints a
-table and writes every row and the best to `metrics_dir/decoding_search.json`. Put the best
+table and writes every row and the best to `metrics_dir/decoding_search.json`. `--checkpoint`
+searches beam and length penalty for a model averaged already (a run whose training
+checkpoints are elsewhere, e.g. on a lent GPU machine: its `eval/model.ckpt`). Put the best
 into the experiment's `eval:` block and `dvc repro evaluate`. The length ratio (hypothesis /
 reference tokens, sacreBLEU's) is reported beside each score: a setting chosen for a ratio
 far from 1 on val may not transfer to test.
@@ -25,6 +27,7 @@ from pipeline import config
 from pipeline.cli import main
 from pipeline.config import Config
 from pipeline.data.corpus import read_prepared, write_json_atomic
+from pipeline.errors import PipelineError
 from pipeline.evaluation.evaluate import (
     load_model,
     load_tokenizer,
@@ -38,26 +41,41 @@ SEARCH_METRICS_FILE = "decoding_search.json"  # in metrics_dir
 ROW_METRICS = ("bleu", "bleu_lc", "chrf", "ter", LITERATURE_METRIC)
 
 
+GIVEN_CHECKPOINT = "given"  # a row's `average` when the model came averaged (--checkpoint)
+
+
+def _models(cfg: Config, averages: Sequence[int], checkpoint: Path | None, scratch: str):
+    """(average, model checkpoint) per averaging window of the run's checkpoints, or the given
+    checkpoint alone."""
+    from pipeline.training.checkpoints import select_checkpoints
+
+    if checkpoint is not None:
+        yield GIVEN_CHECKPOINT, Path(checkpoint)
+        return
+    for average in averages:
+        sources = select_checkpoints(cfg.paths.train_dir, average, by=cfg.eval.average_by)
+        averaged = Path(scratch) / f"average-{average}.ckpt"
+        write_model_checkpoint(sources, averaged)
+        yield len(sources), averaged
+
+
 def search(
     cfg: Config,
     averages: Sequence[int],
     beam_sizes: Sequence[int],
     length_penalties: Sequence[float],
     metric: str = "bleu",
+    checkpoint: Path | None = None,
 ) -> dict:
-    """Score every (average, beam size, length penalty) on the validation split; returns
+    """Score every (average, beam size, length penalty) on the validation split (with
+    `checkpoint`: that model, every beam size and length penalty); returns
     `{"split", "metric", "rows": [...], "best": row}` and writes it to metrics_dir."""
-    from pipeline.training.checkpoints import select_checkpoints
-
     split = cfg.data.val_split
     corpus = read_prepared(cfg, [split])[split]
     rows: list[dict] = []
     tokenizer, src_ids = None, None
     with tempfile.TemporaryDirectory(prefix="decoding-search-") as scratch:
-        for average in averages:
-            sources = select_checkpoints(cfg.paths.train_dir, average, by=cfg.eval.average_by)
-            averaged = Path(scratch) / f"average-{average}.ckpt"
-            write_model_checkpoint(sources, averaged)
+        for average, averaged in _models(cfg, averages, checkpoint, scratch):
             model = load_model(averaged)
             if tokenizer is None:  # one tokenizer for all: checked against the first model
                 tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
@@ -67,13 +85,13 @@ def search(
                     settings = dataclasses.replace(
                         cfg.eval, beam_size=beam_size, length_penalty=length_penalty, nbest=1
                     )
-                    desc = f"average {len(sources)}, beam {beam_size}, lp {length_penalty}"
+                    desc = f"average {average}, beam {beam_size}, lp {length_penalty}"
                     translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
                     hypotheses = [t.best for t in translations]
                     scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
                     bleu = BLEU().corpus_score(hypotheses, [list(corpus.tgt)])
                     rows.append({
-                        "average": len(sources), "beam_size": beam_size,
+                        "average": average, "beam_size": beam_size,
                         "length_penalty": length_penalty,
                         **{key: scores[key] for key in ROW_METRICS},
                         "length_ratio": bleu.sys_len / bleu.ref_len,
@@ -105,13 +123,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--length-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4, 2.0])
     parser.add_argument("--metric", choices=["bleu", "bleu_lc", "chrf", LITERATURE_METRIC],
                         default="bleu")  # fmt: skip
+    parser.add_argument("--checkpoint", type=Path,
+                        help="a model averaged already: search beam and length penalty only")  # fmt: skip
     return parser.parse_args(argv)
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        raise PipelineError(f"--checkpoint {args.checkpoint}: no such file")
     result = search(config.load(), args.average, args.beam_size, args.length_penalty,
-                    args.metric)  # fmt: skip
+                    args.metric, checkpoint=args.checkpoint)  # fmt: skip
     print(format_table(result))
     return result
 
