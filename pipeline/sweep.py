@@ -16,7 +16,9 @@ Many workers, on one machine or many, run the same command against one storage U
   `settings.max_retries` times). A worker stopped by SIGTERM/SIGUSR1 saves the trial's checkpoint,
   marks the trial failed and re-enqueues its point at once (not counted as a retry). A worker
   whose storage records none of its heartbeats for `grace_period - heartbeat_interval` seconds
-  stops the trial the same way, but leaves the storage alone: others retry the stale trial.
+  stops the trial the same way, but leaves the storage alone: others retry the stale trial. One
+  whose heartbeat went stale while it evaluated records nothing if the storage no longer has its
+  trial RUNNING (another worker has counted it dead and runs the point again).
 - a trial trains in its point's own work directory (`<work-dir>/<study>/<variant>-seed<seed>/`,
   outside the repository: checkpoints, averaged model, heatmaps), so the re-run of an interrupted
   point resumes from its checkpoint instead of training from step 0. A finished trial's record
@@ -755,10 +757,29 @@ def run_trial(
         eval_seconds = time.perf_counter() - eval_started
     finally:
         run.finish()
+    _ensure_still_running(trial)
     _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
     log.info("trial %d (%s) done in %.0f s", trial.number, paths.record.name,
              time.perf_counter() - started)  # fmt: skip
     return train_metrics.get(spec.metric)
+
+
+def _ensure_still_running(trial: optuna.Trial) -> None:
+    """Refuse to record a trial that the storage no longer has RUNNING. `HeartbeatWatchdog`
+    watches training only: a worker whose heartbeat went stale during evaluation (suspended,
+    cut off from the storage) has been counted dead by another, which runs the point again
+    from its finished checkpoint and records it; this worker then leaves it to that one."""
+    state = trial.study._storage.get_trial(trial._trial_id).state
+    if state == TrialState.RUNNING:
+        return
+    beat = CURRENT_HEARTBEAT.get()
+    if beat is not None:
+        beat.lost = True  # so that `_run_and_tell` tells the storage nothing more
+    raise Preempted(
+        f"trial {trial.number} evaluated but not recorded: the study's storage has it {state.name} "
+        "(its heartbeat went stale during evaluation and another worker counted it dead; the "
+        "point is queued again, and its finished training is evaluated there)"
+    )
 
 
 @contextlib.contextmanager

@@ -307,3 +307,41 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
         for d in tracking.offline_run_dirs(results / "ddp_smoke" / "wandb")
     ]
     assert sorted(r["run"]["job_type"] for r in runs) == ["trial", "trial"]  # rank 0's only
+
+
+def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_took_it_over(
+    tmp_path, multi30k_dir, monkeypatch
+):
+    """A worker stopped (SIGSTOP: a suspended machine) once its training has finished: its
+    heartbeat goes stale, a second worker counts the trial dead and runs the point again from
+    the finished checkpoint (evaluation only) and records it. Resumed (SIGCONT), the first
+    finishes its evaluation but records nothing and tells the storage nothing: the trial is no
+    longer its own."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    steps, interval, grace = 20, 10, 4
+    spec_path = write_smoke_grid(tmp_path, "suspended", steps, interval, {"base": {}}, grace)
+    results, work = tmp_path / "results", tmp_path / "work"
+    first = start_worker(spec_path, results, work)
+    attempts = work / "suspended" / "base-seed1" / "attempts.jsonl"
+    deadline = time.monotonic() + 300
+    while not (attempts.exists() and '"finished"' in attempts.read_text()):
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)  # evaluating: its training attempt has been logged
+    try:
+        time.sleep(grace + 1)  # its heartbeat is stale now
+        second = start_worker(spec_path, results, work)
+        out, _ = second.communicate(timeout=300)
+        assert second.returncode == 0, out
+    finally:
+        first.send_signal(signal.SIGCONT)
+    record = results / "suspended" / "trials" / "base-seed1"
+    recorded = (record / "run.json").read_text()
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 3, out
+    assert "evaluated but not recorded: the study's storage has it FAIL" in out
+    assert (record / "run.json").read_text() == recorded  # the second worker's record, kept
+    storage = f"sqlite:///{results / 'suspended' / 'study.db'}"
+    trials = optuna.load_study(study_name="suspended", storage=storage).trials
+    assert sorted(t.state.name for t in trials) == ["COMPLETE", "FAIL"]
+    assert [a["outcome"] for a in json.loads(recorded)["attempts"]] == ["finished", "finished"]
