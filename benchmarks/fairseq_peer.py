@@ -913,6 +913,7 @@ def run(args: argparse.Namespace) -> dict:
     if layout.root.resolve().is_relative_to(REPO_ROOT):
         raise SystemExit(f"--work-dir {layout.root} is inside the repository; pick one outside")
     start = time.perf_counter()
+    made_on = environment.provenance()  # the commit this run starts from, not the one it ends at
     env = tool_env(args)
     wall: dict[str, float] = {}
     venv = ensure_venv(args, env)
@@ -1022,7 +1023,7 @@ def run(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "cpu_count": os.cpu_count(),
         "work_dir": str(layout.root),
-        **environment.provenance(),
+        **made_on,
     }
     if gpu is not None:  # the GPU fairseq ran on, as the venv's torch names it
         payload["hardware"] = f"{gpu['name']} x {gpu['count']}"
