@@ -223,10 +223,9 @@ def select_checkpoints(train_dir: str | os.PathLike, n: int, by: str = "last") -
     if by not in ("last", "best"):
         raise ValueError(f"by must be 'last' or 'best', got {by!r}")
     directory = checkpoint_dir(train_dir)
+    # A missing folder globs to nothing: the DataError below names it.
     ranked: list[tuple[tuple, Path]] = []
-    if not directory.is_dir():
-        pass
-    elif by == "last":
+    if by == "last":
         ranked = [((step,), path) for step, path in step_checkpoints(directory)]
     else:
         for path in _checkpoint_files(directory):
