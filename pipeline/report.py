@@ -228,10 +228,14 @@ def _ppl_mark(row: VariantRow) -> str:
     return "" if row.ppl_per_token else BATCH_MEAN_MARK
 
 
+def _all_per_token(rows: list[VariantRow]) -> bool:
+    return all(r.ppl_per_token for r in rows)
+
+
 def ppl_note(rows: list[VariantRow]) -> str:
     """What the PPL column measures, and where a row's was logged as a mean of batch means."""
     note = "val PPL is the last checkpoint's perplexity per target subword"
-    if all(r.ppl_per_token for r in rows):
+    if _all_per_token(rows):
         return note + "."
     return (
         f"{note}, except where marked{BATCH_MEAN_MARK}: logged before e978b99 as the mean of "
@@ -343,7 +347,7 @@ def charts(
                 xlabel="val perplexity, last checkpoint"
                 + (
                     ", per target subword"
-                    if all(r.ppl_per_token for r in rows)
+                    if _all_per_token(rows)
                     else f" ({BATCH_MEAN_MARK.strip()}: mean of val batch means)"
                 ),
                 ylabel="val BLEU (lc), averaged checkpoints, beam",
