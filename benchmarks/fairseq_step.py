@@ -104,18 +104,29 @@ def shared_dictionary(vocab_size: int, special_ids: dict[str, int]):
     return dictionary
 
 
-def build_step(spec: dict, batch: dict[str, torch.Tensor]):
-    """(step function, model) built as fairseq-train builds them from `spec["flags"]`."""
-    from fairseq import optim, options
+def build_task_and_model(spec: dict, parser=None):
+    """(fairseq config, TranslationTask, model) as fairseq-train builds them from
+    `spec["flags"]` (`parser`: fairseq's training parser unless given), on our vocabulary."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.tasks.translation import TranslationTask
 
-    args = options.parse_args_and_arch(options.get_training_parser(), ["unused", *spec["flags"]])
+    parser = options.get_training_parser() if parser is None else parser
+    args = options.parse_args_and_arch(parser, ["unused", *spec["flags"]])
     cfg = convert_namespace_to_omegaconf(args)
     torch.manual_seed(cfg.common.seed)
     dictionary = shared_dictionary(spec["vocab_size"], spec["special_ids"])
     task = TranslationTask(cfg.task, dictionary, dictionary)
-    model = task.build_model(cfg.model).train()
+    return cfg, task, task.build_model(cfg.model)
+
+
+def build_step(spec: dict, batch: dict[str, torch.Tensor]):
+    """(step function, model) built as fairseq-train builds them from `spec["flags"]`."""
+    from fairseq import optim
+
+    cfg, task, model = build_task_and_model(spec)
+    model.train()
+    dictionary = task.target_dictionary
     criterion = task.build_criterion(cfg.criterion)
     optimizer = optim.build_optimizer(cfg.optimizer, list(model.parameters()))
     sample = fairseq_sample(batch, dictionary.pad())
@@ -129,14 +140,18 @@ def build_step(spec: dict, batch: dict[str, torch.Tensor]):
     return step, model
 
 
+def quiet_fairseq() -> None:
+    """fairseq 0.12 through newer hydra and torch prints pages of deprecation notes and
+    hydra's debug log on every start, none of them about the work at hand."""
+    logging.basicConfig(level=logging.WARNING)
+    warnings.simplefilter("ignore", (UserWarning, FutureWarning))
+
+
 def worker_main(argv: Sequence[str]) -> None:
     """Serve `step` requests on stdin; answers go to the real stdout, anything else printed
     (fairseq's warnings) to stderr."""
     answers, sys.stdout = sys.stdout, sys.stderr
-    # fairseq 0.12 through newer hydra and torch: pages of deprecation notes and hydra's
-    # debug log on every start, none of them about this step
-    logging.basicConfig(level=logging.WARNING)
-    warnings.simplefilter("ignore", (UserWarning, FutureWarning))
+    quiet_fairseq()
     import fairseq
 
     from pipeline.training.cpu_memory import configure_cpu_memory

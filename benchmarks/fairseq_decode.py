@@ -1,0 +1,407 @@
+"""One trained model, two beam searches: is the parity gap in decoding? (issue #19)
+
+Translates one split with a model of ours twice, with the same weights: by our beam search as
+the evaluate stage runs it (`pipeline.model.decoding.beam_search`, `eval:` of the run's
+params) and by fairseq 0.12's `SequenceGenerator` as `fairseq-generate` runs it in
+`benchmarks.fairseq_peer` (beam and length penalty of `eval:`, fairseq's defaults otherwise:
+max length 0 * |x| + 200, at least one token before eos, no unk penalty, left-padded sources).
+Run it in the run's folder (its params.yaml, as `pipeline.evaluation.decoding_search`):
+
+    python -m benchmarks.fairseq_decode --out results/parity/decoding/NAME.json [--split val]
+        [--checkpoint models/eval/model.ckpt] [--venv VENV] [--threads 2]
+
+The weights go into fairseq's `TransformerModel` (built by fairseq from our sizes,
+`benchmarks.fairseq_step.build_task_and_model`) under fairseq's names, and fairseq's
+positional table is given ours (fairseq's own sinusoids interleave no sines and cosines and
+start at pad + 1). Before decoding, both models' logits on a probe batch must agree to float32
+rounding, or nothing is decoded. The hypotheses are scored the way the fairseq harness scores
+fairseq's (`fairseq_peer.score_split`: against the split's raw references; a run on Wu et
+al.'s own subword-nmt subwords, `benchmarks.wu2021_segmentation`, has its `@@ ` joiners
+removed and is Moses-detokenized first), with a paired bootstrap between the two, and each
+hypothesis is scored by the model itself (length-normalised log-probability): where one
+search returns a translation the model ranks lower than the other's, that search missed it.
+
+The worker half runs in fairseq's venv (`python -m benchmarks.fairseq_peer --build-venv-only`):
+`<venv>/bin/python -m benchmarks.fairseq_decode --worker FOLDER`; only the standard library
+and torch at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+SPEC_FILE = "spec.json"
+WEIGHTS_FILE = "weights.pt"  # {"state_dict": fairseq names, "positions": (rows, d_model)}
+SOURCES_FILE = "sources.json"  # source token ids per sentence, in the split's order
+PROBE_FILE = "probe.pt"  # {"src", "tgt_in"}: the batch both models' logits are compared on
+PROBE_LOGITS_FILE = "probe_logits.pt"
+HYPOTHESES_FILE = "hypotheses.json"  # fairseq's best hypothesis per sentence, eos stripped
+PROBE_SENTENCES = 16
+# float32 logits of the same weights through two implementations: summation order only
+PROBE_TOLERANCE = 1e-3
+# fairseq-generate's defaults where our eval: block has no say (fairseq 0.12 GenerationConfig)
+FAIRSEQ_GENERATION = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "unk_penalty": 0.0}
+SUBWORD_NMT_JOINER = "@@ "
+
+
+# ---------------------------------------------------------------- our model in fairseq's names
+
+_SUBLAYERS = {  # ours -> fairseq, inside one layer
+    "self_attn_residual.norm": "self_attn_layer_norm",
+    "cross_attn_residual.norm": "encoder_attn_layer_norm",
+    "ffn_residual.norm": "final_layer_norm",
+    "ffn.linear1": "fc1",
+    "ffn.linear2": "fc2",
+    "self_attn.out_proj": "self_attn.out_proj",
+    "cross_attn.out_proj": "encoder_attn.out_proj",
+}
+_IN_PROJ = {"self_attn.in_proj": "self_attn", "cross_attn.in_proj": "encoder_attn"}
+_STACKS = {"encoder_layers": "encoder.layers", "decoder_layers": "decoder.layers"}
+_FINAL_NORMS = {"encoder_norm": "encoder.layer_norm", "decoder_norm": "decoder.layer_norm"}
+
+
+def fairseq_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our Transformer's parameters under fairseq 0.12 TransformerModel's names (tied
+    embeddings: one matrix as both embeddings and the output projection; q, k, v split from
+    our stacked in_proj, [W^Q; W^K; W^V])."""
+    if not model.cfg.tie_embeddings:
+        raise ValueError("model.tie_embeddings is false: fairseq's peer shares all embeddings")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().float().clone()
+        if name in ("src_embed.weight", "tgt_embed.weight", "output_projection.weight"):
+            for target in ("encoder.embed_tokens", "decoder.embed_tokens",
+                           "decoder.output_projection"):  # fmt: skip
+                out[f"{target}.weight"] = tensor
+            continue
+        stack, _, rest = name.partition(".")
+        if stack in _FINAL_NORMS:
+            out[f"{_FINAL_NORMS[stack]}.{rest}"] = tensor
+            continue
+        if stack not in _STACKS:
+            raise ValueError(f"{name}: no fairseq counterpart known")
+        index, _, rest = rest.partition(".")
+        module, _, kind = rest.rpartition(".")
+        prefix = f"{_STACKS[stack]}.{index}"
+        if module in _IN_PROJ:
+            for part, chunk in zip("qkv", tensor.chunk(3, dim=0)):
+                out[f"{prefix}.{_IN_PROJ[module]}.{part}_proj.{kind}"] = chunk.clone()
+        elif module in _SUBLAYERS:
+            out[f"{prefix}.{_SUBLAYERS[module]}.{kind}"] = tensor
+        else:
+            raise ValueError(f"{name}: no fairseq counterpart known")
+    return out
+
+
+def fairseq_positions(model: torch.nn.Module, pad_id: int) -> torch.Tensor:
+    """Our positional rows as fairseq's table: fairseq looks position p (0-based) up at row
+    pad + 1 + p, and pads at row pad (zeros)."""
+    if model.cfg.positional != "sinusoidal":
+        raise ValueError(f"model.positional={model.cfg.positional!r}: only sinusoidal positions "
+                         "map onto fairseq's (its learned ones are another module)")  # fmt: skip
+    rows = model.positional(model.cfg.max_positions).detach().float()
+    return torch.cat([rows.new_zeros(pad_id + 1, rows.size(1)), rows])
+
+
+# ---------------------------------------------------------------- the worker (fairseq venv)
+
+
+def load_into_fairseq(model, weights: dict) -> None:
+    """Every fairseq parameter from `weights` (an unknown or missing name is an error),
+    fairseq's buffers as they are, and our positional table."""
+    own = model.state_dict()
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    given = weights["state_dict"]
+    unknown = sorted(set(given) - set(own))
+    missing = sorted(parameters - set(given))
+    if unknown or missing:
+        raise SystemExit(f"fairseq_decode: names not in fairseq's model {unknown}, "
+                         f"fairseq parameters not given {missing}")  # fmt: skip
+    own.update(given)
+    model.load_state_dict(own)
+    for side in (model.encoder, model.decoder):
+        side.embed_positions.weights = weights["positions"].clone()
+
+
+def left_padded(sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """(B, longest), padded on the left as fairseq's LanguagePairDataset pads sources."""
+    longest = max(map(len, sequences))
+    batch = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        batch[row, longest - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
+    return batch
+
+
+def fairseq_translate(model, task, spec: dict, sources: list[list[int]]) -> list[dict]:
+    """fairseq's best hypothesis per source (tokens without eos, fairseq's score), batched as
+    fairseq-generate batches a split: longest first, `batch_size` sentences each."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generation = spec["generation"]
+    dictionary = task.target_dictionary
+    generator = SequenceGenerator(
+        [model], dictionary, beam_size=generation["beam_size"],
+        max_len_a=generation["max_len_a"], max_len_b=generation["max_len_b"],
+        min_len=generation["min_len"], len_penalty=generation["length_penalty"],
+        unk_penalty=generation["unk_penalty"], normalize_scores=True,
+    )  # fmt: skip
+    order = sorted(range(len(sources)), key=lambda i: (-len(sources[i]), i))
+    results: list[dict] = [{} for _ in sources]
+    size = generation["batch_size"]
+    for start in range(0, len(order), size):
+        batch = order[start : start + size]
+        src = left_padded([sources[i] for i in batch], dictionary.pad())
+        sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
+        with torch.no_grad():
+            outputs = generator.generate([model], sample, bos_token=spec["special_ids"]["bos_id"])
+        for i, hypotheses in zip(batch, outputs):
+            best = hypotheses[0]
+            tokens = best["tokens"].tolist()
+            if tokens and tokens[-1] == dictionary.eos():
+                tokens = tokens[:-1]
+            results[i] = {"tokens": tokens, "score": float(best["score"])}
+    return results
+
+
+def worker_main(folder: Path) -> None:
+    from benchmarks.fairseq_step import build_task_and_model, quiet_fairseq
+
+    quiet_fairseq()
+    spec = json.loads((folder / SPEC_FILE).read_text())
+    torch.set_num_threads(spec["threads"])
+    weights = torch.load(folder / WEIGHTS_FILE, weights_only=True)
+    _, task, model = build_task_and_model(spec)
+    load_into_fairseq(model, weights)
+    model.eval()
+    probe = torch.load(folder / PROBE_FILE, weights_only=True)
+    pad = task.source_dictionary.pad()
+    with torch.no_grad():
+        logits, _ = model(probe["src"], probe["src"].ne(pad).sum(1), probe["tgt_in"])
+    torch.save(logits, folder / PROBE_LOGITS_FILE)
+    sources = json.loads((folder / SOURCES_FILE).read_text())
+    hypotheses = fairseq_translate(model, task, spec, sources)
+    (folder / HYPOTHESES_FILE).write_text(json.dumps(hypotheses) + "\n")
+
+
+# ---------------------------------------------------------------- the client (our venv)
+
+
+def probe_batch(src_ids: Sequence[Sequence[int]], bos_id: int, pad_id: int) -> dict:
+    """The first PROBE_SENTENCES sources, and as their target prefixes bos + the same ids
+    (any real ids serve: the probe checks that two implementations compute one function)."""
+    from pipeline.evaluation.evaluate import pad_batch
+
+    chosen = [list(ids) for ids in src_ids[:PROBE_SENTENCES]]
+    prefixes = [[bos_id, *ids[:-1]] for ids in chosen]
+    return {"src": pad_batch(chosen, pad_id), "tgt_in": pad_batch(prefixes, pad_id)}
+
+
+def probe_difference(model, probe: dict, fairseq_logits: torch.Tensor, pad_id: int) -> float:
+    """Largest |ours - fairseq| over the probe's non-pad target positions."""
+    with torch.no_grad():
+        ours = model(probe["src"], probe["tgt_in"]).float()
+    real = probe["tgt_in"].ne(pad_id)
+    return float((ours - fairseq_logits.float()).abs()[real].max())
+
+
+def model_scores(model, src_ids, hypotheses, eval_cfg, eos_id: int, bos_id: int) -> list[float]:
+    """Each hypothesis's log-probability under the model, eos included, divided by the
+    length penalty of `eval_cfg` (what beam search ranks finished hypotheses by)."""
+    from pipeline.model.length_penalty import length_normalizer
+
+    scores = []
+    with torch.no_grad():
+        for src, tokens in zip(src_ids, hypotheses):
+            target = torch.tensor([[*tokens, eos_id]])
+            logits = model(torch.tensor([list(src)]), torch.tensor([[bos_id, *tokens]]))
+            log_p = torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1))
+            normalizer = length_normalizer(
+                target.size(1), eval_cfg.length_penalty, eval_cfg.length_normalization
+            )
+            scores.append(float(log_p.sum()) / normalizer)
+    return scores
+
+
+def segmented_by_subword_nmt(cfg) -> bool:
+    """A run on Wu et al.'s subword-nmt text (`benchmarks.wu2021_segmentation`): its pieces are
+    Moses tokens split by `@@ ` joiners."""
+    return cfg.data.source == "text" and cfg.data.tokenizer.model_type == "word"
+
+
+def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> list[str]:
+    """Hypothesis ids as the text that is scored (see `segmented_by_subword_nmt`)."""
+    from benchmarks.fairseq_peer import remove_bpe
+    from pipeline.data.moses import moses_detokenize
+    from pipeline.evaluation.evaluate import one_line
+
+    texts = [one_line(tokenizer.decode(ids)) for ids in hypotheses]
+    if segmented_by_subword_nmt(cfg):
+        texts = moses_detokenize([remove_bpe(text, SUBWORD_NMT_JOINER) for text in texts],
+                                 cfg.data.tgt_lang)  # fmt: skip
+    return texts
+
+
+def run_worker(venv: Path, folder: Path) -> None:
+    from benchmarks import fairseq_peer
+
+    harness = fairseq_peer.build_parser().parse_args(["--venv", str(venv)])
+    if fairseq_peer.built_venv(venv) is None:
+        raise SystemExit(f"no fairseq venv at {venv}: build it with "
+                         "`python -m benchmarks.fairseq_peer --build-venv-only`")  # fmt: skip
+    command = [fairseq_peer.venv_bin(harness, "python"), "-m", "benchmarks.fairseq_decode",
+               "--worker", str(folder)]  # fmt: skip
+    subprocess.run(command, env=fairseq_peer.tool_env(harness), cwd=fairseq_peer.REPO_ROOT,
+                   check=True)  # fmt: skip
+
+
+def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *, venv: Path,
+                        threads: int) -> tuple[float, list[dict]]:  # fmt: skip
+    """Our model's weights in fairseq, its logits checked against ours on a probe batch, then
+    fairseq's beam search over `src_ids` -> (largest probe logit difference, fairseq's best
+    hypothesis per source: {"tokens": ids without eos, "score": fairseq's normalised score})."""
+    from benchmarks.train_throughput import fairseq_flags
+
+    pad_id = special["pad_id"]
+    probe = probe_batch(src_ids, special["bos_id"], pad_id)
+    with tempfile.TemporaryDirectory(prefix="fairseq-decode-") as scratch:
+        folder = Path(scratch)
+        spec = {"flags": fairseq_flags(cfg), "vocab_size": model.vocab_size,
+                "special_ids": special, "threads": threads, "generation": generation}  # fmt: skip
+        (folder / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        torch.save({"state_dict": fairseq_state_dict(model),
+                    "positions": fairseq_positions(model, pad_id)}, folder / WEIGHTS_FILE)  # fmt: skip
+        torch.save(probe, folder / PROBE_FILE)
+        (folder / SOURCES_FILE).write_text(json.dumps([list(ids) for ids in src_ids]) + "\n")
+        run_worker(venv, folder)
+        fairseq_logits = torch.load(folder / PROBE_LOGITS_FILE, weights_only=True)
+        hypotheses = json.loads((folder / HYPOTHESES_FILE).read_text())
+    difference = probe_difference(model, probe, fairseq_logits, pad_id)
+    if difference > PROBE_TOLERANCE:
+        raise SystemExit(f"the model in fairseq computes other logits than ours (largest "
+                         f"difference {difference:.2e} > {PROBE_TOLERANCE}): not comparing")  # fmt: skip
+    return difference, hypotheses
+
+
+def compare(args: argparse.Namespace) -> dict:
+    import dataclasses
+
+    from benchmarks import fairseq_peer
+    from pipeline import config
+    from pipeline.data.corpus import normalize, read_prepared, write_json_atomic
+    from pipeline.environment import provenance
+    from pipeline.evaluation.evaluate import (
+        load_model,
+        load_tokenizer,
+        model_checkpoint_path,
+        tokenizer_path,
+        translate_ids,
+    )
+    from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
+
+    cfg = config.load()
+    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
+    model = load_model(checkpoint)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
+    split = args.split or cfg.data.val_split
+    corpus = read_prepared(cfg, [split])[split]
+    src_ids = tokenizer.encode_sources(corpus.src)
+    harness = fairseq_peer.build_parser().parse_args([])
+    references = [normalize(line) for line in
+                  fairseq_peer.read_raw(fairseq_peer.corpus_dir(harness), split, cfg.data.tgt_lang)]  # fmt: skip
+    if len(references) != len(src_ids):
+        raise SystemExit(f"{split}: {len(src_ids)} prepared sources but {len(references)} raw "
+                         "references (a filtered split?)")  # fmt: skip
+    special = {key: getattr(tokenizer, key) for key in ("pad_id", "bos_id", "eos_id", "unk_id")}
+    generation = {"beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
+                  "batch_size": harness.gen_batch_size, **FAIRSEQ_GENERATION}  # fmt: skip
+    difference, fairseq_out = decode_with_fairseq(
+        model, cfg, special, src_ids, generation, venv=args.venv, threads=args.threads
+    )
+    ours_eval = dataclasses.replace(cfg.eval, nbest=1)
+    ours_out = translate_ids(model, tokenizer, src_ids, ours_eval, desc="our beam search")
+    tokens = {"ours": [t.tokens[0] if t.tokens else [] for t in ours_out],
+              "fairseq": [h["tokens"] for h in fairseq_out]}  # fmt: skip
+    texts = {name: hypothesis_texts(tokenizer, ids, cfg) for name, ids in tokens.items()}
+    model_score = {name: model_scores(model, src_ids, ids, cfg.eval, tokenizer.eos_id,
+                                      tokenizer.bos_id) for name, ids in tokens.items()}  # fmt: skip
+    paired = paired_bootstrap(texts["fairseq"], texts["ours"], references, metrics=("bleu_lc",))
+    margin = 1e-4  # the same hypothesis scores equal up to float rounding
+    diffs = [o - f for o, f in zip(model_score["ours"], model_score["fairseq"])]
+    result = {
+        "benchmark": "fairseq_decode",
+        "checkpoint": str(checkpoint),
+        "split": split,
+        "sentences": len(src_ids),
+        "probe_max_abs_logit_difference": difference,
+        "ours_search": {
+            key: getattr(ours_eval, key)
+            for key in (
+                "beam_size",
+                "length_penalty",
+                "length_normalization",
+                "max_len_a",
+                "max_len_b",
+            )
+        },  # fmt: skip
+        "fairseq_search": generation,
+        "scores": {
+            name: {
+                **score(texts[name], references, lang=cfg.data.tgt_lang),
+                "length_ratio": length_ratio(texts[name], references),
+            }
+            for name in texts
+        },  # fmt: skip
+        "paired_bootstrap_bleu_lc": {
+            "ours_minus_fairseq": paired["bleu_lc"].system - paired["bleu_lc"].baseline,
+            "p_value": paired["bleu_lc"].p_value,
+        },  # fmt: skip
+        "identical_hypotheses": sum(a == b for a, b in zip(*tokens.values())),
+        "model_score": {
+            "ours_higher": sum(d > margin for d in diffs),
+            "fairseq_higher": sum(d < -margin for d in diffs),
+            "mean": {name: sum(values) / len(values) for name, values in model_score.items()},
+        },
+        "provenance": provenance(),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for name, lines in texts.items():
+        out.with_name(f"{out.stem}.{name}.hyp").write_text("\n".join(lines) + "\n")
+    write_json_atomic(out, result)
+    return result
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from benchmarks.fairseq_peer import DEFAULT_VENV
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the result JSON")
+    parser.add_argument("--split", help="default: data.val_split")
+    parser.add_argument("--checkpoint", type=Path, help="default: the run's eval/model.ckpt")
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="fairseq's venv")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    return parser.parse_args(argv)
+
+
+def cli(argv: Sequence[str] | None = None) -> None:
+    result = compare(parse_args(argv))
+    print(json.dumps({key: result[key] for key in ("scores", "paired_bootstrap_bleu_lc",
+                                                   "identical_hypotheses", "model_score")},
+                     indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker_main(Path(sys.argv[2]))
+    else:
+        from pipeline.cli import main
+
+        main(cli)

@@ -1,0 +1,125 @@
+"""benchmarks.fairseq_decode (issue #19): our weights under fairseq's names, our positional
+table in fairseq's layout, and (slow, with a fairseq venv built beforehand) the real fairseq
+computing our model's logits and scoring its own beam search's hypotheses as our model does."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from benchmarks import fairseq_decode, fairseq_peer
+from benchmarks.common import bench_config
+from pipeline.model.positional import sinusoid_table
+from pipeline.model.transformer import Transformer
+
+SPECIAL = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+VOCAB = 50
+
+
+def tiny_model(*overrides: str, layers: int = 2) -> Transformer:
+    args = argparse.Namespace(overrides=["model.dropout=0.0", *overrides], seed=7, d_model=16,
+                              layers=layers, heads=2, d_ff=32, vocab=VOCAB)  # fmt: skip
+    cfg = bench_config(args)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, VOCAB, SPECIAL["pad_id"]).eval()
+    model.bench_cfg = cfg  # for the tests that need the config the model was built from
+    return model
+
+
+def fairseq_names(layers: int) -> set[str]:
+    """fairseq 0.12 TransformerModel's parameter names, post-norm, shared embeddings (written
+    out from fairseq/models/transformer/transformer_{encoder,decoder}.py and
+    fairseq/modules/transformer_layer.py)."""
+    attention = [f"{p}_proj.{k}" for p in ("q", "k", "v", "out") for k in ("weight", "bias")]
+    norm = ("weight", "bias")
+    names = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+             "decoder.output_projection.weight"}  # fmt: skip
+    for i in range(layers):
+        enc, dec = f"encoder.layers.{i}", f"decoder.layers.{i}"
+        names |= {f"{enc}.self_attn.{a}" for a in attention}
+        names |= {f"{dec}.{m}.{a}" for m in ("self_attn", "encoder_attn") for a in attention}
+        for prefix, norms in ((enc, ("self_attn_layer_norm", "final_layer_norm")),
+                              (dec, ("self_attn_layer_norm", "encoder_attn_layer_norm",
+                                     "final_layer_norm"))):  # fmt: skip
+            names |= {f"{prefix}.{n}.{k}" for n in norms for k in norm}
+            names |= {f"{prefix}.fc{j}.{k}" for j in (1, 2) for k in norm}
+    return names
+
+
+def test_state_dict_is_ours_under_fairseq_names():
+    model = tiny_model()
+    converted = fairseq_decode.fairseq_state_dict(model)
+    assert set(converted) == fairseq_names(layers=2)
+    embedding = model.src_embed.weight
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                 "decoder.output_projection.weight"):  # fmt: skip
+        assert torch.equal(converted[name], embedding)
+    for ours, theirs in ((model.encoder_layers[1].self_attn, "encoder.layers.1.self_attn"),
+                         (model.decoder_layers[0].cross_attn, "decoder.layers.0.encoder_attn")):  # fmt: skip
+        d = ours.in_proj.in_features
+        for row, part in enumerate("qkv"):
+            rows = slice(row * d, (row + 1) * d)
+            assert torch.equal(converted[f"{theirs}.{part}_proj.weight"], ours.in_proj.weight[rows])
+            assert torch.equal(converted[f"{theirs}.{part}_proj.bias"], ours.in_proj.bias[rows])
+        assert torch.equal(converted[f"{theirs}.out_proj.weight"], ours.out_proj.weight)
+    layer = model.decoder_layers[1]
+    pairs = {"fc1.weight": layer.ffn.linear1.weight, "fc2.bias": layer.ffn.linear2.bias,
+             "encoder_attn_layer_norm.weight": layer.cross_attn_residual.norm.weight,
+             "final_layer_norm.bias": layer.ffn_residual.norm.bias}  # fmt: skip
+    for name, tensor in pairs.items():
+        assert torch.equal(converted[f"decoder.layers.1.{name}"], tensor)
+
+
+def test_positions_sit_where_fairseq_looks_them_up():
+    model = tiny_model()
+    pad = 5  # not 0: the offset must follow the pad id
+    table = fairseq_decode.fairseq_positions(model, pad_id=pad)
+    ours = sinusoid_table(model.cfg.max_positions, model.cfg.d_model)
+    assert table.shape == (pad + 1 + model.cfg.max_positions, model.cfg.d_model)
+    assert not table[: pad + 1].any()  # fairseq's pad row (and those below it) are zeros
+    assert torch.equal(table[pad + 1 :], ours)  # position p at row pad + 1 + p
+
+
+def test_models_fairseq_cannot_hold_are_refused():
+    with pytest.raises(ValueError, match="only sinusoidal"):
+        fairseq_decode.fairseq_positions(tiny_model("model.positional=learned"), pad_id=0)
+    with pytest.raises(ValueError, match="tie_embeddings"):
+        fairseq_decode.fairseq_state_dict(tiny_model("model.tie_embeddings=false"))
+
+
+def test_left_padding_as_fairseq_pads_sources():
+    padded = fairseq_decode.left_padded([[7, 8, 3], [9, 3]], pad_id=0)
+    assert padded.tolist() == [[7, 8, 3], [0, 9, 3]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+)
+def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
+    """The real fairseq with our weights: its teacher-forced logits are ours (the worker's
+    probe; decode_with_fairseq refuses otherwise), and every hypothesis of its incremental beam
+    search, rescored by our model with fairseq's length normalisation, gets fairseq's own
+    score: the two compute one function step by step, positions included."""
+    model = tiny_model("model.init=fairseq")
+    cfg = model.bench_cfg
+    generator = torch.Generator().manual_seed(1)
+    sources = [[*torch.randint(4, VOCAB, (n,), generator=generator).tolist(), SPECIAL["eos_id"]]
+               for n in (9, 3, 6, 12, 1, 7)]  # fmt: skip
+    generation = {"beam_size": 3, "length_penalty": 1.0, "batch_size": 4,
+                  **fairseq_decode.FAIRSEQ_GENERATION, "max_len_b": 8}  # fmt: skip
+    difference, hypotheses = fairseq_decode.decode_with_fairseq(
+        model, cfg, SPECIAL, sources, generation, venv=fairseq_peer.DEFAULT_VENV, threads=1
+    )
+    assert difference <= fairseq_decode.PROBE_TOLERANCE
+    assert len(hypotheses) == len(sources)
+    eval_cfg = argparse.Namespace(length_penalty=1.0, length_normalization="fairseq")
+    ours = fairseq_decode.model_scores(model, sources, [h["tokens"] for h in hypotheses],
+                                       eval_cfg, SPECIAL["eos_id"], SPECIAL["bos_id"])  # fmt: skip
+    for hypothesis, score in zip(hypotheses, ours):
+        assert 1 <= len(hypothesis["tokens"]) <= 8  # min_len 1, max_len_b 8
+        # fairseq's score: the summed log-probability (eos included) / |Y| ** lenpen
+        assert score == pytest.approx(hypothesis["score"], abs=1e-4)
