@@ -290,40 +290,49 @@ def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *,
     return difference, hypotheses
 
 
-def compare(args: argparse.Namespace) -> dict:
+def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str]:
+    """What each pipeline scores against: a subword-nmt run's raw references, normalised as
+    the fairseq harness has them (`fairseq_peer.score_split`); otherwise the prepared split, as
+    our evaluate stage."""
+    from benchmarks import fairseq_peer
+    from pipeline.data.corpus import normalize
+
+    if not segmented_by_subword_nmt(cfg):
+        return list(prepared_targets)
+    raw = fairseq_peer.read_raw(Path(cfg.data.raw_dir), split, cfg.data.tgt_lang)
+    if len(raw) != len(prepared_targets):
+        raise SystemExit(f"{split}: {len(prepared_targets)} segmented sentences but "
+                         f"{len(raw)} raw references in {cfg.data.raw_dir}")  # fmt: skip
+    return [normalize(line) for line in raw]
+
+
+def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads: int) -> dict:
+    """Decode `split` with `checkpoint` by both searches; writes `out` and the two hypothesis
+    files beside it (`<out stem>.ours.hyp`, `.fairseq.hyp`); returns what `out` holds."""
     import dataclasses
 
     from benchmarks import fairseq_peer
-    from pipeline import config
-    from pipeline.data.corpus import normalize, read_prepared, write_json_atomic
+    from pipeline.data.corpus import read_prepared, write_json_atomic
     from pipeline.environment import provenance
     from pipeline.evaluation.evaluate import (
         load_model,
         load_tokenizer,
-        model_checkpoint_path,
         tokenizer_path,
         translate_ids,
     )
     from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
 
-    cfg = config.load()
-    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
     model = load_model(checkpoint)
     tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
-    split = args.split or cfg.data.val_split
     corpus = read_prepared(cfg, [split])[split]
     src_ids = tokenizer.encode_sources(corpus.src)
+    references = references_for(cfg, split, corpus.tgt)
     harness = fairseq_peer.build_parser().parse_args([])
-    references = [normalize(line) for line in
-                  fairseq_peer.read_raw(fairseq_peer.corpus_dir(harness), split, cfg.data.tgt_lang)]  # fmt: skip
-    if len(references) != len(src_ids):
-        raise SystemExit(f"{split}: {len(src_ids)} prepared sources but {len(references)} raw "
-                         "references (a filtered split?)")  # fmt: skip
     special = {key: getattr(tokenizer, key) for key in ("pad_id", "bos_id", "eos_id", "unk_id")}
     generation = {"beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
                   "batch_size": harness.gen_batch_size, **FAIRSEQ_GENERATION}  # fmt: skip
     difference, fairseq_out = decode_with_fairseq(
-        model, cfg, special, src_ids, generation, venv=args.venv, threads=args.threads
+        model, cfg, special, src_ids, generation, venv=venv, threads=threads
     )
     ours_eval = dataclasses.replace(cfg.eval, nbest=1)
     ours_out = translate_ids(model, tokenizer, src_ids, ours_eval, desc="our beam search")
@@ -371,7 +380,6 @@ def compare(args: argparse.Namespace) -> dict:
         },
         "provenance": provenance(),
     }
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, lines in texts.items():
         out.with_name(f"{out.stem}.{name}.hyp").write_text("\n".join(lines) + "\n")
@@ -392,7 +400,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
-    result = compare(parse_args(argv))
+    from pipeline import config
+    from pipeline.evaluation.evaluate import model_checkpoint_path
+
+    args = parse_args(argv)
+    cfg = config.load()
+    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
+    result = compare(cfg, checkpoint, args.split or cfg.data.val_split, args.out,
+                     venv=args.venv, threads=args.threads)  # fmt: skip
     print(json.dumps({key: result[key] for key in ("scores", "paired_bootstrap_bleu_lc",
                                                    "identical_hypotheses", "model_score")},
                      indent=2))  # fmt: skip

@@ -5,9 +5,13 @@ computing our model's logits and scoring its own beam search's hypotheses as our
 from __future__ import annotations
 
 import argparse
+import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
+from sacrebleu.metrics import BLEU
 
 from benchmarks import fairseq_decode, fairseq_peer
 from benchmarks.common import bench_config
@@ -123,3 +127,33 @@ def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
         assert 1 <= len(hypothesis["tokens"]) <= 8  # min_len 1, max_len_b 8
         # fairseq's score: the summed log-probability (eos included) / |Y| ** lenpen
         assert score == pytest.approx(hypothesis["score"], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+)
+def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
+    """A trained run's checkpoint decoded by both searches: the JSON is what compare returns,
+    each search's translations are on disk one per source, and its scores are sacrebleu's of
+    that file; identical hypotheses are counted as neither search's win."""
+    cfg = copy.deepcopy(trained_smoke)
+    checkpoint = sorted((Path(cfg.paths.train_dir) / "checkpoints").glob("step-*.ckpt"))[-1]
+    out = tmp_path / "decode.json"
+    result = fairseq_decode.compare(cfg, checkpoint, "val", out, venv=fairseq_peer.DEFAULT_VENV,
+                                    threads=1)  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    references = (Path(cfg.paths.prepared) / "val.de").read_text(encoding="utf-8").splitlines()
+    assert result["sentences"] == len(references)
+    for name in ("ours", "fairseq"):
+        hypotheses = out.with_name(f"decode.{name}.hyp").read_text(encoding="utf-8").split("\n")
+        assert len(hypotheses[:-1]) == len(references)  # one line each, then the final newline
+        expected = BLEU(lowercase=True).corpus_score(hypotheses[:-1], [references]).score
+        assert result["scores"][name]["bleu_lc"] == pytest.approx(expected)
+    wins = result["model_score"]
+    assert result["identical_hypotheses"] + wins["ours_higher"] + wins["fairseq_higher"] <= len(
+        references
+    )
+    assert 0.0 < result["paired_bootstrap_bleu_lc"]["p_value"] <= 1.0
+    assert result["probe_max_abs_logit_difference"] <= fairseq_decode.PROBE_TOLERANCE
