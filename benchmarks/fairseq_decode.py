@@ -249,15 +249,16 @@ def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> lis
     return texts
 
 
-def run_worker(venv: Path, folder: Path) -> None:
+def run_worker(venv: Path, folder: Path, module: str = "benchmarks.fairseq_decode") -> None:
+    """`module`'s worker half (`--worker FOLDER`) in fairseq's venv, with the fairseq
+    harness's environment."""
     from benchmarks import fairseq_peer
 
     harness = fairseq_peer.build_parser().parse_args(["--venv", str(venv)])
     if fairseq_peer.built_venv(venv) is None:
         raise SystemExit(f"no fairseq venv at {venv}: build it with "
                          "`python -m benchmarks.fairseq_peer --build-venv-only`")  # fmt: skip
-    command = [fairseq_peer.venv_bin(harness, "python"), "-m", "benchmarks.fairseq_decode",
-               "--worker", str(folder)]  # fmt: skip
+    command = [fairseq_peer.venv_bin(harness, "python"), "-m", module, "--worker", str(folder)]
     subprocess.run(command, env=fairseq_peer.tool_env(harness), cwd=fairseq_peer.REPO_ROOT,
                    check=True)  # fmt: skip
 
