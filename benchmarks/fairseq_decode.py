@@ -307,7 +307,8 @@ def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str
     return [normalize(line) for line in raw]
 
 
-def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads: int) -> dict:
+def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads: int,
+            extra: dict | None = None) -> dict:  # fmt: skip
     """Decode `split` with `checkpoint` by both searches; writes `out` and the two hypothesis
     files beside it (`<out stem>.ours.hyp`, `.fairseq.hyp`); returns what `out` holds."""
     import dataclasses
@@ -348,6 +349,16 @@ def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads
     result = {
         "benchmark": "fairseq_decode",
         "checkpoint": str(checkpoint),
+        "run": {
+            "experiment": cfg.experiment_name,
+            "seed": cfg.seed,
+            "max_steps": cfg.train.max_steps,
+            "init": cfg.model.init,
+            "subwords": "subword-nmt (Wu et al.)"
+            if segmented_by_subword_nmt(cfg)
+            else f"sentencepiece {cfg.data.tokenizer.model_type}",
+        },
+        **(extra or {}),
         "split": split,
         "sentences": len(src_ids),
         "probe_max_abs_logit_difference": difference,
@@ -400,15 +411,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def run_model(cfg, given: Path | None, scratch: Path) -> tuple[Path, list[str]]:
+    """The model to decode and the checkpoints it averages: `given`; else the evaluate
+    stage's `eval/model.ckpt`; else what the evaluate stage would average (`eval.average`
+    and `eval.average_by` over the run's checkpoints), written into `scratch`."""
+    from pipeline.evaluation.evaluate import (
+        model_checkpoint_path,
+        source_checkpoints,
+        write_model_checkpoint,
+    )
+
+    if given is not None and not Path(given).is_file():
+        raise SystemExit(f"--checkpoint {given}: no such file")
+    path = Path(given) if given is not None else model_checkpoint_path(cfg)
+    if path.is_file():
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        return path, list(saved.get("averaged_from", [str(path)]))
+    target = scratch / "model.ckpt"
+    return target, write_model_checkpoint(source_checkpoints(cfg), target)["averaged_from"]
+
+
 def cli(argv: Sequence[str] | None = None) -> None:
     from pipeline import config
-    from pipeline.evaluation.evaluate import model_checkpoint_path
 
     args = parse_args(argv)
     cfg = config.load()
-    checkpoint = args.checkpoint or model_checkpoint_path(cfg)
-    result = compare(cfg, checkpoint, args.split or cfg.data.val_split, args.out,
-                     venv=args.venv, threads=args.threads)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="fairseq-decode-model-") as scratch:
+        checkpoint, averaged_from = run_model(cfg, args.checkpoint, Path(scratch))
+        result = compare(cfg, checkpoint, args.split or cfg.data.val_split, args.out,
+                         venv=args.venv, threads=args.threads,
+                         extra={"averaged_from": averaged_from,
+                                "command": " ".join(["python -m benchmarks.fairseq_decode",
+                                                     *(argv or sys.argv[1:])])})  # fmt: skip
     print(json.dumps({key: result[key] for key in ("scores", "paired_bootstrap_bleu_lc",
                                                    "identical_hypotheses", "model_score")},
                      indent=2))  # fmt: skip

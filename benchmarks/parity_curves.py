@@ -67,22 +67,29 @@ def read_at(curve: tuple[np.ndarray, np.ndarray], update: int) -> float | None:
 
 
 def table(reference: str, curves: dict, ours: dict) -> list[str]:
-    """Markdown: at every TABLE_EVERY-th validation of fairseq's `reference` run, its loss and
-    each of our curves read there, with the difference to fairseq."""
+    """Markdown: at every TABLE_EVERY-th validation of fairseq's `reference` run, every fairseq
+    run's loss and each of our curves read there, with its difference to the fairseq runs'
+    mean (seeds of one system differ too: the fairseq columns show by how much)."""
     updates, losses = curves[reference]
+    theirs = [reference, *sorted(set(curves) - {reference})]
     names = sorted(ours)
     lines = [
-        f"| updates | {reference} | " + " | ".join(f"{n} (- fairseq)" for n in names) + " |",
-        "|---|---|" + "---|" * len(names),
-    ]
+        "| updates | " + " | ".join(theirs) + " | "
+        + " | ".join(f"{n} (- fairseq mean)" for n in names) + " |",
+        "|---|" + "---|" * (len(theirs) + len(names)),
+    ]  # fmt: skip
     shown = [i for i in range(len(updates)) if (i + 1) % TABLE_EVERY == 0 or i < FIRST_EPOCHS - 1]
     shown += [] if len(updates) - 1 in shown else [len(updates) - 1]
     for i in shown:
-        cells = []
+        at = int(updates[i])
+        fairseq = [read_at(curves[name], at) for name in theirs]
+        known = [value for value in fairseq if value is not None]
+        mean = sum(known) / len(known)
+        cells = ["-" if value is None else f"{value:.3f}" for value in fairseq]
         for name in names:
-            value = read_at(ours[name], int(updates[i]))
-            cells.append("-" if value is None else f"{value:.3f} ({value - losses[i]:+.3f})")
-        lines.append(f"| {int(updates[i])} | {losses[i]:.3f} | " + " | ".join(cells) + " |")
+            value = read_at(ours[name], at)
+            cells.append("-" if value is None else f"{value:.3f} ({value - mean:+.3f})")
+        lines.append(f"| {at} | " + " | ".join(cells) + " |")
     return lines
 
 

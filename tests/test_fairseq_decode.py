@@ -93,6 +93,11 @@ def test_models_fairseq_cannot_hold_are_refused():
         fairseq_decode.fairseq_state_dict(tiny_model("model.tie_embeddings=false"))
 
 
+def test_a_missing_checkpoint_is_named(make_config, tmp_path):
+    with pytest.raises(SystemExit, match="--checkpoint .*absent.ckpt: no such file"):
+        fairseq_decode.run_model(make_config(), tmp_path / "absent.ckpt", tmp_path)
+
+
 def test_left_padding_as_fairseq_pads_sources():
     padded = fairseq_decode.left_padded([[7, 8, 3], [9, 3]], pad_id=0)
     assert padded.tolist() == [[7, 8, 3], [0, 9, 3]]
@@ -139,11 +144,15 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     each search's translations are on disk one per source, and its scores are sacrebleu's of
     that file; identical hypotheses are counted as neither search's win."""
     cfg = copy.deepcopy(trained_smoke)
-    checkpoint = sorted((Path(cfg.paths.train_dir) / "checkpoints").glob("step-*.ckpt"))[-1]
+    cfg.paths.eval_dir = str(tmp_path / "eval")  # no model.ckpt there: averaged as evaluate would
+    checkpoint, averaged_from = fairseq_decode.run_model(cfg, None, tmp_path)
+    newest = sorted((Path(cfg.paths.train_dir) / "checkpoints").glob("step-*.ckpt"))
+    assert sorted(averaged_from) == sorted(str(p) for p in newest[-cfg.eval.average :])
     out = tmp_path / "decode.json"
     result = fairseq_decode.compare(cfg, checkpoint, "val", out, venv=fairseq_peer.DEFAULT_VENV,
-                                    threads=1)  # fmt: skip
+                                    threads=1, extra={"averaged_from": averaged_from})  # fmt: skip
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert result["averaged_from"] == averaged_from and result["run"]["seed"] == cfg.seed
     references = (Path(cfg.paths.prepared) / "val.de").read_text(encoding="utf-8").splitlines()
     assert result["sentences"] == len(references)
     for name in ("ours", "fairseq"):

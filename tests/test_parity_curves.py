@@ -15,6 +15,8 @@ from benchmarks import parity_curves
 def parity_dir(tmp_path):
     epochs = [{"epoch": e, "updates": 62 * e, "val_loss": 8.0 / e} for e in range(1, 11)]
     (tmp_path / "fairseq_a.json").write_text(json.dumps({"per_epoch": epochs}))
+    other = [{"epoch": e, "updates": 60 * e, "val_loss": 9.0 / e} for e in range(1, 11)]
+    (tmp_path / "fairseq_b.json").write_text(json.dumps({"per_epoch": other}))
     (tmp_path / "fairseq_no_curve.json").write_text(json.dumps({"scores": {}}))
     diagnostics = tmp_path / "diagnostics"
     diagnostics.mkdir()
@@ -27,7 +29,7 @@ def parity_dir(tmp_path):
 
 def test_curves_share_a_scale_and_ours_is_read_at_fairseqs_updates(parity_dir):
     fairseq = parity_curves.fairseq_curves(parity_dir)
-    assert list(fairseq) == ["fairseq_a"]  # a run without per-epoch losses has no curve
+    assert list(fairseq) == ["fairseq_a", "fairseq_b"]  # one without per-epoch losses: none
     updates, losses = fairseq["fairseq_a"]
     assert updates[2] == 186 and losses[1] == pytest.approx(4.0 * math.log(2))  # bits -> nats
     ours = parity_curves.our_curves(parity_dir / "diagnostics")["ours_x"]
@@ -45,7 +47,10 @@ def test_cli_writes_the_figure_and_the_readme_table(parity_dir, capsys):
     text = (diagnostics / "README.md").read_text()
     assert "stale" not in text and printed in text and text.endswith("after\n")
     rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines()[2:]}
-    fairseq_124 = 4.0 * math.log(2)
+    fairseq_124 = 4.0 * math.log(2)  # the reference's own validation
+    other_124 = np.interp(124, [120, 180], [4.5, 3.0]) * math.log(2)  # read between two
     ours_124 = np.interp(124, [122, 183], [3.0, 2.0])
-    assert f"{ours_124:.3f} ({ours_124 - fairseq_124:+.3f})" in rows["124"]
+    mean = (fairseq_124 + other_124) / 2
+    assert rows["124"].startswith(f"| 124 | {fairseq_124:.3f} | {other_124:.3f} | ")
+    assert rows["124"].endswith(f"| {ours_124:.3f} ({ours_124 - mean:+.3f}) |")
     assert rows["620"].endswith("| - |")  # past our last validation: not extrapolated
