@@ -1,14 +1,19 @@
 """One trained model, two beam searches: is the parity gap in decoding? (issue #19)
 
-Translates one split with a model of ours twice, with the same weights: by our beam search as
+Translates splits with a model of ours twice, with the same weights: by our beam search as
 the evaluate stage runs it (`pipeline.model.decoding.beam_search`, `eval:` of the run's
 params) and by fairseq 0.12's `SequenceGenerator` as `fairseq-generate` runs it in
 `benchmarks.fairseq_peer` (beam and length penalty of `eval:`, fairseq's defaults otherwise:
 max length 0 * |x| + 200, at least one token before eos, no unk penalty, left-padded sources).
 Run it in the run's folder (its params.yaml, as `pipeline.evaluation.decoding_search`):
 
-    python -m benchmarks.fairseq_decode --out results/parity/decoding/NAME.json [--split val]
-        [--checkpoint models/eval/model.ckpt] [--venv VENV] [--threads 2]
+    python -m benchmarks.fairseq_decode --out results/parity/decoding/NAME.json
+        [--splits val test_2016_flickr] [--checkpoint CKPT] [--venv VENV] [--threads 2]
+
+The model is the one the evaluate stage scores (`eval/model.ckpt`, else the run's checkpoints
+averaged as `eval:` says); each search's translations are written beside the JSON
+(`NAME.<split>.<ours|fairseq>.hyp`), and `benchmarks.parity` reads both back as rows of its
+table (the model trained by ours, decoded by either search).
 
 The weights go into fairseq's `TransformerModel` (built by fairseq from our sizes,
 `benchmarks.fairseq_step.build_task_and_model`) under fairseq's names, and fairseq's
@@ -307,37 +312,33 @@ def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str
     return [normalize(line) for line in raw]
 
 
-def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads: int,
-            extra: dict | None = None) -> dict:  # fmt: skip
-    """Decode `split` with `checkpoint` by both searches; writes `out` and the two hypothesis
-    files beside it (`<out stem>.ours.hyp`, `.fairseq.hyp`); returns what `out` holds."""
+SEARCHES = ("ours", "fairseq")
+OUR_SEARCH_KEYS = ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b")
+
+
+def hypotheses_path(out: Path, split: str, search: str) -> Path:
+    """Where `search`'s translations of `split` go beside the result `out`."""
+    return out.with_name(f"{out.stem}.{split}.{search}.hyp")
+
+
+def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: Path,
+                  threads: int) -> tuple[dict, dict[str, list[str]]]:  # fmt: skip
+    """Both searches over `split`: (its entry of the result, the translations per search)."""
     import dataclasses
 
-    from benchmarks import fairseq_peer
-    from pipeline.data.corpus import read_prepared, write_json_atomic
-    from pipeline.environment import provenance
-    from pipeline.evaluation.evaluate import (
-        load_model,
-        load_tokenizer,
-        tokenizer_path,
-        translate_ids,
-    )
+    from pipeline.data.corpus import read_prepared
+    from pipeline.evaluation.evaluate import translate_ids
     from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
 
-    model = load_model(checkpoint)
-    tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
     corpus = read_prepared(cfg, [split])[split]
     src_ids = tokenizer.encode_sources(corpus.src)
     references = references_for(cfg, split, corpus.tgt)
-    harness = fairseq_peer.build_parser().parse_args([])
     special = {key: getattr(tokenizer, key) for key in ("pad_id", "bos_id", "eos_id", "unk_id")}
-    generation = {"beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
-                  "batch_size": harness.gen_batch_size, **FAIRSEQ_GENERATION}  # fmt: skip
     difference, fairseq_out = decode_with_fairseq(
         model, cfg, special, src_ids, generation, venv=venv, threads=threads
     )
     ours_eval = dataclasses.replace(cfg.eval, nbest=1)
-    ours_out = translate_ids(model, tokenizer, src_ids, ours_eval, desc="our beam search")
+    ours_out = translate_ids(model, tokenizer, src_ids, ours_eval, desc=f"our beam search, {split}")
     tokens = {"ours": [t.tokens[0] if t.tokens else [] for t in ours_out],
               "fairseq": [h["tokens"] for h in fairseq_out]}  # fmt: skip
     texts = {name: hypothesis_texts(tokenizer, ids, cfg) for name, ids in tokens.items()}
@@ -346,55 +347,78 @@ def compare(cfg, checkpoint: Path, split: str, out: Path, *, venv: Path, threads
     paired = paired_bootstrap(texts["fairseq"], texts["ours"], references, metrics=("bleu_lc",))
     margin = 1e-4  # the same hypothesis scores equal up to float rounding
     diffs = [o - f for o, f in zip(model_score["ours"], model_score["fairseq"])]
-    result = {
-        "benchmark": "fairseq_decode",
-        "checkpoint": str(checkpoint),
-        "run": {
-            "experiment": cfg.experiment_name,
-            "seed": cfg.seed,
-            "max_steps": cfg.train.max_steps,
-            "init": cfg.model.init,
-            "subwords": "subword-nmt (Wu et al.)"
-            if segmented_by_subword_nmt(cfg)
-            else f"sentencepiece {cfg.data.tokenizer.model_type}",
-        },
-        **(extra or {}),
-        "split": split,
+    entry = {
         "sentences": len(src_ids),
         "probe_max_abs_logit_difference": difference,
-        "ours_search": {
-            key: getattr(ours_eval, key)
-            for key in (
-                "beam_size",
-                "length_penalty",
-                "length_normalization",
-                "max_len_a",
-                "max_len_b",
-            )
-        },  # fmt: skip
-        "fairseq_search": generation,
         "scores": {
             name: {
                 **score(texts[name], references, lang=cfg.data.tgt_lang),
                 "length_ratio": length_ratio(texts[name], references),
             }
-            for name in texts
+            for name in SEARCHES
         },  # fmt: skip
         "paired_bootstrap_bleu_lc": {
             "ours_minus_fairseq": paired["bleu_lc"].system - paired["bleu_lc"].baseline,
             "p_value": paired["bleu_lc"].p_value,
-        },  # fmt: skip
+        },
         "identical_hypotheses": sum(a == b for a, b in zip(*tokens.values())),
         "model_score": {
             "ours_higher": sum(d > margin for d in diffs),
             "fairseq_higher": sum(d < -margin for d in diffs),
             "mean": {name: sum(values) / len(values) for name, values in model_score.items()},
         },
-        "provenance": provenance(),
     }
+    return entry, texts
+
+
+def training_record(cfg) -> dict | None:
+    """What the run's metrics say of its training (train.json), if it has finished."""
+    path = Path(cfg.paths.metrics_dir) / "train.json"
+    if not path.exists():
+        return None
+    train = json.loads(path.read_text())
+    keys = ("steps", "epochs", "wall_time_s", "train/tokens_per_sec", "train/target_tokens",
+            "precision", "val/loss", "best_step")  # fmt: skip
+    return {key: train.get(key) for key in keys}
+
+
+def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Path,
+            threads: int, extra: dict | None = None) -> dict:  # fmt: skip
+    """Decode each of `splits` with `checkpoint` by both searches; writes `out` and each
+    search's translations beside it (`hypotheses_path`); returns what `out` holds."""
+    from benchmarks import fairseq_peer
+    from pipeline.data.corpus import write_json_atomic
+    from pipeline.environment import provenance
+    from pipeline.evaluation.evaluate import load_model, load_tokenizer, tokenizer_path
+
+    model = load_model(checkpoint)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
+    harness = fairseq_peer.build_parser().parse_args([])
+    generation = {"beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
+                  "batch_size": harness.gen_batch_size, **FAIRSEQ_GENERATION}  # fmt: skip
+    entries, translations = {}, {}
+    for split in splits:
+        entries[split], translations[split] = compare_split(
+            model, tokenizer, cfg, split, generation, venv=venv, threads=threads
+        )
+    subwords = ("subword-nmt (Wu et al.)" if segmented_by_subword_nmt(cfg)
+                else f"sentencepiece {cfg.data.tokenizer.model_type}")  # fmt: skip
+    result = {
+        "benchmark": "fairseq_decode",
+        "checkpoint": str(checkpoint),
+        "run": {"experiment": cfg.experiment_name, "seed": cfg.seed,
+                "max_steps": cfg.train.max_steps, "init": cfg.model.init, "subwords": subwords},
+        "training": training_record(cfg),
+        **(extra or {}),
+        "searches": {"ours": {key: getattr(cfg.eval, key) for key in OUR_SEARCH_KEYS},
+                     "fairseq": generation},
+        "splits": entries,
+        "provenance": provenance(),
+    }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    for name, lines in texts.items():
-        out.with_name(f"{out.stem}.{name}.hyp").write_text("\n".join(lines) + "\n")
+    for split, texts in translations.items():
+        for search, lines in texts.items():
+            hypotheses_path(out, split, search).write_text("\n".join(lines) + "\n")
     write_json_atomic(out, result)
     return result
 
@@ -404,7 +428,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the result JSON")
-    parser.add_argument("--split", help="default: data.val_split")
+    parser.add_argument("--splits", nargs="+", help="default: data.val_split")
     parser.add_argument("--checkpoint", type=Path, help="default: the run's eval/model.ckpt")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="fairseq's venv")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -438,14 +462,18 @@ def cli(argv: Sequence[str] | None = None) -> None:
     cfg = config.load()
     with tempfile.TemporaryDirectory(prefix="fairseq-decode-model-") as scratch:
         checkpoint, averaged_from = run_model(cfg, args.checkpoint, Path(scratch))
-        result = compare(cfg, checkpoint, args.split or cfg.data.val_split, args.out,
+        result = compare(cfg, checkpoint, args.splits or [cfg.data.val_split], args.out,
                          venv=args.venv, threads=args.threads,
                          extra={"averaged_from": averaged_from,
                                 "command": " ".join(["python -m benchmarks.fairseq_decode",
                                                      *(argv or sys.argv[1:])])})  # fmt: skip
-    print(json.dumps({key: result[key] for key in ("scores", "paired_bootstrap_bleu_lc",
-                                                   "identical_hypotheses", "model_score")},
-                     indent=2))  # fmt: skip
+    for split, entry in result["splits"].items():
+        scores = {name: round(entry["scores"][name]["bleu_lc"], 2) for name in SEARCHES}
+        print(
+            f"{split}: BLEU lc {scores}, ours - fairseq's search "
+            f"{entry['paired_bootstrap_bleu_lc']}, identical {entry['identical_hypotheses']} "
+            f"of {entry['sentences']}, model score {entry['model_score']}"
+        )
 
 
 if __name__ == "__main__":

@@ -149,20 +149,23 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     newest = sorted((Path(cfg.paths.train_dir) / "checkpoints").glob("step-*.ckpt"))
     assert sorted(averaged_from) == sorted(str(p) for p in newest[-cfg.eval.average :])
     out = tmp_path / "decode.json"
-    result = fairseq_decode.compare(cfg, checkpoint, "val", out, venv=fairseq_peer.DEFAULT_VENV,
+    result = fairseq_decode.compare(cfg, checkpoint, ["val"], out, venv=fairseq_peer.DEFAULT_VENV,
                                     threads=1, extra={"averaged_from": averaged_from})  # fmt: skip
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["averaged_from"] == averaged_from and result["run"]["seed"] == cfg.seed
+    assert result["training"]["steps"] == cfg.train.max_steps  # the run's train.json
+    entry = result["splits"]["val"]
     references = (Path(cfg.paths.prepared) / "val.de").read_text(encoding="utf-8").splitlines()
-    assert result["sentences"] == len(references)
-    for name in ("ours", "fairseq"):
-        hypotheses = out.with_name(f"decode.{name}.hyp").read_text(encoding="utf-8").split("\n")
+    assert entry["sentences"] == len(references)
+    for name in fairseq_decode.SEARCHES:
+        path = fairseq_decode.hypotheses_path(out, "val", name)
+        hypotheses = path.read_text(encoding="utf-8").split("\n")
         assert len(hypotheses[:-1]) == len(references)  # one line each, then the final newline
         expected = BLEU(lowercase=True).corpus_score(hypotheses[:-1], [references]).score
-        assert result["scores"][name]["bleu_lc"] == pytest.approx(expected)
-    wins = result["model_score"]
-    assert result["identical_hypotheses"] + wins["ours_higher"] + wins["fairseq_higher"] <= len(
+        assert entry["scores"][name]["bleu_lc"] == pytest.approx(expected)
+    wins = entry["model_score"]
+    assert entry["identical_hypotheses"] + wins["ours_higher"] + wins["fairseq_higher"] <= len(
         references
     )
-    assert 0.0 < result["paired_bootstrap_bleu_lc"]["p_value"] <= 1.0
-    assert result["probe_max_abs_logit_difference"] <= fairseq_decode.PROBE_TOLERANCE
+    assert 0.0 < entry["paired_bootstrap_bleu_lc"]["p_value"] <= 1.0
+    assert entry["probe_max_abs_logit_difference"] <= fairseq_decode.PROBE_TOLERANCE
