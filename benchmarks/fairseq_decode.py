@@ -431,6 +431,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--splits", nargs="+", help="default: data.val_split")
     parser.add_argument("--checkpoint", type=Path, help="default: the run's eval/model.ckpt")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="fairseq's venv")
+    parser.add_argument("--train-command", default="",
+                        help="the command that trained the run, for the parity table's row")  # fmt: skip
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     return parser.parse_args(argv)
 
@@ -465,6 +467,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
         result = compare(cfg, checkpoint, args.splits or [cfg.data.val_split], args.out,
                          venv=args.venv, threads=args.threads,
                          extra={"averaged_from": averaged_from,
+                                "train_command": args.train_command,
                                 "command": " ".join(["python -m benchmarks.fairseq_decode",
                                                      *(argv or sys.argv[1:])])})  # fmt: skip
     for split, entry in result["splits"].items():

@@ -164,6 +164,76 @@ def our_runs(results_root: Path) -> list[Run]:
     return runs
 
 
+DECODING_DIR = "decoding"  # under PARITY_DIR: benchmarks.fairseq_decode results
+SEARCH_NAMES = {"ours": "our beam search", "fairseq": "fairseq 0.12's beam search"}
+
+
+def decoding_results(parity_dir: Path) -> list[tuple[Path, dict]]:
+    """Every committed `benchmarks.fairseq_decode` result, by file name."""
+    paths = sorted((parity_dir / DECODING_DIR).glob("*.json"))
+    loaded = [(path, json.loads(path.read_text(encoding="utf-8"))) for path in paths]
+    return [(path, payload) for path, payload in loaded
+            if payload.get("benchmark") == "fairseq_decode"]  # fmt: skip
+
+
+def decoded_runs(parity_dir: Path) -> list[Run]:
+    """Our models decoded by both searches (`benchmarks.fairseq_decode`), a row per search:
+    named with what differs from Wu et al.'s preset (init, Wu et al.'s own subwords) and, for
+    fairseq's search, with that."""
+    from benchmarks.fairseq_decode import SEARCHES, hypotheses_path
+
+    runs, preset = [], None
+    for path, payload in decoding_results(parity_dir):
+        run, training = payload["run"], payload.get("training")
+        missing = [split for split in SPLITS if split not in payload["splits"]]
+        if missing or training is None:
+            raise DataError(f"{path}: a row needs both {SPLITS} decoded and a finished "
+                            f"training (missing: {missing or 'training'})")  # fmt: skip
+        preset = preset or wu_preset()
+        named = [run["experiment"]]
+        if run["experiment"] == WU_RECIPE and run["init"] != preset["model"]["init"]:
+            named.append(f"model.init {run['init']}")
+        if not run["subwords"].startswith("sentencepiece"):
+            named.append(f"{run['subwords']} subwords")
+        command = f"{payload['train_command']}; {payload['command']}"
+        for search in SEARCHES:
+            runs.append(Run(
+                system="ours",
+                experiment=run["experiment"],
+                recipe=", ".join([*named, *([SEARCH_NAMES[search]] if search != "ours" else [])]),
+                seed=run["seed"],
+                updates=training["steps"],
+                max_updates=run["max_steps"],
+                target_tokens=training["train/target_tokens"],
+                train_wall_s=training["wall_time_s"],
+                tokens_per_s=training["train/tokens_per_sec"],
+                scores={split: payload["splits"][split]["scores"][search] for split in SPLITS},
+                hardware=f"{payload['provenance']['hardware']}, {training['precision']}",
+                command=command,
+                hypotheses={split: hypotheses_path(path, split, search) for split in SPLITS},
+            ))  # fmt: skip
+    return runs
+
+
+def decoding_lines(parity_dir: Path) -> list[str]:
+    """One model, two searches: for each committed fairseq_decode result, ours minus fairseq's
+    search per split, how many translations are the same, and which search's translation the
+    model itself ranks higher where they differ."""
+    lines = []
+    for path, payload in decoding_results(parity_dir):
+        cells = []
+        for split, entry in payload["splits"].items():
+            paired, wins = entry["paired_bootstrap_bleu_lc"], entry["model_score"]
+            cells.append(
+                f"{split} {paired['ours_minus_fairseq']:+.2f} (p = {paired['p_value']:.3f}), "
+                f"{entry['identical_hypotheses']} of {entry['sentences']} the same, the model "
+                f"ranks ours higher {wins['ours_higher']} times, fairseq's {wins['fairseq_higher']}"
+            )
+        lines.append(f"- one model (`{path.relative_to(parity_dir.parent.parent)}`), our beam "
+                     "search - fairseq's, lowercased BLEU: " + "; ".join(cells))  # fmt: skip
+    return lines
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -255,11 +325,12 @@ def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float
 
 
 def markdown(results_root: Path, parity_dir: Path) -> str:
-    runs = fairseq_runs(parity_dir) + our_runs(results_root)
+    runs = fairseq_runs(parity_dir) + our_runs(results_root) + decoded_runs(parity_dir)
     runs.sort(key=lambda r: (r.experiment != WU_RECIPE, r.max_updates, r.system, r.recipe, r.seed))
     lines = [*table(runs), ""]
     compared = comparisons(runs)
     lines += compared or ["- no budget run by both systems yet"]
+    lines += decoding_lines(parity_dir)
     return "\n".join(lines) + "\n"
 
 

@@ -189,3 +189,68 @@ def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path
 def test_readme_block_is_the_commands_output(references):
     expected = parity.markdown(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
     assert readme.read(REPO_ROOT / "README.md", parity.BEGIN, parity.END) == expected
+
+
+def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS):
+    """A benchmarks.fairseq_decode result: one model's translations by each search."""
+    from benchmarks import fairseq_decode
+
+    out = parity_dir / parity.DECODING_DIR / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for split in splits:
+        scores = {}
+        for search, translations in by_search.items():
+            scores[search] = scoring.score(translations[split], references[split], lang="de")
+            fairseq_decode.hypotheses_path(out, split, search).write_text(
+                "\n".join(translations[split]) + "\n"
+            )
+        entries[split] = {
+            "sentences": len(references[split]), "scores": scores,
+            "paired_bootstrap_bleu_lc": {"ours_minus_fairseq": 1.25, "p_value": 0.01},
+            "identical_hypotheses": 7,
+            "model_score": {"ours_higher": 3, "fairseq_higher": 2},
+        }  # fmt: skip
+    payload = {
+        "benchmark": "fairseq_decode",
+        "run": {"experiment": parity.WU_RECIPE, "seed": seed, "max_steps": 3000,
+                "init": "fairseq", "subwords": "subword-nmt (Wu et al.)"},
+        "training": {"steps": 3000, "wall_time_s": 2400.0, "train/tokens_per_sec": 9000.0,
+                     "train/target_tokens": 20_000_000, "precision": "bf16-mixed"},
+        "splits": entries, "provenance": {"hardware": "a CPU"},
+        "train_command": "dvc exp run -S seed=1", "command": "python -m benchmarks.fairseq_decode",
+    }  # fmt: skip
+    out.write_text(json.dumps(payload))
+    return out
+
+
+def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, references):
+    """A fairseq_decode result gives a row per search (the model trained by ours), each
+    compared with fairseq's runs of its budget, and one line of the two searches side by side."""
+    root, fairseq_result, _, exact, worse = committed
+    parity_dir = root / "parity"
+    fairseq_result("fairseq_seed1", worse, seed=1)
+    write_decoding(parity_dir, "snmt_seed1", {"ours": exact, "fairseq": worse}, references)
+
+    block = parity.markdown(root, parity_dir)
+    named = "multi30k_wu2021, model.init fairseq, subword-nmt (Wu et al.) subwords"
+    assert f"| ours | {named} | 1 | 3000 | 3000 | 20.0 M | 6,667 | 40 min | 9,000 |" in block
+    assert f"| ours | {named}, fairseq 0.12's beam search | 1 | 3000 |" in block
+    assert "| a CPU, bf16-mixed | `dvc exp run -S seed=1; python -m benchmarks" in block
+    comparisons = [line for line in block.splitlines() if line.startswith("- ")]
+    assert [line.split(": ours - fairseq")[0] for line in comparisons[:2]] == [
+        f"- 3000 updates (ours: {named}), 1 seed pair(s)",
+        f"- 3000 updates (ours: {named}, fairseq 0.12's beam search), 1 seed pair(s)",
+    ]
+    assert float(comparisons[0].split("val ")[1].split(" ")[0]) > 5  # exact against worse
+    assert abs(float(comparisons[1].split("val ")[1].split(" ")[0])) < 0.01  # the same text
+    assert comparisons[2].startswith("- one model (`") and "snmt_seed1.json" in comparisons[2]
+    assert comparisons[2].endswith(
+        "test_2016_flickr +1.25 (p = 0.010), 7 of 1000 the same, the model ranks ours higher 3 "
+        "times, fairseq's 2"
+    )
+
+    write_decoding(parity_dir, "val_only", {"ours": exact, "fairseq": worse}, references,
+                   splits=("val",))  # fmt: skip
+    with pytest.raises(DataError, match="val_only.json: a row needs both"):
+        parity.markdown(root, parity_dir)
