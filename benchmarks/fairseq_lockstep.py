@@ -16,6 +16,7 @@ to the tensor's largest weight, and the relative size of the whole difference).
 
     python -m benchmarks.fairseq_lockstep --out results/parity/diagnostics/lockstep.json
         [--updates 200] [--warmup-init-lr-as-ours] [--threads 2]
+    python -m benchmarks.fairseq_lockstep --summarize RESULT... [--update-readme README]
 
 Run it in a run's folder (its params.yaml and tokenized data, after `dvc repro tokenize`).
 `--warmup-init-lr-as-ours` starts fairseq's warm-up where ours starts (its first update at
@@ -273,11 +274,50 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- lockstep:begin -->", "<!-- lockstep:end -->"
+
+
+def markdown(paths: Sequence[Path]) -> str:
+    """For each committed result: how fairseq's warm-up started, and its updates at the
+    snapshot marks (where the weights were compared) side by side."""
+    lines = []
+    for path in paths:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+        lines += [
+            f"`{Path(path).name}`: {result['updates']} updates, fairseq's warm-up from "
+            f"{result['warmup_init_lr_fairseq']:.3g} ({result['provenance']['hardware']}, "
+            f"commit {result['provenance']['commit']})",
+            "",
+            "| update | lr ours | lr fairseq | loss ours | loss fairseq | grad norm ours "
+            "| grad norm fairseq | weights apart, ‖ours - fairseq‖ / ‖fairseq‖ |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in result["rows"]:
+            if "weights_apart" not in row:
+                continue
+            lines.append(
+                f"| {row['update']} | {row['lr_ours']:.3e} | {row['lr_fairseq']:.3e} "
+                f"| {row['loss_ours']:.4f} | {row['loss_fairseq']:.4f} "
+                f"| {row['grad_norm_ours']:.3f} | {row['grad_norm_fairseq']:.3f} "
+                f"| {row['weights_apart']['relative_norm']:.1e} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from benchmarks.fairseq_peer import DEFAULT_VENV
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the result JSON (a run)")
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        metavar="RESULT",
+        help="no run: print (or with --update-readme write) these results' table",
+    )
+    parser.add_argument("--update-readme", type=Path, metavar="README")
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--warmup-init-lr-as-ours", action="store_true")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
@@ -286,11 +326,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
-    from pipeline import config
+    from pipeline import config, readme
     from pipeline.data.corpus import write_json_atomic
     from pipeline.environment import provenance
 
     args = parse_args(argv)
+    if args.summarize:
+        block = markdown(args.summarize)
+        if args.update_readme:
+            readme.fill(args.update_readme, BEGIN, END, block)
+        print(block, end="")
+        return
+    if args.out is None:
+        raise SystemExit("--out RESULT.json is needed for a run (or --summarize RESULT ...)")
     cfg = config.load()
     t = cfg.train
     ours_first = t.lr_factor * cfg.model.d_model**-0.5 * t.warmup_steps**-1.5  # rate(1)

@@ -6,6 +6,7 @@ from the same weights to the same place, clipping included."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -78,3 +79,27 @@ def test_ours_and_fairseqs_trainer_take_the_same_updates(tokenized_smoke):
     assert unaligned[0]["lr_fairseq"] == pytest.approx(1e-7)
     assert unaligned[0]["lr_ours"] == pytest.approx(ours_first)
     assert unaligned[-1]["weights_apart"]["relative_norm"] > 3 * aligned
+
+
+def test_summary_shows_the_updates_where_weights_were_compared(tmp_path):
+    rows = [{"update": n, "lr_ours": 1e-4 * n, "lr_fairseq": 1e-4 * n - 1e-7,
+             "loss_ours": 9.0 / n, "loss_fairseq": 9.0 / n + 1e-4,
+             "grad_norm_ours": 2.0, "grad_norm_fairseq": 2.001} for n in (1, 2, 3)]  # fmt: skip
+    rows[0]["weights_apart"] = {"relative_norm": 2.5e-7, "max_relative": 1e-3}
+    rows[2]["weights_apart"] = {"relative_norm": 4.4e-6, "max_relative": 1e-2}
+    result = {"updates": 3, "warmup_init_lr_fairseq": 1e-7, "rows": rows,
+              "provenance": {"hardware": "a CPU", "commit": "abc1234"}}  # fmt: skip
+    path = tmp_path / "lockstep_3.json"
+    path.write_text(json.dumps(result))
+    block = fairseq_lockstep.markdown([path])
+    lines = block.splitlines()
+    assert (
+        lines[0]
+        == "`lockstep_3.json`: 3 updates, fairseq's warm-up from 1e-07 (a CPU, commit abc1234)"
+    )
+    table = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert table == [
+        "| 1 | 1.000e-04 | 9.990e-05 | 9.0000 | 9.0001 | 2.000 | 2.001 | 2.5e-07 |",
+        "| 3 | 3.000e-04 | 2.999e-04 | 3.0000 | 3.0001 | 2.000 | 2.001 | 4.4e-06 |",
+    ]  # update 2 had no weights compared
+    assert block.endswith("\n")
