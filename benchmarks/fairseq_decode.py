@@ -391,6 +391,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
     from pipeline.environment import provenance
     from pipeline.evaluation.evaluate import load_model, load_tokenizer, tokenizer_path
 
+    made_with = provenance()  # at the start: commits made while it runs are not its code
     model = load_model(checkpoint)
     tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
     harness = fairseq_peer.build_parser().parse_args([])
@@ -413,7 +414,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
         "searches": {"ours": {key: getattr(cfg.eval, key) for key in OUR_SEARCH_KEYS},
                      "fairseq": generation},
         "splits": entries,
-        "provenance": provenance(),
+        "provenance": made_with,
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     for split, texts in translations.items():

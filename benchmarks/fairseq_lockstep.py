@@ -339,12 +339,13 @@ def cli(argv: Sequence[str] | None = None) -> None:
         return
     if args.out is None:
         raise SystemExit("--out RESULT.json is needed for a run (or --summarize RESULT ...)")
+    made_with = provenance()  # at the start: commits made while it runs are not its code
     cfg = config.load()
     t = cfg.train
     ours_first = t.lr_factor * cfg.model.d_model**-0.5 * t.warmup_steps**-1.5  # rate(1)
     result = lockstep(cfg, args.updates, venv=args.venv, threads=args.threads,
                       warmup_init_lr=ours_first if args.warmup_init_lr_as_ours else None)  # fmt: skip
-    result["provenance"] = provenance()
+    result["provenance"] = made_with
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, result)
     print(format_table(result))
