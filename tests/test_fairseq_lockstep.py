@@ -103,3 +103,14 @@ def test_summary_shows_the_updates_where_weights_were_compared(tmp_path):
         "| 3 | 3.000e-04 | 2.999e-04 | 3.0000 | 3.0001 | 2.000 | 2.001 | 4.4e-06 |",
     ]  # update 2 had no weights compared
     assert block.endswith("\n")
+
+
+def test_diagnostics_readme_block_is_the_commands_output():
+    from benchmarks.parity import PARITY_DIR
+    from pipeline import readme
+    from tests.conftest import REPO_ROOT
+
+    diagnostics = REPO_ROOT / PARITY_DIR / "diagnostics"
+    results = sorted(diagnostics.glob("lockstep_*.json"))
+    committed = readme.read(diagnostics / "README.md", fairseq_lockstep.BEGIN, fairseq_lockstep.END)
+    assert committed == fairseq_lockstep.markdown(results)

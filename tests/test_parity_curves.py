@@ -54,3 +54,15 @@ def test_cli_writes_the_figure_and_the_readme_table(parity_dir, capsys):
     assert rows["124"].startswith(f"| 124 | {fairseq_124:.3f} | {other_124:.3f} | ")
     assert rows["124"].endswith(f"| {ours_124:.3f} ({ours_124 - mean:+.3f}) |")
     assert rows["620"].endswith("| - |")  # past our last validation: not extrapolated
+
+
+def test_readme_table_is_the_commands_output():
+    from pipeline import readme
+    from tests.conftest import REPO_ROOT
+
+    curves = parity_curves.fairseq_curves(REPO_ROOT / parity_curves.PARITY_DIR)
+    ours = parity_curves.our_curves(REPO_ROOT / parity_curves.DIAGNOSTICS)
+    block = "\n".join(parity_curves.table("fairseq_wu2021_3000_seed1", curves, ours)) + "\n"
+    committed = readme.read(REPO_ROOT / parity_curves.DIAGNOSTICS / "README.md", parity_curves.BEGIN,
+                            parity_curves.END)  # fmt: skip
+    assert committed == block
