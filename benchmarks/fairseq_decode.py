@@ -17,8 +17,8 @@ table (the model trained by ours, decoded by either search).
 
 The weights go into fairseq's `TransformerModel` (built by fairseq from our sizes,
 `benchmarks.fairseq_step.build_task_and_model`) under fairseq's names, and fairseq's
-positional table is given ours (fairseq's own sinusoids interleave no sines and cosines and
-start at pad + 1). Before decoding, both models' logits on a probe batch must agree to float32
+positional table is given ours (fairseq's own sinusoids put every sine before every cosine
+and start at position pad + 1). Before decoding, both models' logits on a probe batch must agree to float32
 rounding, or nothing is decoded. The hypotheses are scored the way the fairseq harness scores
 fairseq's (`fairseq_peer.score_split`: against the split's raw references; a run on Wu et
 al.'s own subword-nmt subwords, `benchmarks.wu2021_segmentation`, has its `@@ ` joiners
