@@ -301,15 +301,14 @@ def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str
     the fairseq harness has them (`fairseq_peer.score_split`); otherwise the prepared split, as
     our evaluate stage."""
     from benchmarks import fairseq_peer
-    from pipeline.data.corpus import normalize
 
     if not segmented_by_subword_nmt(cfg):
         return list(prepared_targets)
-    raw = fairseq_peer.read_raw(Path(cfg.data.raw_dir), split, cfg.data.tgt_lang)
+    raw = fairseq_peer.raw_references(Path(cfg.data.raw_dir), split, cfg.data.tgt_lang)
     if len(raw) != len(prepared_targets):
         raise SystemExit(f"{split}: {len(prepared_targets)} segmented sentences but "
                          f"{len(raw)} raw references in {cfg.data.raw_dir}")  # fmt: skip
-    return [normalize(line) for line in raw]
+    return raw
 
 
 SEARCHES = ("ours", "fairseq")

@@ -88,6 +88,16 @@ def worker_main(folder: Path) -> None:
 # ---------------------------------------------------------------- the client (our venv)
 
 
+def our_rate(cfg, step: int) -> float:
+    """Our learning rate at update `step`: section 5.3's equation, which training multiplies
+    by `train.cooldown_steps`' scale only in its last updates."""
+    from pipeline.training.module import inverse_sqrt_rate
+
+    t = cfg.train
+    return inverse_sqrt_rate(step, d_model=cfg.model.d_model, warmup_steps=t.warmup_steps,
+                             factor=t.lr_factor)  # fmt: skip
+
+
 def fairseq_flags_for(cfg, warmup_init_lr: float) -> list[str]:
     """fairseq-train's flags for the recipe of `cfg` (sizes, dropouts, Adam, clipping, the
     warm-up schedule and label smoothing), as benchmarks.fairseq_peer passes them."""
@@ -95,7 +105,7 @@ def fairseq_flags_for(cfg, warmup_init_lr: float) -> list[str]:
     from benchmarks.train_throughput import fairseq_flags
 
     t = cfg.train
-    peak = t.lr_factor * cfg.model.d_model**-0.5 * t.warmup_steps**-0.5
+    peak = our_rate(cfg, t.warmup_steps)
     schedule = {
         "--lr-scheduler": "inverse_sqrt", "--lr": peak, "--warmup-updates": t.warmup_steps,
         "--warmup-init-lr": warmup_init_lr, "--clip-norm": t.gradient_clip_val or 0.0,
@@ -341,8 +351,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("--out RESULT.json is needed for a run (or --summarize RESULT ...)")
     made_with = provenance()  # at the start: commits made while it runs are not its code
     cfg = config.load()
-    t = cfg.train
-    ours_first = t.lr_factor * cfg.model.d_model**-0.5 * t.warmup_steps**-1.5  # rate(1)
+    ours_first = our_rate(cfg, 1)
     result = lockstep(cfg, args.updates, venv=args.venv, threads=args.threads,
                       warmup_init_lr=ours_first if args.warmup_init_lr_as_ours else None)  # fmt: skip
     result["provenance"] = made_with

@@ -858,14 +858,20 @@ def parse_generate(lines: Sequence[str], expected: int) -> tuple[list[str], dict
     return [hypotheses[i] for i in range(len(hypotheses))], bleu
 
 
-def score_split(args: argparse.Namespace, subset: str, detokenized: list[str]) -> dict:
-    """This project's scores of fairseq's detokenized output against the raw references
-    (normalised as `prepare` does)."""
+def raw_references(corpus: Path, split: str, lang: str, limit: int | None = None) -> list[str]:
+    """The raw references of `split`, normalised as `prepare` does: what both systems'
+    translations are scored against."""
     from pipeline.data.corpus import normalize
+
+    return [normalize(line) for line in read_raw(corpus, split, lang, limit)]
+
+
+def score_split(args: argparse.Namespace, subset: str, detokenized: list[str]) -> dict:
+    """This project's scores of fairseq's detokenized output against the raw references."""
     from pipeline.evaluation.scoring import score
 
-    references = [normalize(line) for line in read_raw(
-        corpus_dir(args), split_of(args, subset), args.tgt, args.max_eval_pairs)]  # fmt: skip
+    references = raw_references(corpus_dir(args), split_of(args, subset), args.tgt,
+                                args.max_eval_pairs)  # fmt: skip
     return score(detokenized, references, lang=args.tgt)
 
 

@@ -104,15 +104,14 @@ def shared_dictionary(vocab_size: int, special_ids: dict[str, int]):
     return dictionary
 
 
-def build_task_and_model(spec: dict, parser=None):
+def build_task_and_model(spec: dict):
     """(fairseq config, TranslationTask, model) as fairseq-train builds them from
-    `spec["flags"]` (`parser`: fairseq's training parser unless given), on our vocabulary."""
+    `spec["flags"]`, on our vocabulary."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.tasks.translation import TranslationTask
 
-    parser = options.get_training_parser() if parser is None else parser
-    args = options.parse_args_and_arch(parser, ["unused", *spec["flags"]])
+    args = options.parse_args_and_arch(options.get_training_parser(), ["unused", *spec["flags"]])
     cfg = convert_namespace_to_omegaconf(args)
     torch.manual_seed(cfg.common.seed)
     dictionary = shared_dictionary(spec["vocab_size"], spec["special_ids"])

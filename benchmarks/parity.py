@@ -270,10 +270,8 @@ def table(runs: list[Run]) -> list[str]:
 def scoring_references(split: str, lang: str = "de") -> list[str]:
     """The raw references of `split`, normalised as `prepare` and both systems' scoring do."""
     from benchmarks import fairseq_peer
-    from pipeline.data.corpus import normalize
 
-    corpus = fairseq_peer.default_corpus()
-    return [normalize(line) for line in fairseq_peer.read_raw(corpus, split, lang)]
+    return fairseq_peer.raw_references(fairseq_peer.default_corpus(), split, lang)
 
 
 def comparisons(runs: list[Run]) -> list[str]:
