@@ -21,6 +21,7 @@ test2016 is reported, never tuned on.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from dataclasses import dataclass
@@ -97,8 +98,9 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
 
 
 # The settings of Wu et al.'s recipe that its rows are compared under, besides the budget: how
-# the model starts, how updates are batched and how the model decodes
+# the text is segmented, how the model starts, how updates are batched and how the model decodes
 RECIPE_KEYS = {
+    "data": ("tokenizer.model_type",),
     "model": ("init",),
     "train": ("max_tokens", "batch_budget", "accumulate_grad_batches", "loss_normalization"),
     "eval": ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b",
@@ -116,8 +118,10 @@ def recipe_changes(params: dict, preset: dict) -> list[str]:
     changes = []
     for section, keys in RECIPE_KEYS.items():
         recorded = {**defaults[section], **params.get(section, {})}
-        changes += [f"{section}.{key} {recorded[key]}" for key in keys
-                    if recorded[key] != preset[section][key]]  # fmt: skip
+        for key in keys:  # a dotted key names a nested setting (data.tokenizer.model_type)
+            value = functools.reduce(dict.get, key.split("."), recorded)
+            if value != functools.reduce(dict.get, key.split("."), preset[section]):
+                changes.append(f"{section}.{key} {value}")
     return changes
 
 

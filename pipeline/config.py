@@ -26,7 +26,9 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
 # data.tokenizer.pretokenizer: what the text goes through before the subword model reads it
 PRETOKENIZERS = ("none", "moses")
-TOKENIZER_MODEL_TYPES = ("bpe", "unigram", "word")  # sentencepiece model types
+# data.tokenizer.model_type: sentencepiece's model types, or subword-nmt's joint BPE
+# (pipeline.data.subword_nmt) with one id per piece
+TOKENIZER_MODEL_TYPES = ("bpe", "unigram", "word", "subword_nmt")
 # model.init: how the Transformer's weights start (pipeline.model.transformer)
 INITS = ("xavier", "fairseq")
 # train.loss_normalization: how an update of several batches weighs them
@@ -48,9 +50,12 @@ class FilterConfig:
 class TokenizerConfig:
     """Joint subword model (sentencepiece) trained on the training split only."""
 
-    # bpe | unigram: subwords learned here; word: one id per whitespace-separated unit of text
-    # segmented elsewhere (benchmarks/wu2021_segmentation.py: subword-nmt's)
+    # bpe | unigram: sentencepiece subwords learned here; word: one id per whitespace-separated
+    # unit of text segmented elsewhere; subword_nmt: subword-nmt's joint BPE learned here, as
+    # the Multi30k dataset's task1-bpe.sh does, one id per piece
     model_type: str = "bpe"
+    # pieces in the vocabulary, specials included; subword_nmt: merges learned (its -s), the
+    # vocabulary is then every piece of the segmented training text
     vocab_size: int = 8000
     character_coverage: float = 1.0
     case_fold: bool = False  # lowercase everything the model reads and writes (NFKC + fold)

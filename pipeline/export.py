@@ -19,7 +19,11 @@ its pre-tokenization: `spm.pretokenizer.json` beside `spm.model` (which `load_ex
 `Tokenizer.load` read) and the same record as `pretokenizer` in export.json. Outside this
 package, text then goes through sacremoses as `pipeline.data.moses` does before `sp.encode`
 (`moses_tokenize(lines, src_lang, lowercase=...)`) and after `sp.decode`
-(`moses_detokenize(lines, tgt_lang)`).
+(`moses_detokenize(lines, tgt_lang)`). A model on subword-nmt's BPE (`data.tokenizer.model_type:
+subword_nmt`) carries its merges and vocabularies too (`spm.bpe-codes`, `spm.bpe-vocab.src`,
+`spm.bpe-vocab.tgt`, `pipeline.data.subword_nmt`): outside this package text goes through
+`subword-nmt apply-bpe -c spm.bpe-codes --vocabulary spm.bpe-vocab.src` after Moses, and the
+`@@ ` joiners are removed after `sp.decode`.
 
 Mapping onto `ctranslate2.specs.TransformerSpec`: layers and heads as configured; post-norm
 (the paper) or pre-norm with the final encoder/decoder LayerNorm (`model.norm_first`); ReLU
@@ -252,6 +256,8 @@ def export_ctranslate2(
         spec.save(str(staging))
         (staging / MODEL_FILE).write_bytes(tokenizer.processor.serialized_model_proto())
         tokenizer.pretokenizer.write(staging / MODEL_FILE)
+        if tokenizer.subwords is not None:
+            tokenizer.subwords.write(staging / MODEL_FILE)
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return Path(out)
 

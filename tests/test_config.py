@@ -153,7 +153,8 @@ def test_wu2021_preset_is_their_recipe():
     assert (d.src_lang, d.tgt_lang, d.filter.apply_to) == ("en", "de", [])
     assert (d.tokenizer.pretokenizer, d.tokenizer.case_fold, d.tokenizer.source_eos) == (
         "moses", True, True)  # fmt: skip
-    assert (d.tokenizer.model_type, d.tokenizer.vocab_size) == ("bpe", 10000)
+    # task1-bpe.sh: subword-nmt, 10000 merges
+    assert (d.tokenizer.model_type, d.tokenizer.vocab_size) == ("subword_nmt", 10000)
     assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads) == (4, 4, 128, 256, 4)
     assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.0, 0.0)
     assert (m.norm_first, m.positional, m.tie_embeddings) == (False, "sinusoidal", True)

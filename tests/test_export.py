@@ -98,12 +98,15 @@ def test_random_models_of_every_architecture_translate_as_ours(
         )
 
 
-def test_a_moses_pretokenized_model_is_exported_with_its_pretokenization(tokenized_smoke, tmp_path):
-    """Wu et al.'s preprocessing (data.tokenizer.pretokenizer: moses) travels with the export:
-    recorded in export.json and beside the folder's spm.model, so the loaded folder reads
-    raw sources and writes plain text as our decoding does; a folder whose record was lost
-    is refused."""
-    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path)
+@pytest.mark.parametrize("model_type", ["bpe", "subword_nmt"])
+def test_a_moses_pretokenized_model_is_exported_with_its_pretokenization(
+    tokenized_smoke, tmp_path, model_type
+):
+    """Wu et al.'s preprocessing (data.tokenizer.pretokenizer: moses, subword-nmt's merges)
+    travels with the export: recorded in export.json and beside the folder's spm.model, so the
+    loaded folder reads raw sources and writes plain text as our decoding does; a folder whose
+    record was lost is refused."""
+    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path, model_type=model_type)
     tokenizer = Tokenizer.for_data(Path(cfg.paths.tokenized) / MODEL_FILE, cfg.data)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**TINY), tokenizer.vocab_size, tokenizer.pad_id).eval()
@@ -116,6 +119,9 @@ def test_a_moses_pretokenized_model_is_exported_with_its_pretokenization(tokeniz
 
     exported = export.load_exported(out)
     assert exported.tokenizer.pretokenizer == tokenizer.pretokenizer
+    if model_type == "subword_nmt":
+        assert exported.tokenizer.subwords.codes == tokenizer.subwords.codes
+        assert (out / "spm.bpe-codes").read_text() == tokenizer.subwords.codes
     val = read_prepared(cfg, ["val"])["val"].src[:20]
     src_ids = exported.tokenizer.encode_sources(val)
     assert src_ids == tokenizer.encode_sources(val)  # raw text in, Moses-tokenized inside

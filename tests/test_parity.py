@@ -32,6 +32,7 @@ def committed(tmp_path, references):
     wu_preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))
     wu_decoding = wu_preset["eval"]
     wu_batching = {key: wu_preset["train"][key] for key in parity.RECIPE_KEYS["train"]}
+    wu_subwords = wu_preset["data"]["tokenizer"]["model_type"]
 
     def fairseq_result(name, translations, seed=1, max_update=3000, smoke=False):
         out = root / "parity" / f"{name}.json"
@@ -51,7 +52,8 @@ def committed(tmp_path, references):
         out.write_text(json.dumps(payload))
 
     def our_row(name, translations, seed=1234, max_steps=3000, recipe=parity.WU_RECIPE,
-                decoding=wu_decoding, batching=wu_batching, model=None):  # fmt: skip
+                decoding=wu_decoding, batching=wu_batching, model=None,
+                subwords=wu_subwords):  # fmt: skip
         run = tmp_path / name
         metrics, hypotheses = run / "metrics", run / "eval"
         metrics.mkdir(parents=True)
@@ -68,7 +70,8 @@ def committed(tmp_path, references):
             (metrics / file).write_text(json.dumps(content))
         params = {"experiment_name": recipe, "seed": seed,
                   "train": {"max_steps": max_steps, **batching},
-                  "data": {"src_lang": "en", "tgt_lang": "de"}, "eval": decoding,
+                  "data": {"src_lang": "en", "tgt_lang": "de",
+                           "tokenizer": {"model_type": subwords}}, "eval": decoding,
                   "model": model or {}}  # fmt: skip
         (run / "params.yaml").write_text(yaml.safe_dump(params))
         command = f"dvc exp run -S experiment={recipe} -S seed={seed}"
@@ -155,10 +158,13 @@ def test_seeds_are_paired_and_only_shared_budgets_of_wu_s_recipe_compared(commit
     )
 
     our_row("wu_init.en-de", exact, seed=4, max_steps=2000, model={"init": "fairseq"})
+    # segmented by sentencepiece before the preset took subword-nmt's BPE
+    our_row("wu_spm.en-de", worse, seed=5, max_steps=2000, subwords="bpe")
 
     block = parity.markdown(root, parity_dir)
     comparisons = [line for line in block.splitlines() if line.startswith("- ")]
     assert "| ours | multi30k_wu2021, model.init fairseq | 4 | 2000 |" in block
+    assert "| ours | multi30k_wu2021, data.tokenizer.model_type bpe | 5 | 2000 |" in block
     summed = (
         "multi30k_wu2021, train.max_tokens 8192, train.batch_budget sum, "
         "train.loss_normalization batch"

@@ -29,6 +29,7 @@ from pipeline.data.tokenizer import (
 )
 from pipeline.errors import DataError, DiskFullError
 from tests.conftest import run_stage, write_params
+from tests.test_subword_nmt import MERGES, task1_bpe
 
 
 def lines(path: Path) -> list[str]:
@@ -421,13 +422,16 @@ def test_disk_full_while_tokenizing_keeps_the_previous_output(tokenized_smoke, s
 # ---- Moses pre-tokenization (data.tokenizer.pretokenizer: moses) ----------------------------
 
 
-def moses_tokenized_copy(tokenized_smoke, root: Path):
+def moses_tokenized_copy(tokenized_smoke, root: Path, **tokenizer_settings):
     """The smoke corpus tokenized as Wu et al.'s recipe reads it: lowercased and
-    Moses-tokenized before the subword model (outputs under `root`); its config."""
+    Moses-tokenized before the subword model (outputs under `root`), with
+    `tokenizer_settings` besides; its config."""
     cfg = copy.deepcopy(tokenized_smoke)
     cfg.data.tokenizer.pretokenizer = "moses"
     cfg.data.tokenizer.case_fold = True
     cfg.data.tokenizer.source_eos = True
+    for key, value in tokenizer_settings.items():
+        setattr(cfg.data.tokenizer, key, value)
     cfg.paths.tokenized = str(root / "tokenized")
     cfg.paths.metrics_dir = str(root / "metrics")
     tokenize(cfg)
@@ -558,3 +562,80 @@ def test_a_damaged_pretokenizer_record_is_named(moses_smoke, tmp_path):
     record.write_text("{")
     with pytest.raises(DataError, match=f"{record}: unreadable"):
         Tokenizer.load(tmp_path / "tokenized" / MODEL_FILE)
+
+
+# ---- subword-nmt's BPE (data.tokenizer.model_type: subword_nmt) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def subword_nmt_smoke(tokenized_smoke, tmp_path_factory):
+    """The smoke corpus as Wu et al. segment it: Moses, then 500 subword-nmt merges."""
+    cfg = moses_tokenized_copy(tokenized_smoke, tmp_path_factory.mktemp("subword_nmt_smoke"),
+                               model_type="subword_nmt", vocab_size=MERGES)  # fmt: skip
+    return cfg, Tokenizer.for_data(Path(cfg.paths.tokenized) / MODEL_FILE, cfg.data)
+
+
+def test_subword_nmt_splits_hold_task1_bpe_pieces_one_id_each(subword_nmt_smoke, tmp_path):
+    """Every saved row is the pieces that task1-tokenize.sh then task1-bpe.sh (sacremoses and
+    the `subword-nmt` command, called here directly) give its sentence, one id per piece; the
+    vocabulary is every piece of the segmented training text and the four specials, as
+    fairseq-preprocess's joined dictionary is."""
+    cfg, tok = subword_nmt_smoke
+    splits = load_tokenized(cfg.paths.tokenized, source_eos=True)
+    text = {name: (sacremoses_text(splits[name]["src_text"], "en"),
+                   sacremoses_text(splits[name]["tgt_text"], "de")) for name in ("train", "val")}  # fmt: skip
+    _, _, applied = task1_bpe(
+        text["train"],
+        {"src": text["train"][0] + text["val"][0], "tgt": text["train"][1] + text["val"][1]},
+        MERGES,
+        tmp_path,
+    )
+    rows = {name: splits[name][:] for name in ("train", "val")}
+    trained = len(rows["train"]["src_ids"])
+    vocabulary = {
+        p for side in ("src", "tgt") for line in applied[side][:trained] for p in line.split()
+    }
+    assert tok.vocab_size == len(vocabulary) + 4
+    # a piece never seen in training is one <unk> each, as in fairseq's dictionary
+    expected = {side: [" ".join(p if p in vocabulary else "<unk>" for p in line.split())
+                       for line in applied[side]] for side in ("src", "tgt")}  # fmt: skip
+    assert any("<unk> <unk>" in line for line in expected["src"])  # not merged into one
+    spelled = lambda ids: " ".join(tok.piece(i).lstrip("▁") for i in ids if i != tok.eos_id)  # noqa: E731
+    for side in ("src", "tgt"):
+        saved = rows["train"][f"{side}_ids"] + rows["val"][f"{side}_ids"]
+        assert [spelled(ids) for ids in saved] == expected[side]
+    assert all(ids[-1] == tok.eos_id for ids in rows["val"]["src_ids"])
+    for name in ("spm.bpe-codes", "spm.bpe-vocab.src", "spm.bpe-vocab.tgt"):
+        assert (
+            name in json.loads((Path(cfg.paths.tokenized) / "manifest.json").read_text())["files"]
+        )
+    metrics = json.loads((Path(cfg.paths.metrics_dir) / "tokenize.json").read_text())
+    assert metrics["model_type"] == "subword_nmt" and metrics["vocab_size"] == tok.vocab_size
+    assert metrics["splits"]["train"]["src_unk_rate"] == 0.0
+
+
+def test_subword_nmt_decode_joins_pieces_and_detokenizes(subword_nmt_smoke):
+    """decode(encode(line)) of a target is the line as the Moses test above expects it: the
+    `@@` joiners gone, Moses-detokenized (fairseq's --remove-bpe, then detokenizer.perl)."""
+    cfg, tok = subword_nmt_smoke
+    detokenizer = MosesDetokenizer(lang="de")
+    text = lines(prepared_path(cfg, "val", "de"))
+    expected = [detokenizer.detokenize(line.split(), unescape=True)
+                for line in sacremoses_text(text, "de")]  # fmt: skip
+    encoded = tok.encode_targets(text)
+    known = [i for i, ids in enumerate(encoded) if tok.unk_id not in ids]
+    assert len(known) >= 0.95 * len(text)
+    assert [tok.decode(encoded[i]) for i in known] == [expected[i] for i in known]
+    assert any("@@" in tok.piece(i) for ids in encoded for i in ids)
+
+
+def test_a_config_and_a_model_disagreeing_on_subword_nmt_are_refused(subword_nmt_smoke,
+                                                                      moses_smoke):  # fmt: skip
+    cfg, _ = subword_nmt_smoke
+    merged = Path(cfg.paths.tokenized) / MODEL_FILE
+    sentencepiece_cfg, _ = moses_smoke
+    with pytest.raises(DataError, match=r"has subword-nmt merges .*spm\.bpe-codes.*"
+                                        r"model_type=bpe; re-run `dvc repro tokenize`"):  # fmt: skip
+        Tokenizer.for_data(merged, sentencepiece_cfg.data)
+    with pytest.raises(DataError, match=r"has no subword-nmt merges .*model_type=subword_nmt"):
+        Tokenizer.for_data(Path(sentencepiece_cfg.paths.tokenized) / MODEL_FILE, cfg.data)

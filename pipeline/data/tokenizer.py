@@ -1,5 +1,5 @@
-"""Joint subword vocabulary (sentencepiece BPE or unigram): train, encode, decode, and the
-`tokenize` stage that turns the prepared text into Arrow splits of token ids.
+"""Joint subword vocabulary (sentencepiece BPE or unigram, or subword-nmt's BPE): train, encode,
+decode, and the `tokenize` stage that turns the prepared text into Arrow splits of token ids.
 
 One model is shared by source and target (section 3.4 of the paper ties their embeddings),
 trained on the training split only (source + target lines), never on val/test.
@@ -21,6 +21,14 @@ target language, so that translations are plain text scored against the raw refe
 setting is recorded beside the model (`spm.pretokenizer.json`, `Pretokenizer`), so that every
 loader of spm.model (evaluate, translate, decoding search, export) pre-processes the same way;
 a model without that file (every one made before the key existed) reads text as it is.
+
+With `data.tokenizer.model_type: subword_nmt` the subwords are subword-nmt's joint BPE
+(`pipeline.data.subword_nmt`, the Multi30k dataset's task1-bpe.sh, as Wu et al. (2021) segment):
+`data.tokenizer.vocab_size` merges learned on the pre-tokenized training text of both sides, then
+a sentencepiece `word` model gives each piece of the segmented training text one id (fairseq's
+joined dictionary: every piece, plus the four specials). The merges are kept beside spm.model;
+text is segmented after pre-tokenization, and decoded text loses the `@@` joiners before
+detokenization.
 
 sentencepiece trains on sentences of at most SPM_MAX_SENTENCE_BYTES UTF-8 bytes (as it reads
 them: after pre-tokenization) and would skip a longer one without a word at our log level. A
@@ -53,11 +61,14 @@ from pipeline.data.corpus import (
     write_json_atomic,
 )
 from pipeline.data.moses import moses_detokenize, moses_tokenize
+from pipeline.data.subword_nmt import SubwordNmt, codes_path, join
 from pipeline.errors import DataError
 
 MODEL_FILE = "spm.model"
 PRETOKENIZER_SUFFIX = ".pretokenizer.json"  # spm.pretokenizer.json beside spm.model
 NO_PRETOKENIZER = "none"
+SUBWORD_NMT = "subword_nmt"  # data.tokenizer.model_type: subword-nmt's BPE, then a word model
+WORD_PREFIX = "\u2581"  # sentencepiece's whitespace mark, which begins every piece of a word model
 SPLITS_DIR = "splits"
 MANIFEST_FILE = "manifest.json"  # sizes + SHA-256 of every saved file, checked on load
 COLUMNS = ("src_ids", "tgt_ids", "src_len", "tgt_len", "src_text", "tgt_text")
@@ -145,18 +156,21 @@ class Pretokenizer:
 
 class Tokenizer:
     """A trained sentencepiece model with the pre-tokenization of the text it reads
-    (`Pretokenizer`); ids exclude bos/eos (the batches add them), except the eos that ends
-    every source sentence under `source_eos` (`encode_sources`)."""
+    (`Pretokenizer`) and, for subword-nmt's BPE, its merges (`subwords`); ids exclude bos/eos
+    (the batches add them), except the eos that ends every source sentence under `source_eos`
+    (`encode_sources`)."""
 
     def __init__(
         self,
         processor: spm.SentencePieceProcessor,
         source_eos: bool = False,
         pretokenizer: Pretokenizer = Pretokenizer(),
+        subwords: SubwordNmt | None = None,
     ) -> None:
         self.processor = processor
         self.source_eos = source_eos
         self.pretokenizer = pretokenizer
+        self.subwords = subwords
         self.vocab_size: int = processor.get_piece_size()
         self.pad_id: int = processor.pad_id()
         self.unk_id: int = processor.unk_id()
@@ -174,13 +188,14 @@ class Tokenizer:
             processor.Load(str(path))
         except (OSError, RuntimeError) as err:
             raise DataError(f"{path}: not a sentencepiece model ({err}); {REPRO_HINT}") from None
-        return cls(processor, source_eos, Pretokenizer.read(path))
+        return cls(processor, source_eos, Pretokenizer.read(path), SubwordNmt.read(path))
 
     @classmethod
     def for_data(cls, path: str | os.PathLike, data: DataConfig) -> Tokenizer:
         """The subword model at `path` as a run of `data` reads and writes text: sources with
         eos as `data.tokenizer.source_eos` says, and the pre-tokenization recorded beside the
-        model, which must be the one `data` asks for (a DataError naming the key if not)."""
+        model, which must be the one `data` asks for (a DataError naming the key if not), and
+        subword-nmt's merges beside it exactly when `data.tokenizer.model_type` says so."""
         tokenizer = cls.load(path, data.tokenizer.source_eos)
         wanted = Pretokenizer.from_config(data)
         if tokenizer.pretokenizer != wanted:
@@ -188,11 +203,19 @@ class Tokenizer:
                 f"{path}: the subword model reads {tokenizer.pretokenizer.describe()}, but the "
                 f"config asks for {wanted.describe()}; {REPRO_HINT}"
             )
+        wants_merges = data.tokenizer.model_type == SUBWORD_NMT
+        if (tokenizer.subwords is not None) != wants_merges:
+            found = "has" if tokenizer.subwords is not None else "has no"
+            raise DataError(
+                f"{path}: the subword model {found} subword-nmt merges beside it "
+                f"({codes_path(path).name}), but the config asks for "
+                f"data.tokenizer.model_type={data.tokenizer.model_type}; {REPRO_HINT}"
+            )
         return tokenizer
 
     def encode(self, text: str) -> list[int]:
-        """Ids of `text` as given: already pre-tokenized (`encode_sources`/`encode_targets`
-        pre-tokenize corpus text)."""
+        """Ids of `text` as given: already pre-tokenized and segmented
+        (`encode_sources`/`encode_targets` do both to corpus text)."""
         return self.processor.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -201,26 +224,44 @@ class Tokenizer:
         return self.processor.encode(list(texts), out_type=int, num_threads=1)
 
     def encode_sources(self, texts: Sequence[str]) -> list[list[int]]:
-        """What the encoder reads for each source sentence: its pieces after pre-tokenization,
-        then eos under `source_eos`. Training data and every translation encode sources
-        through here."""
-        return self.processor.encode(
-            self.pretokenizer.sources(texts), out_type=int, num_threads=1, add_eos=self.source_eos
-        )
+        """What the encoder reads for each source sentence: its pieces after pre-tokenization
+        (and subword-nmt's segmentation), then eos under `source_eos`. Training data and every
+        translation encode sources through here."""
+        text = self.pretokenizer.sources(texts)
+        if self.subwords is not None:
+            return self._ids_of_pieces(self.subwords.sources(text), add_eos=self.source_eos)
+        return self.processor.encode(text, out_type=int, num_threads=1, add_eos=self.source_eos)
 
     def encode_targets(self, texts: Sequence[str]) -> list[list[int]]:
-        """The pieces of each target sentence after pre-tokenization (the batches add bos/eos)."""
-        return self.encode_batch(self.pretokenizer.targets(texts))
+        """The pieces of each target sentence after pre-tokenization (and subword-nmt's
+        segmentation); the batches add bos/eos."""
+        text = self.pretokenizer.targets(texts)
+        if self.subwords is not None:
+            return self._ids_of_pieces(self.subwords.targets(text))
+        return self.encode_batch(text)
+
+    def _ids_of_pieces(self, lines: Sequence[str], add_eos: bool = False) -> list[list[int]]:
+        """One id per whitespace-separated piece of segmented `lines`, an unknown piece <unk>,
+        as fairseq's dictionary maps them (sentencepiece's encoder would merge a run of
+        unknowns into one <unk>)."""
+        eos = [self.eos_id] if add_eos else []
+        piece_to_id = self.processor.piece_to_id
+        return [
+            [piece_to_id(WORD_PREFIX + piece) for piece in line.split()] + eos for line in lines
+        ]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Target text of `ids`, skipping pad/bos/eos, detokenized when the model reads
-        pre-tokenized text; an unknown piece reads '⁇'.
+        """Target text of `ids`, skipping pad/bos/eos, subword-nmt's joiners removed, detokenized
+        when the model reads pre-tokenized text; an unknown piece reads '⁇'.
 
         Whitespace is re-normalised (sentencepiece pads '⁇' with spaces); for text without
         unknowns this changes nothing, since `prepare` wrote it normalised.
         """
         pieces = [int(i) for i in ids if int(i) not in self._special]
-        return self.pretokenizer.detokenize(" ".join(self.processor.decode(pieces).split()))
+        text = " ".join(self.processor.decode(pieces).split())
+        if self.subwords is not None:
+            text = join(text)
+        return self.pretokenizer.detokenize(text)
 
     def piece(self, token_id: int) -> str:
         return self.processor.id_to_piece(int(token_id))
@@ -234,15 +275,22 @@ def train_tokenizer(
     The model is serialised in memory (`model_writer`), not via `model_prefix`, because
     sentencepiece records `model_prefix` (a temp path here) inside the model file, which would
     make identical trainings differ in their bytes.
+    Under subword_nmt `sentences` are segmented already, and every piece gets an id.
     """
+    model_type, vocab_size = tok.model_type, tok.vocab_size
+    if model_type == SUBWORD_NMT:  # fairseq's joined dictionary: each piece, and the specials
+        sentences = list(sentences)
+        specials = {tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id}
+        model_type = "word"
+        vocab_size = len({piece for line in sentences for piece in line.split()}) + len(specials)
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences),
             model_writer=model,
-            model_type=tok.model_type,
-            vocab_size=tok.vocab_size,
+            model_type=model_type,
+            vocab_size=vocab_size,
             character_coverage=tok.character_coverage,
             pad_id=tok.pad_id,
             unk_id=tok.unk_id,
@@ -347,8 +395,9 @@ def _file_manifest(root: Path) -> dict[str, dict]:
 def tokenize(cfg: Config) -> dict:
     """The `tokenize` stage: train the joint model, encode every split, save atomically.
 
-    Writes `paths.tokenized/{spm.model, spm.vocab, [spm.pretokenizer.json,] splits/
-    (DatasetDict), manifest.json}` and `metrics/tokenize.json`; returns the metrics.
+    Writes `paths.tokenized/{spm.model, spm.vocab, [spm.pretokenizer.json,] [spm.bpe-codes,
+    spm.bpe-vocab.src, spm.bpe-vocab.tgt,] splits/ (DatasetDict), manifest.json}` and
+    `metrics/tokenize.json`; returns the metrics.
     """
     import datasets
 
@@ -366,10 +415,17 @@ def tokenize(cfg: Config) -> dict:
             stacklevel=2,
         )
     corpus[data.train_split] = train
+    subwords = None
+    if data.tokenizer.model_type == SUBWORD_NMT:  # merges on the text the model reads
+        sources, targets = train_text[: len(train.src)], train_text[len(train.src) :]
+        subwords = SubwordNmt.learn(sources, targets, data.tokenizer.vocab_size)
+        train_text = subwords.sources(sources) + subwords.targets(targets)
     splits, metrics = {}, {}
     with atomic_directory(cfg.paths.tokenized) as staging:
         model_path = train_tokenizer(train_text, data.tokenizer, staging / MODEL_FILE, cfg.seed)
         pretokenizer.write(model_path)
+        if subwords is not None:
+            subwords.write(model_path)
         tokenizer = Tokenizer.for_data(model_path, data)
         for split, pair in corpus.items():
             columns = encode_split(tokenizer, pair)
