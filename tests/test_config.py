@@ -158,7 +158,7 @@ def test_wu2021_preset_is_their_recipe():
     assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads) == (4, 4, 128, 256, 4)
     assert (m.dropout, m.attention_dropout, m.activation_dropout) == (0.3, 0.0, 0.0)
     assert (m.norm_first, m.positional, m.tie_embeddings) == (False, "sinusoidal", True)
-    assert m.init == "xavier"  # their fork's Xavier FFN (fairseq 0.12's differs: model.init)
+    assert m.init == "fairseq"  # the peer's, fairseq 0.12 (their fork's: xavier)
     assert (t.adam_betas, t.adam_eps, t.weight_decay) == ([0.9, 0.98], 1e-8, 0.0)
     assert (t.label_smoothing, t.gradient_clip_val) == (0.1, 25.0)
     # --max-tokens 4096 (fairseq's bound, B * max(src, tgt)) on 2 GPUs: 2 batches an update
