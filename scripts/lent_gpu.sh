@@ -7,16 +7,22 @@
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
 #       <the lock's packages that the GPU image lacks>
 #   cp -r ../shared/data/multi30k .devrun/multi30k
-#   (fairseq jobs) fairseq-fixed==0.12.3.1's sdist and the wheels of its dependencies that the
+#   (fairseq jobs) fairseq-fixed==0.12.3.1 and the wheels of its dependencies that the
 #   image lacks (hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3, bitarray, subword-nmt, mock,
 #   sacremoses, cffi, pycparser) in .devrun/fairseq-wheels, also those that .whl carries (the
 #   fairseq venv's pip does not count $SITE's: 2026-11-26 its build stopped at cffi, and a job
-#   that cannot start leaves the others running): a `run` carries at most 64 MiB, so a call
-#   that carries these may leave .whl out (what an earlier call installed stays there).
+#   that cannot start leaves the others running). fairseq as a cp312 wheel built here against
+#   the image's torch (`pip wheel --no-deps --no-build-isolation` under a Python 3.12 with that
+#   torch) rather than its sdist: the venv then builds in ~12 s instead of compiling.
+#   A `run` carries at most 64 MiB: .whl and .devrun/multi30k in the first call, the fairseq
+#   wheels in a second with LENT_GPU_WHEELS=/nonexistent (what the first installed in $SITE
+#   stays). Every call must carry each .devrun folder its jobs still read: an ignored path a
+#   call does not carry is removed there (2026-11-26: a second call carrying only the fairseq
+#   wheels left the fairseq job no corpus).
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
 #   scripts/lent_gpu.sh start <commit> <job>...   # the jobs, in the background
 #   scripts/lent_gpu.sh wait_jobs <seconds>       # progress until every job ended or time is up
-#   scripts/lent_gpu.sh collect                   # $OUT/results.tgz.part-*
+#   scripts/lent_gpu.sh collect [models]          # $OUT/results.tgz.part-*
 # Jobs:
 #   study:<spec>                  one `python -m pipeline.sweep <spec>` worker per point left
 #   dvc:<name>:<overrides>        the stages of dvc.yaml in their order, in a folder of their
@@ -28,7 +34,9 @@
 # `run` copies the tree again, replacing tracked files (a study's storage, its records).
 # What comes back (`cat results.tgz.part-* | tar xz`): logs/, results/<study>/ (records and a
 # consistent snapshot of study.db: copy them into ablations/results/), dvc/<name>/ (params,
-# metrics, hypotheses, the averaged model eval/model.ckpt, made_on.json: record it with
+# metrics, hypotheses, made_on.json, with `models` the averaged model eval/model.ckpt: ~10 MB
+# a run at Wu et al.'s sizes, and what comes back is at most 64 MiB (2026-11-26 five runs'
+# models and logs made 95 MB, and two parts of the archive stayed behind): record it with
 #   python -m pipeline.results record <row> --command ... --metrics-dir dvc/<name>/metrics \
 #       --params dvc/<name>/params.yaml --eval-dir dvc/<name>/eval --made-on dvc/<name>/made_on.json)
 # and fairseq/<name>.json with its hypotheses (results/parity/).
@@ -159,6 +167,8 @@ wait_jobs() {
 }
 
 collect() {
+    local models=()
+    [[ ${1:-} == models ]] || models=(--exclude '*.ckpt')
     cd "$RUNS" || exit 1
     local storage
     for storage in results/*/study.db; do  # a consistent copy while workers may still write
@@ -167,7 +177,7 @@ sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$storage" "$
     done
     # what a result needs, no checkpoints or data; in parts under the tool's 16 MiB a file
     # shellcheck disable=SC2046
-    tar czf - --exclude study.db --exclude wandb --transform 's/study\.db\.snapshot$/study.db/' logs freeze*.txt \
+    tar czf - --exclude study.db --exclude wandb "${models[@]}" --transform 's/study\.db\.snapshot$/study.db/' logs freeze*.txt \
         $(ls -d results dvc/*/params.yaml dvc/*/made_on.json dvc/*/metrics dvc/*/eval dvc/*/plots \
             fairseq 2>/dev/null) |
         split -b 15M - "$OUT/results.tgz.part-"

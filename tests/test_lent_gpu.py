@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import optuna
 import pytest
@@ -62,14 +63,13 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     last = [line for line in waited.splitlines() if line.startswith("== ")][-1]
     assert "processes: 0;" in last, waited  # every job ended
     script("collect", timeout=60)
-
-    back = tmp_path / "back"
-    parts = sorted(out.glob("results.tgz.part-*"))
-    with open(tmp_path / "results.tgz", "wb") as whole:
-        for part in parts:
-            whole.write(part.read_bytes())
-    with tarfile.open(tmp_path / "results.tgz") as archive:
-        archive.extractall(back, filter="data")
+    without_models = unpack(out, tmp_path / "without_models")
+    assert (without_models / "dvc" / "smoke" / "metrics" / "eval.json").is_file()
+    assert not list(without_models.rglob("*.ckpt"))  # models only when asked for
+    for part in out.glob("results.tgz.part-*"):
+        part.unlink()
+    script("collect", "models", timeout=60)
+    back = unpack(out, tmp_path / "back")
     # the study: every point COMPLETE in the storage's snapshot, each with its record
     storage = f"sqlite:///{back / 'results' / study / 'study.db'}"
     trials = optuna.load_study(study_name=study, storage=storage).get_trials()
@@ -91,3 +91,14 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     assert made_on["commit"] == "abc1234" and made_on["hardware"]  # the commit it was told
     assert (back / "logs" / f"{study}-worker-1.log").exists()
     assert not (REPO_ROOT / "ablations" / "results" / study).exists()  # nothing in the tree
+
+
+def unpack(out: Path, folder: Path) -> Path:
+    """What `collect` left in `out`, joined and unpacked into `folder`."""
+    archive_path = folder.with_suffix(".tgz")
+    with open(archive_path, "wb") as whole:
+        for part in sorted(out.glob("results.tgz.part-*")):
+            whole.write(part.read_bytes())
+    with tarfile.open(archive_path) as archive:
+        archive.extractall(folder, filter="data")
+    return folder
