@@ -55,6 +55,7 @@ PROBE_TOLERANCE = 1e-3
 # fairseq-generate's defaults where our eval: block has no say (fairseq 0.12 GenerationConfig)
 FAIRSEQ_GENERATION = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "unk_penalty": 0.0}
 SUBWORD_NMT_JOINER = "@@ "
+HARNESS_SUBWORDS = "subword-nmt (Wu et al.)"  # a result's run.subwords: the harness's files
 
 
 # ---------------------------------------------------------------- our model in fairseq's names
@@ -401,8 +402,8 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
         entries[split], translations[split] = compare_split(
             model, tokenizer, cfg, split, generation, venv=venv, threads=threads
         )
-    subwords = ("subword-nmt (Wu et al.)" if segmented_by_subword_nmt(cfg)
-                else f"sentencepiece {cfg.data.tokenizer.model_type}")  # fmt: skip
+    # the harness's segmented files, or the tokenizer the run learned itself
+    subwords = HARNESS_SUBWORDS if segmented_by_subword_nmt(cfg) else cfg.data.tokenizer.model_type
     result = {
         "benchmark": "fairseq_decode",
         "checkpoint": str(checkpoint),

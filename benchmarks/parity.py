@@ -182,9 +182,10 @@ def decoding_results(parity_dir: Path) -> list[tuple[Path, dict]]:
 
 def decoded_runs(parity_dir: Path) -> list[Run]:
     """Our models decoded by both searches (`benchmarks.fairseq_decode`), a row per search:
-    named with what differs from Wu et al.'s preset (init, Wu et al.'s own subwords) and, for
-    fairseq's search, with that."""
-    from benchmarks.fairseq_decode import SEARCHES, hypotheses_path
+    named with what differs from Wu et al.'s preset (init, segmentation: the fairseq harness's
+    segmented files, or a tokenizer other than the preset's) and, for fairseq's search, with
+    that."""
+    from benchmarks.fairseq_decode import HARNESS_SUBWORDS, SEARCHES, hypotheses_path
 
     runs, preset = [], None
     for path, payload in decoding_results(parity_dir):
@@ -197,8 +198,10 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
         named = [run["experiment"]]
         if run["experiment"] == WU_RECIPE and run["init"] != preset["model"]["init"]:
             named.append(f"model.init {run['init']}")
-        if not run["subwords"].startswith("sentencepiece"):
+        if run["subwords"] == HARNESS_SUBWORDS:
             named.append(f"{run['subwords']} subwords")
+        elif (model_type := run["subwords"]) != preset["data"]["tokenizer"]["model_type"]:
+            named.append(f"data.tokenizer.model_type {model_type}")
         command = f"{payload['train_command']}; {payload['command']}"
         for search in SEARCHES:
             runs.append(Run(

@@ -13,7 +13,10 @@ vocabulary is the subword types of the training text, as fairseq-preprocess's jo
     dvc exp run -S experiment=multi30k_wu2021 <the printed overrides> train
 
 Only the training and its validation loss are comparable this way: the evaluate stage would
-score text that still carries subword-nmt's `@@ ` joiners.
+score text that still carries subword-nmt's `@@ ` joiners (`benchmarks.fairseq_decode` scores
+such runs as the harness scores fairseq). The preset itself now segments the same way inside
+the pipeline (`data.tokenizer.model_type: subword_nmt`, `pipeline.data.subword_nmt`), and its
+evaluate stage scores it; this stays for reading the harness's own files.
 """
 
 from __future__ import annotations

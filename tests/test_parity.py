@@ -198,7 +198,8 @@ def test_readme_block_is_the_commands_output(references):
     assert readme.read(REPO_ROOT / "README.md", parity.BEGIN, parity.END) == expected
 
 
-def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS):
+def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS,
+                   subwords="subword-nmt (Wu et al.)"):  # fmt: skip
     """A benchmarks.fairseq_decode result: one model's translations by each search."""
     from benchmarks import fairseq_decode
 
@@ -221,7 +222,7 @@ def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLIT
     payload = {
         "benchmark": "fairseq_decode",
         "run": {"experiment": parity.WU_RECIPE, "seed": seed, "max_steps": 3000,
-                "init": "fairseq", "subwords": "subword-nmt (Wu et al.)"},
+                "init": "fairseq", "subwords": subwords},
         "training": {"steps": 3000, "wall_time_s": 2400.0, "train/tokens_per_sec": 9000.0,
                      "train/target_tokens": 20_000_000, "precision": "bf16-mixed"},
         "splits": entries, "provenance": {"hardware": "a CPU"},
@@ -261,3 +262,20 @@ def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, re
                    splits=("val",))  # fmt: skip
     with pytest.raises(DataError, match="val_only.json: a row needs both"):
         parity.markdown(root, parity_dir)
+
+
+def test_a_decoded_run_is_named_by_its_segmentation_against_the_preset(committed, references):
+    """A model of the preset as it is (its own tokenizer) is named by the recipe alone; one
+    segmented by another tokenizer is named with it."""
+    root, fairseq_result, _, exact, worse = committed
+    parity_dir = root / "parity"
+    fairseq_result("fairseq_seed1", worse, seed=1)
+    preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))
+    write_decoding(parity_dir, "preset", {"ours": exact, "fairseq": exact}, references,
+                   subwords=preset["data"]["tokenizer"]["model_type"])  # fmt: skip
+    write_decoding(parity_dir, "spm", {"ours": worse, "fairseq": worse}, references, seed=2,
+                   subwords="bpe")  # fmt: skip
+    block = parity.markdown(root, parity_dir)
+    assert "| ours | multi30k_wu2021 | 1 | 3000 |" in block
+    assert "| ours | multi30k_wu2021, fairseq 0.12's beam search | 1 | 3000 |" in block
+    assert "| ours | multi30k_wu2021, data.tokenizer.model_type bpe | 2 | 3000 |" in block
