@@ -605,6 +605,10 @@ def test_subword_nmt_splits_hold_task1_bpe_pieces_one_id_each(subword_nmt_smoke,
         saved = rows["train"][f"{side}_ids"] + rows["val"][f"{side}_ids"]
         assert [spelled(ids) for ids in saved] == expected[side]
     assert all(ids[-1] == tok.eos_id for ids in rows["val"]["src_ids"])
+    # encode() reads segmented text the same way (its unknowns one each, too)
+    assert [tok.encode(line) + [tok.eos_id] for line in applied["src"][trained:]] == rows["val"][
+        "src_ids"
+    ]
     for name in ("spm.bpe-codes", "spm.bpe-vocab.src", "spm.bpe-vocab.tgt"):
         assert (
             name in json.loads((Path(cfg.paths.tokenized) / "manifest.json").read_text())["files"]

@@ -216,10 +216,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of `text` as given: already pre-tokenized and segmented
         (`encode_sources`/`encode_targets` do both to corpus text)."""
-        return self.processor.encode(text, out_type=int)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of every text."""
+        if self.subwords is not None:
+            return self._ids_of_pieces(texts)
         # One thread: the other stages (and other users of the machine) keep their cores.
         return self.processor.encode(list(texts), out_type=int, num_threads=1)
 
@@ -237,7 +239,7 @@ class Tokenizer:
         segmentation); the batches add bos/eos."""
         text = self.pretokenizer.targets(texts)
         if self.subwords is not None:
-            return self._ids_of_pieces(self.subwords.targets(text))
+            text = self.subwords.targets(text)
         return self.encode_batch(text)
 
     def _ids_of_pieces(self, lines: Sequence[str], add_eos: bool = False) -> list[list[int]]:
