@@ -1,7 +1,8 @@
 """README's "Parity with fairseq" table (issue #19), generated from committed results only.
 
     python -m benchmarks.parity                           # print the block
-    python -m benchmarks.parity --update-readme README.md # write it between README's markers
+    python -m benchmarks.parity --update-readme README.md # write it between README's markers,
+                                                          # and draw results/parity/parity.png
 
 Rows come from two kinds of committed runs:
 - fairseq: `results/parity/*.json`, each written by `python -m benchmarks.fairseq_peer --out
@@ -16,6 +17,10 @@ in lowercased BLEU on val and test2016, with sacreBLEU's paired bootstrap (1000 
 ours against fairseq, the seeds of each system paired in seed order and pooled
 (`scoring.pooled_paired_bootstrap`). Settings are chosen on val;
 test2016 is reported, never tuned on.
+
+The figure (`parity.png`) shows what the comparison rests on: each seed's lowercased BLEU of
+fairseq and of Wu et al.'s preset as it is now (rows of earlier settings left out), per budget
+and split, the mean of each group marked, and Wu et al.'s published 41.0 on test2016.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ DEFAULT_RECIPE_COMMAND = "make repro"
 BEGIN, END = "<!-- parity:begin -->", "<!-- parity:end -->"
 SPLITS = (results.VAL_SPLIT, results.TEST_SPLIT)
 P_METRIC = "bleu_lc"
+FIGURE = "parity.png"  # in PARITY_DIR
+# Wu et al. (2021), Table 1: their Transformer-tiny on test2016, tokenized lowercased BLEU, one seed
+LITERATURE_TEST_BLEU = 41.0
 
 
 @dataclass
@@ -330,13 +338,68 @@ def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float
 
 
 def markdown(results_root: Path, parity_dir: Path) -> str:
-    runs = fairseq_runs(parity_dir) + our_runs(results_root) + decoded_runs(parity_dir)
-    runs.sort(key=lambda r: (r.experiment != WU_RECIPE, r.max_updates, r.system, r.recipe, r.seed))
+    runs = all_runs(results_root, parity_dir)
     lines = [*table(runs), ""]
     compared = comparisons(runs)
     lines += compared or ["- no budget run by both systems yet"]
     lines += decoding_lines(parity_dir)
     return "\n".join(lines) + "\n"
+
+
+def all_runs(results_root: Path, parity_dir: Path) -> list[Run]:
+    runs = fairseq_runs(parity_dir) + our_runs(results_root) + decoded_runs(parity_dir)
+    runs.sort(key=lambda r: (r.experiment != WU_RECIPE, r.max_updates, r.system, r.recipe, r.seed))
+    return runs
+
+
+def drawn_runs(runs: list[Run]) -> list[Run]:
+    """fairseq's runs and ours of Wu et al.'s preset as it is now (no earlier settings)."""
+    return [r for r in runs if r.experiment == WU_RECIPE
+            and (r.system != "ours" or r.recipe == WU_RECIPE)]  # fmt: skip
+
+
+def figure(runs: list[Run], out: Path) -> Path:
+    """Each seed of fairseq and of the preset as it is, per budget, on val and test2016."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = drawn_runs(runs)
+    systems = sorted({r.system for r in shown}, key=lambda system: system == "ours")
+    budgets = sorted({r.max_updates for r in shown})
+    fig, axes = plt.subplots(1, len(SPLITS), figsize=(10, 4), sharey=True)
+    for ax, split in zip(axes, SPLITS):
+        for i, system in enumerate(systems):
+            offset = (i - (len(systems) - 1) / 2) * 0.25
+            for j, budget in enumerate(budgets):
+                scores = [r.scores[split][P_METRIC] for r in shown
+                          if (r.system, r.max_updates) == (system, budget)]  # fmt: skip
+                if not scores:
+                    continue
+                x = j + offset
+                ax.scatter([x] * len(scores), scores, color=f"C{i}", zorder=3,
+                           label=system if j == 0 or budget == budgets[0] else None)  # fmt: skip
+                ax.hlines(statistics.fmean(scores), x - 0.1, x + 0.1, color=f"C{i}")
+        if split == results.TEST_SPLIT:
+            ax.axhline(LITERATURE_TEST_BLEU, color="gray", linestyle="--",
+                       label=f"Wu et al. 2021: {LITERATURE_TEST_BLEU}")  # fmt: skip
+        ax.set_xticks(range(len(budgets)), [f"{b} updates allowed" for b in budgets])
+        ax.set_xlim(-0.6, len(budgets) - 0.4)
+        ax.set_title(split)
+        ax.grid(alpha=0.3, axis="y")
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="lower right")
+    axes[0].set_ylabel("BLEU, lowercased (each dot a seed, bar the mean)")
+    fig.suptitle(f"Wu et al.'s recipe: fairseq against ours ({WU_RECIPE} as it is)")
+    fig.text(0.5, 0.01, "one seed's bootstrap 95% interval on either split: about +-1.6 BLEU",
+             ha="center", fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -352,6 +415,7 @@ def cli(argv: list[str] | None = None) -> None:
     block = markdown(args.results, args.parity_dir)
     if args.update_readme:
         readme.fill(args.update_readme, BEGIN, END, block)
+        figure(all_runs(args.results, args.parity_dir), args.parity_dir / FIGURE)
     print(block, end="")
 
 

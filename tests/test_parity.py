@@ -279,3 +279,18 @@ def test_a_decoded_run_is_named_by_its_segmentation_against_the_preset(committed
     assert "| ours | multi30k_wu2021 | 1 | 3000 |" in block
     assert "| ours | multi30k_wu2021, fairseq 0.12's beam search | 1 | 3000 |" in block
     assert "| ours | multi30k_wu2021, data.tokenizer.model_type bpe | 2 | 3000 |" in block
+
+
+def test_the_figure_shows_fairseq_and_the_preset_as_it_is(committed, tmp_path):
+    root, fairseq_result, our_row, exact, worse = committed
+    parity_dir = root / "parity"
+    for seed in (1, 2):
+        fairseq_result(f"fairseq_seed{seed}", worse, seed=seed)
+        our_row(f"wu_s{seed}.en-de", exact, seed=seed)
+    our_row("wu_spm.en-de", worse, seed=5, subwords="bpe")  # an earlier setting: not drawn
+    runs = parity.all_runs(root, parity_dir)
+    drawn = parity.figure(runs, tmp_path / "parity.png")
+    assert drawn.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {(r.system, r.seed) for r in parity.drawn_runs(runs)} == {
+        ("fairseq 0.12.3.1", 1), ("fairseq 0.12.3.1", 2), ("ours", 1), ("ours", 2)
+    }  # fmt: skip
