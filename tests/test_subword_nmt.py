@@ -83,6 +83,13 @@ def test_written_beside_a_model_and_read_back(moses_text, tmp_path):
     assert codes_path(model) == tmp_path / "spm.bpe-codes"
     read = SubwordNmt.read(model)
     assert (read.codes, read.vocabularies) == (learned.codes, learned.vocabularies)
+    codes_path(model).write_text("#version: 0.2\nth e r\n", encoding="utf-8")  # three units
+    with pytest.raises(DataError, match=r"spm\.bpe-codes or the vocabularies beside it: not"):
+        SubwordNmt.read(model)
+    learned.write(model)
+    vocab_path(model, "src").write_text("the\n", encoding="utf-8")  # no count
+    with pytest.raises(DataError, match=r"not subword-nmt's files"):
+        SubwordNmt.read(model)
     vocab_path(model, "tgt").unlink()
     with pytest.raises(DataError, match=r"spm\.bpe-vocab\.tgt: missing beside .*spm\.bpe-codes"):
         SubwordNmt.read(model)

@@ -114,10 +114,16 @@ class SubwordNmt:
         for path in paths.values():
             if not path.is_file():
                 raise DataError(f"{path}: missing beside {codes}; re-run `dvc repro tokenize`")
-        return cls(
-            codes.read_text(encoding="utf-8"),
-            {side: path.read_text(encoding="utf-8") for side, path in paths.items()},
-        )
+        try:
+            return cls(
+                codes.read_text(encoding="utf-8"),
+                {side: path.read_text(encoding="utf-8") for side, path in paths.items()},
+            )
+        except (SystemExit, ValueError):  # subword-nmt exits on a malformed codes line
+            raise DataError(
+                f"{codes} or the vocabularies beside it: not subword-nmt's files; "
+                "re-run `dvc repro tokenize`"
+            ) from None
 
     def write(self, model_path: str | os.PathLike) -> None:
         codes_path(model_path).write_text(self.codes, encoding="utf-8")
