@@ -54,7 +54,6 @@ PROBE_SENTENCES = 16
 PROBE_TOLERANCE = 1e-3
 # fairseq-generate's defaults where our eval: block has no say (fairseq 0.12 GenerationConfig)
 FAIRSEQ_GENERATION = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "unk_penalty": 0.0}
-SUBWORD_NMT_JOINER = "@@ "
 HARNESS_SUBWORDS = "subword-nmt (Wu et al.)"  # a result's run.subwords: the harness's files
 
 
@@ -244,14 +243,13 @@ def segmented_by_subword_nmt(cfg) -> bool:
 
 def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> list[str]:
     """Hypothesis ids as the text that is scored (see `segmented_by_subword_nmt`)."""
-    from benchmarks.fairseq_peer import remove_bpe
     from pipeline.data.moses import moses_detokenize
+    from pipeline.data.subword_nmt import join
     from pipeline.evaluation.evaluate import one_line
 
     texts = [one_line(tokenizer.decode(ids)) for ids in hypotheses]
     if segmented_by_subword_nmt(cfg):
-        texts = moses_detokenize([remove_bpe(text, SUBWORD_NMT_JOINER) for text in texts],
-                                 cfg.data.tgt_lang)  # fmt: skip
+        texts = moses_detokenize([join(text) for text in texts], cfg.data.tgt_lang)
     return texts
 
 

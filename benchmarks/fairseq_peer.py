@@ -622,12 +622,6 @@ def bpe_commands(args: argparse.Namespace, layout: Layout) -> list[tuple[list[st
     return commands
 
 
-def remove_bpe(line: str, marker: str = "@@ ") -> str:
-    """subword-nmt's joiner removed, as fairseq's `--remove-bpe` does (`(line + ' ')
-    .replace('@@ ', '').rstrip()`)."""
-    return (line + " ").replace(marker, "").rstrip()
-
-
 # ---------------------------------------------------------------- 4.-7. fairseq
 
 

@@ -98,11 +98,6 @@ def test_bpe_commands_learn_jointly_and_apply_per_language(tmp_path):
     assert "--joined-dictionary" in preprocess
 
 
-def test_remove_bpe_as_fairseq():
-    assert fairseq_peer.remove_bpe("ein sch@@ war@@ zer hund@@ ") == "ein schwarzer hund"
-    assert fairseq_peer.remove_bpe("ein hund .") == "ein hund ."
-
-
 # ---------------------------------------------------------------- fairseq command lines
 
 

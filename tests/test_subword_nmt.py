@@ -73,6 +73,9 @@ def test_join_restores_the_tokenized_text(moses_text):
     pieces = [piece for line in segmented for piece in line.split()]
     assert sum(piece.endswith("@@") for piece in pieces) > 0.1 * len(pieces)
     assert join("ein hund@@ e@@ hütte .") == "ein hundehütte ."
+    # fairseq's --remove-bpe: a trailing joiner goes too, text without joiners stays
+    assert join("ein sch@@ war@@ zer hund@@ ") == "ein schwarzer hund"
+    assert join("ein hund .") == "ein hund ."
 
 
 def test_written_beside_a_model_and_read_back(moses_text, tmp_path):
