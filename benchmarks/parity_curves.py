@@ -35,11 +35,23 @@ FIRST_EPOCHS = 10  # every one of them: where the short diagnostic runs end
 ZOOM_FROM = 1000  # updates: the right panel shows where the curves flatten
 
 
-def fairseq_curves(parity_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """name -> (updates, val loss in nats) of each fairseq run with per-epoch losses."""
+def budget(parity_dir: Path, run: str) -> int:
+    """The updates fairseq's `run` was allowed (`--max-update`)."""
+    recipe = json.loads((parity_dir / f"{run}.json").read_text(encoding="utf-8"))["recipe"]
+    return recipe["max_update"]
+
+
+def fairseq_curves(
+    parity_dir: Path, max_update: int | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """name -> (updates, val loss in nats) of each fairseq run with per-epoch losses; with
+    `max_update`, only the runs allowed that budget (its seeds, not a longer run's start)."""
     curves = {}
     for path in sorted(parity_dir.glob("*.json")):
-        epochs = json.loads(path.read_text(encoding="utf-8")).get("per_epoch") or []
+        payload = json.loads(path.read_text(encoding="utf-8"))
+        if max_update is not None and payload.get("recipe", {}).get("max_update") != max_update:
+            continue
+        epochs = payload.get("per_epoch") or []
         points = [(e["updates"], e["val_loss"] * math.log(2)) for e in epochs
                   if e.get("val_loss") is not None]  # fmt: skip
         if points:
@@ -123,9 +135,11 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--parity-dir", type=Path, default=PARITY_DIR)
     parser.add_argument("--diagnostics", type=Path, default=DIAGNOSTICS)
     parser.add_argument("--reference", default="fairseq_wu2021_3000_seed1",
-                        help="the fairseq run whose validations the table reads")  # fmt: skip
+                        help="the fairseq run whose validations the table reads, and whose "
+                             "budget the fairseq runs shown share")  # fmt: skip
     args = parser.parse_args(argv)
-    curves, ours = fairseq_curves(args.parity_dir), our_curves(args.diagnostics)
+    curves = fairseq_curves(args.parity_dir, budget(args.parity_dir, args.reference))
+    ours = our_curves(args.diagnostics)
     plot(curves, ours, args.diagnostics / FIGURE)
     block = "\n".join(table(args.reference, curves, ours)) + "\n"
     readme.fill(args.diagnostics / "README.md", BEGIN, END, block)

@@ -14,9 +14,15 @@ from benchmarks import parity_curves
 @pytest.fixture
 def parity_dir(tmp_path):
     epochs = [{"epoch": e, "updates": 62 * e, "val_loss": 8.0 / e} for e in range(1, 11)]
-    (tmp_path / "fairseq_a.json").write_text(json.dumps({"per_epoch": epochs}))
+    budget = {"max_update": 620}
+    (tmp_path / "fairseq_a.json").write_text(json.dumps({"per_epoch": epochs, "recipe": budget}))
     other = [{"epoch": e, "updates": 60 * e, "val_loss": 9.0 / e} for e in range(1, 11)]
-    (tmp_path / "fairseq_b.json").write_text(json.dumps({"per_epoch": other}))
+    (tmp_path / "fairseq_b.json").write_text(json.dumps({"per_epoch": other, "recipe": budget}))
+    # a longer run: its first epochs are no seed of the reference's budget
+    longer = [{"epoch": e, "updates": 62 * e, "val_loss": 1.0} for e in range(1, 21)]
+    (tmp_path / "fairseq_longer.json").write_text(
+        json.dumps({"per_epoch": longer, "recipe": {"max_update": 1240}})
+    )
     (tmp_path / "fairseq_no_curve.json").write_text(json.dumps({"scores": {}}))
     diagnostics = tmp_path / "diagnostics"
     diagnostics.mkdir()
@@ -28,8 +34,13 @@ def parity_dir(tmp_path):
 
 
 def test_curves_share_a_scale_and_ours_is_read_at_fairseqs_updates(parity_dir):
-    fairseq = parity_curves.fairseq_curves(parity_dir)
+    fairseq = parity_curves.fairseq_curves(parity_dir, max_update=620)
     assert list(fairseq) == ["fairseq_a", "fairseq_b"]  # one without per-epoch losses: none
+    assert list(parity_curves.fairseq_curves(parity_dir)) == [
+        "fairseq_a",
+        "fairseq_b",
+        "fairseq_longer",
+    ]
     updates, losses = fairseq["fairseq_a"]
     assert updates[2] == 186 and losses[1] == pytest.approx(4.0 * math.log(2))  # bits -> nats
     ours = parity_curves.our_curves(parity_dir / "diagnostics")["ours_x"]
@@ -60,9 +71,10 @@ def test_readme_table_is_the_commands_output():
     from pipeline import readme
     from tests.conftest import REPO_ROOT
 
-    curves = parity_curves.fairseq_curves(REPO_ROOT / parity_curves.PARITY_DIR)
+    parity_dir, reference = REPO_ROOT / parity_curves.PARITY_DIR, "fairseq_wu2021_3000_seed1"
+    curves = parity_curves.fairseq_curves(parity_dir, parity_curves.budget(parity_dir, reference))
     ours = parity_curves.our_curves(REPO_ROOT / parity_curves.DIAGNOSTICS)
-    block = "\n".join(parity_curves.table("fairseq_wu2021_3000_seed1", curves, ours)) + "\n"
+    block = "\n".join(parity_curves.table(reference, curves, ours)) + "\n"
     committed = readme.read(REPO_ROOT / parity_curves.DIAGNOSTICS / "README.md", parity_curves.BEGIN,
                             parity_curves.END)  # fmt: skip
     assert committed == block
