@@ -12,13 +12,18 @@
 #   sacremoses, cffi, pycparser) in .devrun/fairseq-wheels, also those that .whl carries (the
 #   fairseq venv's pip does not count $SITE's: 2026-11-26 its build stopped at cffi, and a job
 #   that cannot start leaves the others running). fairseq as a cp312 wheel built here against
-#   the image's torch (`pip wheel --no-deps --no-build-isolation` under a Python 3.12 with that
-#   torch) rather than its sdist: the venv then builds in ~12 s instead of compiling.
-#   A `run` carries at most 64 MiB: .whl and .devrun/multi30k in the first call, the fairseq
-#   wheels in a second with LENT_GPU_WHEELS=/nonexistent (what the first installed in $SITE
-#   stays). Every call must carry each .devrun folder its jobs still read: an ignored path a
-#   call does not carry is removed there (2026-11-26: a second call carrying only the fairseq
-#   wheels left the fairseq job no corpus).
+#   the image's torch (`pip wheel --no-deps --no-build-isolation --no-binary fairseq-fixed`
+#   under a Python 3.12 with that torch; without --no-binary pip takes PyPI's cp312 wheel, whose
+#   libbase does not load against torch 2.11) rather than its sdist: the venv then builds in
+#   ~16 s instead of compiling.
+#   A `run` carries at most 64 MiB. Not needed there: ctranslate2, ruff, optuna-dashboard,
+#   psycopg; without them and wandb .whl is 27 MB and one call carries it, the fairseq wheels
+#   and .devrun/multi30k (2026-11-26); wandb (20 MB) then goes in a second call's
+#   LENT_GPU_WHEELS folder before a job that trains (what the first installed in $SITE stays).
+#   Every call must carry each .devrun folder its jobs still read: an ignored path a call does
+#   not carry is removed there (2026-11-26: a second call carrying only the fairseq wheels left
+#   the fairseq job no corpus). A call's `pkill -f PATTERN` also matches the call's own shell,
+#   which dies with no output: write the pattern as `pkill -f 'pipeline[.]stages'`.
 # There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
 #   scripts/lent_gpu.sh start <commit> <job>...   # the jobs, in the background
 #   scripts/lent_gpu.sh wait_jobs <seconds>       # progress until every job ended or time is up
