@@ -27,20 +27,18 @@ from pathlib import Path
 
 from benchmarks import fairseq_peer
 from pipeline.cli import main
+from pipeline.config import TokenizerConfig
+from pipeline.data.tokenizer import word_vocab_size
 
 # fairseq_peer's subsets -> our split names (conf/data/multi30k.yaml)
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-SPECIAL_PIECES = 4  # <pad> <unk> <s> </s> (data.tokenizer.*_id)
 
 
-def subword_types(files: list[Path]) -> int:
-    """Distinct whitespace-separated subwords of `files` (fairseq's joined dictionary, less
-    its specials)."""
-    types: set[str] = set()
-    for path in files:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            types.update(line.split())
-    return len(types)
+def vocab_size(files: list[Path]) -> int:
+    """One id per subword of `files` and the specials of our tokenizer's defaults (fairseq's
+    joined dictionary), as the tokenize stage counts them under subword_nmt."""
+    lines = [line for path in files for line in path.read_text(encoding="utf-8").splitlines()]
+    return word_vocab_size(lines, TokenizerConfig())
 
 
 def overrides(args: argparse.Namespace, layout: fairseq_peer.Layout) -> list[str]:
@@ -54,7 +52,7 @@ def overrides(args: argparse.Namespace, layout: fairseq_peer.Layout) -> list[str
         "data.tokenizer.pretokenizer=none",  # already Moses-tokenized and lowercased
         "data.tokenizer.case_fold=false",
         "data.tokenizer.model_type=word",
-        f"data.tokenizer.vocab_size={subword_types(train) + SPECIAL_PIECES}",
+        f"data.tokenizer.vocab_size={vocab_size(train)}",
     ]
 
 

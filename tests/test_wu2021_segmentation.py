@@ -49,7 +49,7 @@ def test_the_overrides_give_one_id_per_subword_of_the_segmented_files(
     tokenizer = Tokenizer.for_data(f"{cfg.paths.tokenized}/spm.model", cfg.data)
     train_units = {u for lang in ("en", "de")
                    for u in layout.bpe_file("train", lang).read_text().split()}  # fmt: skip
-    assert tokenizer.vocab_size == len(train_units) + wu2021_segmentation.SPECIAL_PIECES
+    assert tokenizer.vocab_size == len(train_units) + 4  # <pad> <unk> <s> </s>
     splits = load_tokenized(cfg.paths.tokenized)
     for subset, split in wu2021_segmentation.SPLITS.items():
         targets = layout.bpe_file(subset, "de").read_text(encoding="utf-8").splitlines()

@@ -269,6 +269,13 @@ class Tokenizer:
         return self.processor.id_to_piece(int(token_id))
 
 
+def word_vocab_size(sentences: Iterable[str], tok: TokenizerConfig) -> int:
+    """The size of a `word` model that gives every whitespace-separated piece of `sentences`
+    an id of its own, with the specials: fairseq's joined dictionary of segmented text."""
+    specials = {tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id}
+    return len({piece for line in sentences for piece in line.split()}) + len(specials)
+
+
 def train_tokenizer(
     sentences: Iterable[str], tok: TokenizerConfig, model_path: Path, seed: int
 ) -> Path:
@@ -280,11 +287,9 @@ def train_tokenizer(
     Under subword_nmt `sentences` are segmented already, and every piece gets an id.
     """
     model_type, vocab_size = tok.model_type, tok.vocab_size
-    if model_type == SUBWORD_NMT:  # fairseq's joined dictionary: each piece, and the specials
+    if model_type == SUBWORD_NMT:
         sentences = list(sentences)
-        specials = {tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id}
-        model_type = "word"
-        vocab_size = len({piece for line in sentences for piece in line.split()}) + len(specials)
+        model_type, vocab_size = "word", word_vocab_size(sentences, tok)
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
