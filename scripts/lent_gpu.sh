@@ -54,7 +54,10 @@ PYTHON=${PYTHON:-python3}
 LOGS=$RUNS/logs
 export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled}
 export MULTI30K_DIR=${MULTI30K_DIR:-$ROOT/.devrun/multi30k}
-export PYTHONPATH=$SITE:$ROOT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=1
+export PYTHONPATH=$SITE:$ROOT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# torch takes the fewer of the two: a fixed MKL_NUM_THREADS=1 held OMP_NUM_THREADS=2 to one
+# thread on a 2-core CPU (2026-11-26, half the tokens/s)
+export MKL_NUM_THREADS=${MKL_NUM_THREADS:-$OMP_NUM_THREADS}
 
 # Points of `spec` not yet COMPLETE in the SQLite storage file `$2` (all: no file yet).
 points_left() {

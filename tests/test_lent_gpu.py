@@ -102,3 +102,19 @@ def unpack(out: Path, folder: Path) -> Path:
     with tarfile.open(archive_path) as archive:
         archive.extractall(folder, filter="data")
     return folder
+
+
+@pytest.mark.parametrize(
+    ("given", "threads"),
+    [({}, 1), ({"OMP_NUM_THREADS": "2"}, 2), ({"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "1"}, 1)],
+)
+def test_jobs_get_the_threads_asked_for(given, threads):
+    """The jobs' torch runs as many threads as OMP_NUM_THREADS asks (MKL's own setting, when
+    given, still caps it); the script runs any command after its settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    probe = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run(
+        ["bash", str(SCRIPT), sys.executable, "-c", probe],
+        env={**env, **given}, cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert int(out) == threads
