@@ -51,6 +51,36 @@ DAMAGE = {
 }
 
 
+# what a trial records of where it ran (pipeline.environment.provenance, hardware())
+RAN_AT = {"commit": "abc1234", "hardware": "AMD EPYC, 2 cores, avx512_bf16",
+          "precision": "bf16-mixed"}  # fmt: skip
+
+
+def write_trial(study_dir, variant, seed, hyps, references, ran_at=None) -> None:
+    """A finished trial's record folder, as pipeline.sweep writes it."""
+    folder = study_dir / "trials" / f"{variant}-seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
+    val = 30.0 + seed + (variant == "heads_1")
+    ran_at = ran_at or RAN_AT
+    files = {
+        "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
+        "eval.json": {
+            SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
+            "val": {"bleu_lc": val},
+        },
+        "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
+        sweep.RUN_FILE: {
+            "params": {"variant": variant, "seed": seed},
+            **ran_at,
+            "loss_average": LOSS_AVERAGE,
+            "attempts": [{"outcome": "finished", "hardware": ran_at["hardware"]}],
+        },
+    }
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content))
+
+
 @pytest.fixture
 def study(tmp_path, references):
     """A smoke-spec study folder with five finished trials' records."""
@@ -60,25 +90,7 @@ def study(tmp_path, references):
     study_dir = tmp_path / "results" / spec.study
     study_dir.mkdir(parents=True)
     for (variant, seed), (every, offset) in DAMAGE.items():
-        folder = study_dir / "trials" / f"{variant}-seed{seed}"
-        folder.mkdir(parents=True)
-        hyps = damaged(references, every, offset)
-        (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
-        val = 30.0 + seed + (variant == "heads_1")
-        files = {
-            "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
-            "eval.json": {
-                SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
-                "val": {"bleu_lc": val},
-            },
-            "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
-            sweep.RUN_FILE: {
-                "params": {"variant": variant, "seed": seed},
-                "loss_average": LOSS_AVERAGE,
-            },
-        }
-        for name, content in files.items():
-            (folder / name).write_text(json.dumps(content))
+        write_trial(study_dir, variant, seed, damaged(references, every, offset), references)
     (study_dir / "trials" / "heads_8-seed2").mkdir()  # unfinished: no run.json, not counted
     return spec, study_dir
 
@@ -99,6 +111,17 @@ def test_variant_rows_match_independent_numbers(study, references):
     assert rows["heads_1"].p_value < 0.05
     assert rows["heads_8"].p_value > 0.3
     assert rows["base"].p_value is None
+    # the seed-level test: every relabelling of the 4 runs (2 and 2), by hand
+    heads_1 = rows["heads_1"].test_bleu
+    assert heads_1[0] == heads_1[1] and max(heads_1) < min(base)
+    assert rows["heads_1"].seed_p == pytest.approx(2 / 6)  # the observed split and its mirror
+    assert rows["heads_8"].seed_p == pytest.approx(1.0)  # 1 run against 2: no split is smaller
+    assert rows["heads_1"].holm_p == pytest.approx(min(1.0, 2 * 2 / 6))
+    low, high = rows["base"].test_interval
+    half = 12.7062047 * statistics.stdev(base) / 2**0.5  # t(0.975, 1 df)
+    assert (low, high) == pytest.approx(
+        (statistics.fmean(base) - half, statistics.fmean(base) + half)
+    )
 
 
 def test_pooled_p_value_is_sacrebleus_paired_bootstrap_over_the_seeds_side_by_side(
@@ -128,26 +151,182 @@ def sacrebleu_seed():
     return _sacrebleu_seed(DEFAULT_BOOTSTRAP_SEED)
 
 
-def test_findings_say_what_the_p_values_support(study, references):
+def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, references):
+    """Two seeds a side: the sentence bootstrap's p is tiny, but the runs are the unit and 2
+    against 2 can never be told apart (smallest p 1/3): the paper's direction cannot be told."""
     spec, study_dir = study
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
     lines = report.findings(rows)
     heads_1 = next(line for line in lines if line.startswith("- heads_1"))
-    assert "vs the paper's -0.6: significant, in the paper's direction: holds" in heads_1
+    assert next(r for r in rows if r.variant == "heads_1").p_value < 0.05
+    assert "vs the paper's -0.6: cannot tell" in heads_1 and "holds" not in heads_1
     heads_8 = next(line for line in lines if line.startswith("- heads_8"))
-    assert "not significant" in heads_8 and "no such row" in heads_8
+    assert "cannot tell" in heads_8 and "no such row" in heads_8
 
 
-def test_a_difference_where_the_paper_finds_none_does_not_hold(study, references):
-    spec, study_dir = study
-    for variant in ("heads_1", "heads_8"):
-        spec.paper[variant] = {"bleu": -0.1, "rows": "(E)", "no_difference": "nearly identical"}
-    rows = report.variant_rows(spec, report.load_records(study_dir), references)
-    lines = {line.split(":")[0]: line for line in report.findings(rows)}
-    assert lines["- heads_1"].endswith(
-        'significant, where the paper finds no difference ("nearly identical"): does not hold.'
+@pytest.mark.parametrize(
+    ("delta", "holm_p", "paper", "expected"),
+    [
+        (-1.0, 0.01, {"bleu": -0.6}, report.HOLDS),
+        (-1.0, 0.01, {"bleu": 0.3}, report.CONTRADICTS),
+        (-1.0, 0.2, {"bleu": -0.6}, report.CANNOT_TELL),
+        (-1.0, 0.01, {}, report.DIFFERS),
+        (-1.0, 0.2, {}, report.CANNOT_TELL),
+        (-1.0, 0.01, {"bleu": -0.1, "no_difference": "nearly identical"}, report.CONTRADICTS),
+        # no difference found is not the paper's "no difference": no equivalence is tested
+        (-0.1, 0.9, {"bleu": -0.1, "no_difference": "nearly identical"}, report.CANNOT_TELL),
+    ],
+)
+def test_verdict_words(delta, holm_p, paper, expected):
+    assert report.verdict(delta, holm_p, paper) == expected
+
+
+# (every, offset) per seed: heads_1, heads_8, heads_2 and learned damage more sentences than
+# any seed of the base; heads_16 as many as the base, other ones
+FIVE_SEEDS = {
+    "base": [(4, 0), (5, 0), (6, 0), (7, 0), (8, 0)],
+    "heads_1": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_8": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_2": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_16": [(4, 1), (5, 1), (6, 1), (7, 1), (8, 1)],
+    "learned_positions": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "dropout_0.0": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+}
+OTHER_COMMIT = {**RAN_AT, "commit": "def5678"}
+
+
+@pytest.fixture
+def five_seed_study(tmp_path, references):
+    """Five seeds per variant on the first 200 test sentences; dropout_0.0 ran at another
+    commit than the base."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3, 4, 5]
+    spec.variants = {
+        "base": {},
+        "heads_1": {"model.heads": 1},
+        "heads_2": {"model.heads": 2},
+        "heads_8": {"model.heads": 8},
+        "heads_16": {"model.heads": 16},
+        "dropout_0.0": {"model.dropout": 0.0},
+        "learned_positions": {"model.positional": "learned"},
+    }
+    spec.paper = {
+        "heads_1": {"bleu": -0.6, "rows": "(A)"},
+        "heads_8": {"bleu": 0.3, "rows": "(A)"},
+        "heads_16": {"bleu": 0.3, "rows": "(A)"},
+        "dropout_0.0": {"bleu": -1.2, "rows": "(D)"},
+        "learned_positions": {"bleu": -0.1, "rows": "(E)", "no_difference": "nearly identical"},
+    }
+    refs = references[:200]
+    study_dir = tmp_path / "results" / spec.study
+    for variant, damage in FIVE_SEEDS.items():
+        for seed, (every, offset) in enumerate(damage, start=1):
+            ran_at = OTHER_COMMIT if variant == "dropout_0.0" else RAN_AT
+            write_trial(study_dir, variant, seed, damaged(refs, every, offset), refs, ran_at)
+    return spec, study_dir, refs
+
+
+def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir), refs)}
+    extreme = 2 / 252  # every run of the variant below every run of the base, 5 against 5
+    for variant in ("heads_1", "heads_8", "heads_2", "learned_positions"):
+        assert rows[variant].seed_p == pytest.approx(extreme)
+    # Holm over the 5 comparisons under the base's conditions (not dropout_0.0's):
+    # four at 2/252 and heads_16's larger p
+    p_16 = rows["heads_16"].seed_p
+    assert p_16 > 0.05
+    assert rows["heads_1"].holm_p == pytest.approx(5 * extreme)
+    assert rows["heads_16"].holm_p == pytest.approx(max(5 * extreme, p_16))
+    assert {v: r.verdict for v, r in rows.items()} == {
+        "base": None,
+        "heads_1": "holds",
+        "heads_8": "contradicts",
+        "heads_2": "differs",
+        "heads_16": "cannot tell",
+        "learned_positions": "contradicts",
+        "dropout_0.0": "cannot tell",
+    }
+    assert not rows["dropout_0.0"].comparable and rows["dropout_0.0"].seed_p is None
+    assert rows["dropout_0.0"].holm_p is None and rows["dropout_0.0"].p_value is None
+    lines = {line.split(":")[0]: line for line in report.findings(list(rows.values()))}
+    assert lines["- learned_positions"].endswith(
+        '-0.1: contradicts (the paper finds "nearly identical").'
     )
-    assert lines["- heads_8"].endswith('not significant, as the paper finds ("nearly identical").')
+    assert "5 vs 5 seeds; permutation p = 0.008, Holm p = 0.040" in lines["- heads_1"]
+
+
+def test_a_variant_run_under_other_conditions_is_shown_apart_naming_both(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    table = report.grid_table(rows)
+    assert "| dropout_0.0 |" not in table and "| heads_1 |" in table
+    apart = report.other_conditions_table(rows)
+    assert "the base, which ran at commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed" in apart
+    assert "| dropout_0.0 | model.dropout=0.0 |" in apart
+    assert "| commit def5678, AMD EPYC, avx512_bf16, bf16-mixed |" in apart
+    finding = next(line for line in report.findings(rows) if line.startswith("- dropout_0.0"))
+    assert "cannot tell, not compared: the variant ran at commit def5678" in finding
+    assert "the base at commit abc1234" in finding and "permutation" not in finding
+    assert "not compared (other run conditions): dropout_0.0" in report.summary(rows)
+
+
+@pytest.mark.parametrize(
+    ("changed", "value"),
+    [
+        ("hardware", "Intel(R) Xeon(R) Processor, 2 cores, amx_bf16/avx512_bf16"),
+        ("precision", "32-true"),
+    ],
+)
+def test_another_hardware_class_or_precision_is_not_compared(tmp_path, references, changed, value):
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    study_dir = tmp_path / spec.study
+    refs = references[:100]
+    for seed, every in ((1, 3), (2, 4)):
+        write_trial(study_dir, "base", seed, damaged(refs, every), refs)
+        write_trial(study_dir, "heads_1", seed, damaged(refs, 1), refs, {**RAN_AT, changed: value})
+    heads_1 = report.variant_rows(spec, report.load_records(study_dir), refs)[1]
+    assert not heads_1.comparable and heads_1.seed_p is None
+    assert value.replace(", 2 cores", "") in report.other_conditions_table([
+        *report.variant_rows(spec, report.load_records(study_dir), refs)
+    ])  # fmt: skip
+
+
+def test_hardware_class_ignores_core_and_device_counts():
+    assert report.hardware_class("AMD EPYC, 2 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert report.hardware_class("AMD EPYC, 16 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert report.hardware_class("NVIDIA H200 x 1") == "NVIDIA H200"
+    assert report.hardware_class("NVIDIA H100 80GB HBM3 x 8") == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_trial_resumed_on_another_hardware_class_matches_neither(study):
+    _, study_dir = study
+    run_file = study_dir / "trials" / "base-seed1" / sweep.RUN_FILE
+    run = json.loads(run_file.read_text())
+    run["attempts"].insert(0, {"outcome": "preempted", "hardware": "NVIDIA H200 x 1"})
+    run_file.write_text(json.dumps(run))
+    record = next(r for r in report.load_records(study_dir) if (r.variant, r.seed) == ("base", 1))
+    assert record.conditions.hardware == "AMD EPYC, avx512_bf16 + NVIDIA H200"
+
+
+def test_aa_check_and_power_statement(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    base = next(r for r in rows if r.variant == "base").test_bleu
+    aa = report.aa_check(rows)
+    assert "the base's 5 seeds (one config) split into two groups in all 10 ways" in aa
+    rejected = sum(p <= 0.05 for p in report.seed_stats.aa_splits(base))
+    assert f"calls them different in {rejected} " in aa
+    power = report.power_statement(spec, rows)
+    sd = statistics.stdev(base)
+    assert f"SD on test2016 is {sd:.2f} BLEU" in power
+    detect = report.seed_stats.detectable_difference(sd, 5)
+    assert (
+        f"5 seeds a side (smallest possible p 0.0079) detect {detect:.2f} BLEU at α = 0.0500"
+        in (power)
+    )
+    # six comparisons: Holm's first step at 0.05 / 6 = 0.0083 is within reach of 5 seeds
+    assert "and none at" not in power and "within reach from 5 seeds a side" in power
 
 
 def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
@@ -193,6 +372,8 @@ def test_report_files_and_readme_block(study, tmp_path):
     text = path.read_text()
     assert "| base | (base recipe) | 1.00 M | 11.50 ± 0.71 | 31.50 ± 0.71 |" in text
     assert "| heads_1 | model.heads=1 |" in text and "-0.6 (PPL +0.29), (A) h=1 vs h=4 |" in text
+    assert "| cannot tell |" in text and "A/A check: the base's 2 seeds" in text
+    assert "**In short**" in text and "Are 2 seeds enough?" in text
     assert "Study `smoke`: 5 of 6 trials finished" in text
     for chart in ("bleu_per_variant", "learning_curves"):
         image = matplotlib.image.imread(study_dir / report.CHARTS[chart])
