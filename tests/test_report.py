@@ -7,9 +7,14 @@ with sacreBLEU itself.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
+import math
+import re
 import statistics
+import subprocess
+import sys
 import unicodedata
 
 import matplotlib.image
@@ -411,3 +416,183 @@ def test_readme_ablation_block_is_the_reports_output(study_name):
     begin, end = report.readme_markers(spec.study)
     committed = readme.read_text().split(begin, 1)[1].split(end, 1)[0]
     assert committed == "\n" + report.readme_block(spec, study_dir, readme)
+
+
+def test_transfer_table_shows_where_each_finding_holds_per_language_pair(
+    tmp_path, references, five_seed_study
+):
+    spec, study_dir, refs = five_seed_study
+    de_en = dataclasses.replace(
+        spec,
+        study="smoke_de_en",
+        budget={**spec.budget, "data.src_lang": "de", "data.tgt_lang": "en"},
+    )
+    assert (report.pair_label(spec), report.pair_label(de_en)) == ("en→de", "de→en")
+    english = report.test_references(de_en)[:200]
+    assert english != refs
+    de_en_dir = tmp_path / "results" / de_en.study
+    # de->en: heads_1 as the base (cannot tell), heads_8 below it (contradicts, as on en->de)
+    for variant in ("base", "heads_1", "heads_8"):
+        damage = FIVE_SEEDS["heads_16" if variant == "heads_1" else variant]
+        for seed, (every, offset) in enumerate(damage, start=1):
+            write_trial(de_en_dir, variant, seed, damaged(english, every, offset), english)
+    pairs = [
+        ("en→de", report.variant_rows(spec, report.load_records(study_dir), refs)),
+        ("de→en", report.variant_rows(de_en, report.load_records(de_en_dir), english)),
+    ]
+    table = report.transfer_table(pairs).splitlines()
+    assert (
+        table[0] == "| variant | paper Δ BLEU | en→de: Δ, verdict | de→en: Δ, verdict | holds on |"
+    )
+    rows = {line.split(" | ")[0]: line for line in table[2:]}
+    de_en_rows = {r.variant: r for r in pairs[1][1]}
+    en_de_rows = {r.variant: r for r in pairs[0][1]}
+    assert rows["| heads_1"] == (
+        f"| heads_1 | -0.6 | {en_de_rows['heads_1'].delta:+.2f}, holds | "
+        f"{de_en_rows['heads_1'].delta:+.2f}, cannot tell | en→de |"
+    )
+    assert rows["| heads_8"].endswith(", contradicts | none |")
+    assert rows["| dropout_0.0"] == (
+        f"| dropout_0.0 | -1.2 | {en_de_rows['dropout_0.0'].delta:+.2f}, cannot tell (not "
+        "compared) | - | none |"
+    )
+
+
+def test_transfer_study_without_records_is_a_clear_error(tmp_path):
+    """Named before any scoring: exit 2, the study and the folder, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.report", "table3_label_smoothing", "--no-wandb",
+         "--results-dir", str(REPO_ROOT / sweep.RESULTS_ROOT), "--transfer", "table3_de_en"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--transfer table3_de_en: no finished trials in" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
+
+
+def committed_records(study_dir):
+    """The committed records, read here without pipeline.report."""
+    by_variant = {}
+    for run_file in sorted(study_dir.glob(f"trials/*/{sweep.RUN_FILE}")):
+        run = json.loads(run_file.read_text())
+        folder = run_file.parent
+        by_variant.setdefault(run["params"]["variant"], []).append(
+            {
+                "seed": run["params"]["seed"],
+                "test": json.loads((folder / "eval.json").read_text())[SPLIT]["bleu_lc"],
+                "ppl": json.loads((folder / "train.json").read_text())["last"]["val/ppl"],
+                "ran_at": (run["commit"], run["precision"], run["hardware"].split(", ")[0]),
+                "hyps": (folder / f"{SPLIT}.hyp").read_text().splitlines(),
+            }
+        )
+    return {v: sorted(rs, key=lambda r: r["seed"]) for v, rs in by_variant.items()}
+
+
+def fmt(*values, digits=(2,), signed=False) -> set[str]:
+    out = set()
+    for value in values:
+        for d in digits:
+            out.add(f"{value:+.{d}f}" if signed else f"{value:.{d}f}")
+    return out
+
+
+@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
+def test_committed_report_prose_is_made_from_the_records(study_name):
+    """The committed report.md is what the report command makes of the committed records, and
+    every number of its prose (findings, summary, A/A check, power) is computed here again
+    from the record files."""
+    from pipeline.evaluation import scoring, seed_stats
+
+    spec = sweep.load_spec(REPO_ROOT / f"ablations/{study_name}.yaml")
+    study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
+    text = report.markdown(spec, study_dir)
+    assert (study_dir / "report.md").read_text() == f"# Ablation study `{spec.study}`\n\n{text}"
+
+    records = committed_records(study_dir)
+    base = records["base"]
+    base_test = [r["test"] for r in base]
+    base_mean = statistics.fmean(base_test)
+    references = report.test_references(spec)
+    alpha = seed_stats.ALPHA
+    compared = {
+        v: rs for v, rs in records.items()
+        if v != "base" and {r["ran_at"] for r in rs} == {r["ran_at"] for r in base}
+        and len({r["ran_at"] for r in base}) == 1
+    }  # fmt: skip
+    seed_p = {v: seed_stats.permutation_test([r["test"] for r in rs], base_test)
+              for v, rs in compared.items()}  # fmt: skip
+    holm = dict(zip(seed_p, seed_stats.holm(list(seed_p.values()))))
+    lines = text.splitlines()
+    checked = 0
+    for variant, rs in records.items():
+        if variant == "base":
+            continue
+        line = next(line for line in lines if line.startswith(f"- {variant}:"))
+        delta = statistics.fmean(r["test"] for r in rs) - base_mean
+        paper = spec.paper.get(variant, {})
+        allowed = fmt(delta, signed=True) | fmt(paper.get("bleu", 0), digits=(1,), signed=True)
+        if variant in compared:
+            by_seed = {r["seed"]: r for r in base}
+            pairs = [(by_seed[r["seed"]]["hyps"], r["hyps"]) for r in rs]
+            sentence_p = scoring.pooled_paired_bootstrap(pairs, references)
+            ppl_delta = statistics.fmean(r["ppl"] for r in rs) - statistics.fmean(
+                r["ppl"] for r in base
+            )
+            allowed |= {str(len(rs)), str(len(base))} | fmt(
+                seed_p[variant], holm[variant], sentence_p, digits=(3,)
+            )
+            allowed |= fmt(ppl_delta, paper.get("ppl", 0), signed=True)
+            word = report.verdict(delta, holm[variant], paper)
+            assert f": {word}" in line
+        else:
+            assert (
+                f": cannot tell, not compared: the variant ran at commit {rs[0]['ran_at'][0]}"
+                in (line)
+            )
+        assert set(NUMBER.findall(line)) <= allowed, (line, allowed)
+        checked += 1
+    assert checked == len(records) - 1
+
+    summary = next(line for line in lines if line.startswith("**In short**"))
+    deltas = [statistics.fmean(r["test"] for r in rs) - base_mean
+              for v, rs in records.items() if v != "base"]  # fmt: skip
+    assert set(NUMBER.findall(summary)) <= fmt(*deltas, signed=True) | {str(alpha)}
+
+    aa = next(line for line in lines if line.startswith("A/A check"))
+    splits = seed_stats.aa_splits(base_test)
+    rejected = sum(p <= alpha for p in splits)
+    assert set(NUMBER.findall(aa)) <= {
+        str(len(base)), str(len(splits)), str(rejected), str(alpha),
+        f"{rejected / len(splits):.2f}", f"{min(splits):.3f}",
+    }  # fmt: skip
+
+    power = next(line for line in lines if line.startswith("Are "))
+    sd = statistics.stdev(base_test)
+    m = len(spec.variants) - 1
+    seeds = {len(base), len(spec.seeds)}
+    fewest = next(n for n in range(2, 100) if seed_stats.smallest_p(n, n) <= alpha / m)
+    detectable = [seed_stats.detectable_difference(sd, n, alpha=a)
+                  for n in seeds for a in (alpha, alpha / m)]  # fmt: skip
+    assert set(NUMBER.findall(power)) <= (
+        {str(n) for n in (*seeds, m, fewest)}
+        | fmt(sd, *(d for d in detectable if math.isfinite(d)))
+        | fmt(alpha, alpha / m, *(seed_stats.smallest_p(n, n) for n in seeds), digits=(4,))
+        | {f"{seed_stats.POWER:.0%}".rstrip("%")}
+    )
+
+
+def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
+    """The records' sentence bootstrap called heads_1 (-0.95), label_smoothing_0.0 (-0.99) and
+    learned_positions (-0.71) significant; two seeds a side (or another commit) cannot tell."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    text = report.markdown(spec, REPO_ROOT / sweep.RESULTS_ROOT / spec.study, with_states=False)
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    assert "-0.95 BLEU (2 vs 2 seeds; permutation p = 0.667" in lines["- heads_1"]
+    assert "vs the paper's -0.6: cannot tell;" in lines["- heads_1"]
+    for variant, delta in (("label_smoothing_0.0", "-0.99"), ("learned_positions", "-0.71")):
+        assert f"{delta} BLEU vs the paper's" in lines[f"- {variant}"]
+        assert "cannot tell, not compared" in lines[f"- {variant}"]
+    assert "holds" not in text.split("A/A check")[1]
