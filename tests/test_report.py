@@ -596,3 +596,25 @@ def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
         assert f"{delta} BLEU vs the paper's" in lines[f"- {variant}"]
         assert "cannot tell, not compared" in lines[f"- {variant}"]
     assert "holds" not in text.split("A/A check")[1]
+
+
+def test_specs_ready_to_run_the_powered_grid_the_full_budget_rows_and_a_second_pair():
+    table3 = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    seeds = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
+    assert seeds.seeds == [1, 2, 3, 4, 5] and len(seeds.grid()) == 55
+    assert (seeds.variants, seeds.budget, seeds.paper) == (
+        table3.variants,
+        table3.budget,
+        table3.paper,
+    )
+    full = sweep.load_spec(REPO_ROOT / "ablations/table3_full_budget.yaml")
+    assert list(full.variants) == ["base", "dropout_0.1", "dropout_0.5", "learned_positions"]
+    assert full.seeds == seeds.seeds
+    recipe = sweep.point_config(dataclasses.replace(full, budget={}), {"seed": 1})
+    cfg = sweep.point_config(full, {"seed": 1})
+    assert cfg.train.max_steps == 7000 and cfg == recipe  # the recipe's own schedule
+    de_en = sweep.load_spec(REPO_ROOT / "ablations/table3_de_en.yaml")
+    assert de_en.variants == seeds.variants and de_en.seeds == seeds.seeds
+    assert {k: v for k, v in de_en.budget.items() if not k.startswith("data.")} == table3.budget
+    assert report.pair_label(de_en) == "de→en" and report.pair_label(seeds) == "en→de"
+    assert len({s.study for s in (table3, seeds, full, de_en)}) == 4
