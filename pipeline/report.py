@@ -331,7 +331,7 @@ def grid_table(rows: list[VariantRow]) -> str:
 
 
 def _conditions_text(conditions: RunConditions | None) -> str:
-    return str(conditions) if conditions else "several run conditions"
+    return str(conditions) if conditions else "mixed run conditions (its seeds differ)"
 
 
 def other_conditions_table(rows: list[VariantRow]) -> str:
