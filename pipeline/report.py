@@ -6,10 +6,11 @@ that anyone with a clone re-makes it exactly:
 - `report.md`: a Table-3 shaped table, one row per variant that ran under the base's run
   conditions (commit, hardware class, precision): what changed, parameters, val perplexity, val
   BLEU (lc) as mean +- std over seeds, test2016 BLEU (lc) as the seed mean and its 95%
-  t-interval, the difference to the base, the exact permutation test of that difference over
-  seed-level BLEU (the unit is the training run) and its Holm-adjusted p across the study's
-  comparisons, the verdict against the paper's direction (from that test only), sacreBLEU's
-  paired bootstrap over test sentences as a secondary column, and the paper's own Table 3
+  t-interval, the difference to the base, Welch's t-test of that difference over seed-level
+  BLEU (the unit is the training run) and its Holm-adjusted p across the study's comparisons,
+  the verdict against the paper's direction (from that test only), the exact permutation test
+  of the same difference (distribution-free) and sacreBLEU's paired bootstrap over test
+  sentences as secondary columns, and the paper's own Table 3
   difference (the spec's `paper` entries); variants run under other conditions in a block of
   their own, never judged against the base; the A/A check on the base's seeds, the difference
   the study can detect at the base's seed spread, one finding per row and a summary, all
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
@@ -132,9 +132,13 @@ class VariantRow:
     delta: float | None = None
     # sacreBLEU's paired bootstrap over test sentences, seeds pooled (secondary)
     p_value: float | None = None
-    # the permutation test over seed-level test BLEU, and its Holm-adjusted p
-    seed_p: float | None = None
+    # Welch's test over seed-level test BLEU (the verdict's), its Holm-adjusted p, and why
+    # there is none where it cannot be made
+    welch_p: float | None = None
     holm_p: float | None = None
+    no_test_reason: str | None = None
+    # the exact permutation test of the same difference (distribution-free, secondary)
+    permutation_p: float | None = None
     verdict: str | None = None
     ppl_delta: float | None = None
     # every seed's val PPL on one side of every base seed's
@@ -199,10 +203,11 @@ def variant_rows(
     spec: sweep.StudySpec, records: list[TrialRecord], references: list[str]
 ) -> list[VariantRow]:
     """One row per variant with finished trials, in the spec's order. A variant run under the
-    base's conditions is compared with it by the permutation test over seeds (Holm-adjusted
-    across all such comparisons; its verdict comes from that alone) and, secondarily, by a
-    paired bootstrap over test sentences, the seeds both ran pooled. One run under other
-    conditions (or the base itself under several) is not compared."""
+    base's conditions is compared with it by Welch's test over seeds (Holm-adjusted across all
+    such comparisons; its verdict comes from that alone) and, secondarily, by the exact
+    permutation test over seeds and a paired bootstrap over test sentences, the seeds both ran
+    pooled. One run under other conditions (or the base itself under several) is not
+    compared."""
     by_variant: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_variant.setdefault(record.variant, []).append(record)
@@ -243,10 +248,12 @@ def variant_rows(
             base_row.val_ppl
         )
         if row.comparable:
-            row.seed_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
+            welch = seed_stats.welch_test(row.test_bleu, base_row.test_bleu)
+            row.welch_p, row.no_test_reason = welch.p, welch.reason
+            row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
             row.p_value = pooled_p_value(base, by_variant[row.variant], references)
     compared = [r for r in rows if r.compared]
-    for row, adjusted in zip(compared, seed_stats.holm([r.seed_p for r in compared])):
+    for row, adjusted in zip(compared, seed_stats.holm([r.welch_p for r in compared])):
         row.holm_p = adjusted
         row.verdict = verdict(row.delta, adjusted, row.paper)
     for row in rows:
@@ -255,13 +262,14 @@ def variant_rows(
     return rows
 
 
-def verdict(delta: float, holm_p: float, paper: dict[str, Any]) -> str:
+def verdict(delta: float, holm_p: float | None, paper: dict[str, Any]) -> str:
     """The paper's finding against ours, at the study-wise level: 'holds' only where the
     seed-level difference is significant after Holm and in the paper's direction;
     'contradicts' where significant against it (or where the paper finds no difference);
-    'cannot tell' where not significant (no test of equivalence is made, so the absence of a
-    difference is never a finding); 'differs' where the paper has no such row."""
-    significant = holm_p <= SIGNIFICANCE
+    'cannot tell' where not significant or not testable (no Holm p: a single seed on a side, or
+    no spread on either; no test of equivalence is made, so the absence of a difference is
+    never a finding); 'differs' where the paper has no such row."""
+    significant = holm_p is not None and holm_p <= SIGNIFICANCE
     if not significant:
         return CANNOT_TELL
     if not paper:
@@ -311,10 +319,10 @@ def grid_table(rows: list[VariantRow]) -> str:
     """The base and the variants compared with it (same run conditions)."""
     lines = [
         "| variant | changed | parameters | val PPL | val BLEU (lc) | "
-        "test2016 BLEU (lc), mean [95% CI] | Δ test vs base | p (seeds, permutation) | "
-        "p (Holm) | verdict | p (sentences, paired bootstrap) | seeds | "
-        "paper, Table 3: Δ BLEU (PPL) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "test2016 BLEU (lc), mean [95% CI] | Δ test vs base | p (seeds, Welch) | "
+        "p (Holm) | verdict | p (seeds, exact permutation) | p (sentences, paired bootstrap) | "
+        "seeds | paper, Table 3: Δ BLEU (PPL) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.delta is not None and not r.comparable:
@@ -323,8 +331,8 @@ def grid_table(rows: list[VariantRow]) -> str:
         delta = "-" if r.delta is None else f"{r.delta:+.2f}"
         lines.append(
             f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_ppl)}{_ppl_mark(r)} | "
-            f"{_mean_std(r.val_bleu)} | {_mean_interval(r)} | {delta} | {_p(r.seed_p)} | "
-            f"{_p(r.holm_p)} | {r.verdict or '-'} | {_p(r.p_value)} | "
+            f"{_mean_std(r.val_bleu)} | {_mean_interval(r)} | {delta} | {_p(r.welch_p)} | "
+            f"{_p(r.holm_p)} | {r.verdict or '-'} | {_p(r.permutation_p)} | {_p(r.p_value)} | "
             f"{', '.join(map(str, r.seeds))} | {_paper_cell(r.paper)} |"
         )
     return "\n".join(lines)
@@ -398,6 +406,8 @@ def _ppl_finding(r: VariantRow) -> str:
 
 
 def _verdict_text(r: VariantRow) -> str:
+    if r.verdict == CANNOT_TELL and r.no_test_reason:
+        return f"{CANNOT_TELL} (no seed-level test: {r.no_test_reason})"
     no_difference = r.paper.get("no_difference")
     if r.verdict == CANNOT_TELL and no_difference:
         return (
@@ -411,8 +421,9 @@ def _verdict_text(r: VariantRow) -> str:
 
 def findings(rows: list[VariantRow]) -> list[str]:
     """One sentence per variant with a base: the seed-level test's verdict on the paper's
-    finding (Holm-adjusted), the sentence bootstrap beside it, and the perplexity beside the
-    paper's; a variant run under other conditions than the base is named as not compared."""
+    finding (Holm-adjusted), the permutation test and the sentence bootstrap beside it, and the
+    perplexity beside the paper's; a variant run under other conditions than the base is named
+    as not compared."""
     base = next((r for r in rows if r.variant == BASE_VARIANT), None)
     lines = []
     for r in rows:
@@ -426,10 +437,14 @@ def findings(rows: list[VariantRow]) -> list[str]:
                 f"{_conditions_text(base.conditions)}."
             )
             continue
+        welch = (
+            "no Welch test"
+            if r.welch_p is None
+            else f"Welch p = {r.welch_p:.3f}, Holm p = {r.holm_p:.3f}"
+        )
         measured = (
-            f"{r.delta:+.2f} BLEU ({len(r.seeds)} vs {len(base.seeds)} seeds; permutation "
-            f"p = {r.seed_p:.3f}, Holm p = {r.holm_p:.3f}; sentence bootstrap "
-            f"p = {_p(r.p_value)})"
+            f"{r.delta:+.2f} BLEU ({len(r.seeds)} vs {len(base.seeds)} seeds; {welch}; exact "
+            f"permutation p = {r.permutation_p:.3f}; sentence bootstrap p = {_p(r.p_value)})"
         )
         no_row = "" if r.paper else "; the paper has no such row"
         lines.append(
@@ -449,61 +464,73 @@ def summary(rows: list[VariantRow]) -> str:
     order = [HOLDS, CONTRADICTS, DIFFERS, CANNOT_TELL, "not compared (other run conditions)"]
     parts = [f"{key}: {', '.join(groups[key])}" for key in order if key in groups]
     return (
-        f"**In short** (test2016, the permutation test over seeds, Holm at α = {SIGNIFICANCE}): "
+        f"**In short** (test2016, Welch's test over seeds, Holm at α = {SIGNIFICANCE}): "
         + ("; ".join(parts) or "nothing compared yet")
         + "."
     )
 
 
 def aa_check(rows: list[VariantRow]) -> str:
-    """The A/A check on the base's own seeds: the test applied to every split of them."""
+    """The A/A check on the base's own seeds: Welch's test applied to every split of them, each
+    split judged at α alone (Holm's most lenient step: a Holm-corrected call is never more
+    often 'different')."""
     base = next((r for r in rows if r.variant == BASE_VARIANT), None)
     if base is None or len(base.test_bleu) < 2:
         return "A/A check: needs two or more seeds of the base."
-    p_values = seed_stats.aa_splits(base.test_bleu)
-    rejected = sum(p <= SIGNIFICANCE for p in p_values)
-    ways = "the one way" if len(p_values) == 1 else f"all {len(p_values)} ways"
-    return (
+    results = seed_stats.aa_splits(base.test_bleu)
+    tested = [r.p for r in results if r.p is not None]
+    ways = "the one way" if len(results) == 1 else f"all {len(results)} ways"
+    opening = (
         f"A/A check: the base's {len(base.test_bleu)} seeds (one config) split into two groups "
-        f"in {ways}: the permutation test calls them different in {rejected} "
-        f"(false-positive rate {rejected / len(p_values):.2f} at α = {SIGNIFICANCE}; smallest "
-        f"p {min(p_values):.3f})."
+        f"in {ways}"
+    )
+    if not tested:
+        return (
+            f"{opening}: Welch's test makes no call ({results[0].reason}); the check needs "
+            "four or more seeds of the base (two a side)."
+        )
+    rejected = sum(p <= SIGNIFICANCE for p in tested)
+    reasons = sorted({r.reason for r in results if r.p is None})
+    untested = (
+        f" (the other {len(results) - len(tested)} give no p: {'; '.join(reasons)})"
+        if reasons
+        else ""
+    )
+    return (
+        f"{opening}: Welch's test calls them different in {rejected} of the {len(tested)} "
+        f"tested{untested} (false-positive rate {rejected / len(tested):.2f} at α = "
+        f"{SIGNIFICANCE} before Holm's correction; smallest p {min(tested):.3f})."
     )
 
 
 def power_statement(spec: sweep.StudySpec, rows: list[VariantRow]) -> str:
-    """Are the study's seeds enough? The smallest difference its test detects with
-    seed_stats.POWER at the base's seed spread, per comparison and at Holm's first step."""
+    """Are the study's seeds enough? The smallest difference Welch's test detects with
+    seed_stats.POWER at the base's seed spread, per comparison and at Holm's strictest step;
+    and the floor under the exact permutation column's p."""
     base = next((r for r in rows if r.variant == BASE_VARIANT), None)
     if base is None or len(base.test_bleu) < 2:
         return "Power: needs two or more seeds of the base (its seed-level spread)."
     sd = statistics.stdev(base.test_bleu)
     comparisons = max(1, len(spec.variants) - 1)
     strictest = SIGNIFICANCE / comparisons
+    counts = sorted({len(base.seeds), len(spec.seeds)})
     parts = []
-    for n in sorted({len(base.seeds), len(spec.seeds)}):
+    for n in counts:
         cells = []
         for alpha in (SIGNIFICANCE, strictest):
             d = seed_stats.detectable_difference(sd, n, alpha=alpha)
-            cells.append(
-                f"{d:.2f} BLEU at α = {alpha:.4f}"
-                if math.isfinite(d)
-                else f"none at α = {alpha:.4f}"
-            )
-        parts.append(
-            f"{n} seeds a side (smallest possible p {seed_stats.smallest_p(n, n):.4f}) detect "
-            + " and ".join(cells)
-        )
-    fewest = next(
-        n for n in range(2, len(spec.seeds) + 100) if seed_stats.smallest_p(n, n) <= strictest
-    )
+            cells.append(f"{d:.2f} BLEU ({d / sd:.2f} SD) at α = {alpha:.4f}")
+        parts.append(f"with {n} seeds a side, " + " and ".join(cells))
+    floors = ", ".join(f"{seed_stats.smallest_p(n, n):.4f} at {n}" for n in counts)
     return (
         f"Are {len(spec.seeds)} seeds enough? The base's seed-level SD on test2016 is "
         f"{sd:.2f} BLEU (from {len(base.seeds)} seeds). With {seed_stats.POWER:.0%} power, "
+        "Welch's test detects, "
         + "; ".join(parts)
         + f". α = {strictest:.4f} is Holm's strictest step over the spec's {comparisons} "
-        f"comparisons, which a real difference must pass when the others are null; it is within "
-        f"reach from {fewest} seeds a side."
+        "comparisons, which a real difference must pass when the others are null. The exact "
+        "permutation column (the same difference, no normal seed scores assumed) cannot fall "
+        f"below p = {floors} seeds a side: it is shown, never the verdict."
     )
 
 
@@ -659,12 +686,14 @@ def markdown(
         *([apart, ""] if apart else []),
         "BLEU (lc) is sacreBLEU's lowercased BLEU of the averaged checkpoints' beam search; "
         f"{ppl_note(rows)} The test2016 interval is the 95% t-interval of the mean over seeds. "
-        "The verdict comes only from the exact permutation test of the difference of seed means "
-        "(the unit is the training run: every relabelling of the runs of both groups), with "
-        "Holm's correction across the comparisons shown (p (Holm)): 'holds' is a difference "
-        "significant at α = "
+        "The verdict comes only from Welch's t-test of the difference of seed means (the unit is "
+        "the training run; each group its own variance), with Holm's correction across the "
+        "comparisons shown (p (Holm)): 'holds' is a difference significant at α = "
         f"{SIGNIFICANCE} in the paper's direction, 'contradicts' one against it, "
-        "'differs' one where the paper has no row, 'cannot tell' no significant difference. "
+        "'differs' one where the paper has no row, 'cannot tell' no significant difference "
+        "(or no test: a single seed on a side, or no spread on either). "
+        "p (seeds, exact permutation) tests the same difference over every relabelling of the "
+        "runs, without assuming normal seed scores; it decides nothing. "
         "Only variants run at the base's commit, hardware class and precision are compared. "
         "p (sentences) is sacreBLEU's paired bootstrap (1000 resamples) on test2016, the seeds "
         "both ran pooled: it sees the test set's sampling, not the seeds', and decides nothing. "
@@ -781,12 +810,14 @@ def _log_summary(
     run = start_wandb_run(cfg, job_type="report", name=f"{spec.study}-report", group=spec.study)
     try:
         columns = ["variant", "changed", "val_ppl", "val_bleu_lc", "test_bleu_lc", "delta",
-                   "p_seeds", "p_holm", "verdict", "p_sentences", "run_conditions"]  # fmt: skip
+                   "p_welch", "p_holm", "verdict", "p_permutation", "p_sentences",
+                   "run_conditions"]  # fmt: skip
         table = wandb.Table(columns=columns)
         for r in rows:
             table.add_data(r.variant, r.factor, statistics.fmean(r.val_ppl),
-                           statistics.fmean(r.val_bleu), r.test_mean, r.delta, r.seed_p,
-                           r.holm_p, r.verdict, r.p_value, _conditions_text(r.conditions))  # fmt: skip
+                           statistics.fmean(r.val_bleu), r.test_mean, r.delta, r.welch_p,
+                           r.holm_p, r.verdict, r.permutation_p, r.p_value,
+                           _conditions_text(r.conditions))  # fmt: skip
         run.log({"ablation_table": table, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
     finally:
         run.finish()

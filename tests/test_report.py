@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
-import math
 import re
 import statistics
 import subprocess
@@ -20,6 +20,7 @@ import unicodedata
 import matplotlib.image
 import pytest
 import sacrebleu
+from scipy import stats
 
 from pipeline import report, sweep
 from pipeline.training.module import LOSS_AVERAGE
@@ -44,6 +45,11 @@ def damaged(references: list[str], every: int, offset: int = 0) -> list[str]:
 
 def lc_bleu(hypotheses: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Welch's two-sided p, as scipy computes it."""
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 # (every, offset): heads_8 damages as many sentences as base seed 1, other ones
@@ -100,6 +106,8 @@ def study(tmp_path, references):
     return spec, study_dir
 
 
+# scipy warns that heads_1's two seeds score alike; Welch's test of them is what is checked
+@pytest.mark.filterwarnings("ignore:Precision loss:RuntimeWarning")
 def test_variant_rows_match_independent_numbers(study, references):
     spec, study_dir = study
     rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir),
@@ -116,12 +124,17 @@ def test_variant_rows_match_independent_numbers(study, references):
     assert rows["heads_1"].p_value < 0.05
     assert rows["heads_8"].p_value > 0.3
     assert rows["base"].p_value is None
-    # the seed-level test: every relabelling of the 4 runs (2 and 2), by hand
+    # the seed-level tests: Welch's (heads_1's two seeds score alike, the base's do not) ...
     heads_1 = rows["heads_1"].test_bleu
     assert heads_1[0] == heads_1[1] and max(heads_1) < min(base)
-    assert rows["heads_1"].seed_p == pytest.approx(2 / 6)  # the observed split and its mirror
-    assert rows["heads_8"].seed_p == pytest.approx(1.0)  # 1 run against 2: no split is smaller
-    assert rows["heads_1"].holm_p == pytest.approx(min(1.0, 2 * 2 / 6))
+    assert rows["heads_1"].welch_p == pytest.approx(welch_p(heads_1, base))
+    # ... and every relabelling of the 4 runs (2 and 2), by hand
+    assert rows["heads_1"].permutation_p == pytest.approx(2 / 6)  # the split and its mirror
+    assert rows["heads_8"].permutation_p == pytest.approx(1.0)  # 1 run against 2: none smaller
+    # heads_8's single seed gives Welch's test no spread: no p, and it stays in Holm's family
+    assert rows["heads_8"].welch_p is None and rows["heads_8"].holm_p is None
+    assert rows["heads_8"].no_test_reason == report.seed_stats.SINGLE_RUN
+    assert rows["heads_1"].holm_p == pytest.approx(min(1.0, 2 * welch_p(heads_1, base)))
     low, high = rows["base"].test_interval
     half = 12.7062047 * statistics.stdev(base) / 2**0.5  # t(0.975, 1 df)
     assert (low, high) == pytest.approx(
@@ -157,8 +170,9 @@ def sacrebleu_seed():
 
 
 def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, references):
-    """Two seeds a side: the sentence bootstrap's p is tiny, but the runs are the unit and 2
-    against 2 can never be told apart (smallest p 1/3): the paper's direction cannot be told."""
+    """Two seeds a side: the sentence bootstrap's p is tiny, but the runs are the unit and two
+    seeds of the base are too few to tell a difference from their spread; one seed (heads_8)
+    is no test at all."""
     spec, study_dir = study
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
     lines = report.findings(rows)
@@ -166,7 +180,8 @@ def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, 
     assert next(r for r in rows if r.variant == "heads_1").p_value < 0.05
     assert "vs the paper's -0.6: cannot tell" in heads_1 and "holds" not in heads_1
     heads_8 = next(line for line in lines if line.startswith("- heads_8"))
-    assert "cannot tell" in heads_8 and "no such row" in heads_8
+    assert "no Welch test;" in heads_8 and "no such row" in heads_8
+    assert f"cannot tell (no seed-level test: {report.seed_stats.SINGLE_RUN})" in heads_8
 
 
 @pytest.mark.parametrize(
@@ -176,6 +191,8 @@ def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, 
         (-1.0, 0.01, {"bleu": 0.3}, report.CONTRADICTS),
         (-1.0, 0.2, {"bleu": -0.6}, report.CANNOT_TELL),
         (-1.0, 0.01, {}, report.DIFFERS),
+        (-1.0, None, {"bleu": -0.6}, report.CANNOT_TELL),  # no test could be made
+        (-1.0, None, {}, report.CANNOT_TELL),
         (-1.0, 0.2, {}, report.CANNOT_TELL),
         (-1.0, 0.01, {"bleu": -0.1, "no_difference": "nearly identical"}, report.CONTRADICTS),
         # no difference found is not the paper's "no difference": no equivalence is tested
@@ -234,15 +251,26 @@ def five_seed_study(tmp_path, references):
 def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_seed_study):
     spec, study_dir, refs = five_seed_study
     rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir), refs)}
+    base = rows["base"].test_bleu
     extreme = 2 / 252  # every run of the variant below every run of the base, 5 against 5
     for variant in ("heads_1", "heads_8", "heads_2", "learned_positions"):
-        assert rows[variant].seed_p == pytest.approx(extreme)
-    # Holm over the 5 comparisons under the base's conditions (not dropout_0.0's):
-    # four at 2/252 and heads_16's larger p
-    p_16 = rows["heads_16"].seed_p
-    assert p_16 > 0.05
-    assert rows["heads_1"].holm_p == pytest.approx(5 * extreme)
-    assert rows["heads_16"].holm_p == pytest.approx(max(5 * extreme, p_16))
+        assert rows[variant].permutation_p == pytest.approx(extreme)
+    welch = {v: welch_p(rows[v].test_bleu, base)
+             for v in ("heads_1", "heads_8", "heads_2", "heads_16", "learned_positions")}  # fmt: skip
+    assert {v: rows[v].welch_p for v in welch} == pytest.approx(welch)
+    # Holm over the 5 comparisons under the base's conditions (not dropout_0.0's), by hand:
+    # the k-th smallest times 6 - k, kept non-decreasing
+    order = sorted(welch, key=welch.get)
+    running = 0.0
+    for k, variant in enumerate(order):
+        running = max(running, min(1.0, (5 - k) * welch[variant]))
+        assert rows[variant].holm_p == pytest.approx(running)
+    # four large effects: Welch's p goes below the permutation test's floor of 2/252 and all
+    # four pass Holm; heads_16 (as good as the base) does not
+    assert min(welch.values()) < extreme
+    large = ("heads_1", "heads_8", "heads_2", "learned_positions")
+    assert max(rows[v].holm_p for v in large) <= 0.05
+    assert welch["heads_16"] > 0.05
     assert {v: r.verdict for v, r in rows.items()} == {
         "base": None,
         "heads_1": "holds",
@@ -252,13 +280,17 @@ def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_s
         "learned_positions": "contradicts",
         "dropout_0.0": "cannot tell",
     }
-    assert not rows["dropout_0.0"].comparable and rows["dropout_0.0"].seed_p is None
+    assert not rows["dropout_0.0"].comparable and rows["dropout_0.0"].welch_p is None
+    assert rows["dropout_0.0"].permutation_p is None
     assert rows["dropout_0.0"].holm_p is None and rows["dropout_0.0"].p_value is None
     lines = {line.split(":")[0]: line for line in report.findings(list(rows.values()))}
     assert lines["- learned_positions"].endswith(
         '-0.1: contradicts (the paper finds "nearly identical").'
     )
-    assert "5 vs 5 seeds; permutation p = 0.008, Holm p = 0.040" in lines["- heads_1"]
+    assert (
+        f"5 vs 5 seeds; Welch p = {welch['heads_1']:.3f}, Holm p = {rows['heads_1'].holm_p:.3f}; "
+        "exact permutation p = 0.008; sentence bootstrap p = "
+    ) in lines["- heads_1"]
 
 
 def test_a_variant_run_under_other_conditions_is_shown_apart_naming_both(five_seed_study):
@@ -272,7 +304,8 @@ def test_a_variant_run_under_other_conditions_is_shown_apart_naming_both(five_se
     assert "| commit def5678, AMD EPYC, avx512_bf16, bf16-mixed |" in apart
     finding = next(line for line in report.findings(rows) if line.startswith("- dropout_0.0"))
     assert "cannot tell, not compared: the variant ran at commit def5678" in finding
-    assert "the base at commit abc1234" in finding and "permutation" not in finding
+    assert "the base at commit abc1234" in finding
+    assert "Welch" not in finding and "permutation" not in finding
     assert "not compared (other run conditions): dropout_0.0" in report.summary(rows)
 
 
@@ -291,7 +324,7 @@ def test_another_hardware_class_or_precision_is_not_compared(tmp_path, reference
         write_trial(study_dir, "base", seed, damaged(refs, every), refs)
         write_trial(study_dir, "heads_1", seed, damaged(refs, 1), refs, {**RAN_AT, changed: value})
     heads_1 = report.variant_rows(spec, report.load_records(study_dir), refs)[1]
-    assert not heads_1.comparable and heads_1.seed_p is None
+    assert not heads_1.comparable and heads_1.welch_p is None
     assert value.replace(", 2 cores", "") in report.other_conditions_table([
         *report.variant_rows(spec, report.load_records(study_dir), refs)
     ])  # fmt: skip
@@ -320,18 +353,35 @@ def test_aa_check_and_power_statement(five_seed_study):
     base = next(r for r in rows if r.variant == "base").test_bleu
     aa = report.aa_check(rows)
     assert "the base's 5 seeds (one config) split into two groups in all 10 ways" in aa
-    rejected = sum(p <= 0.05 for p in report.seed_stats.aa_splits(base))
-    assert f"calls them different in {rejected} " in aa
+    splits = [welch_p([base[i] for i in group], [base[i] for i in range(5) if i not in group])
+              for group in itertools.combinations(range(5), 2)]  # fmt: skip
+    rejected = sum(p <= 0.05 for p in splits)
+    assert f"Welch's test calls them different in {rejected} of the 10 tested " in aa
+    assert f"(false-positive rate {rejected / 10:.2f} at α = 0.05 before Holm's" in aa
+    assert f"smallest p {min(splits):.3f})." in aa
     power = report.power_statement(spec, rows)
     sd = statistics.stdev(base)
     assert f"SD on test2016 is {sd:.2f} BLEU" in power
-    detect = report.seed_stats.detectable_difference(sd, 5)
-    assert (
-        f"5 seeds a side (smallest possible p 0.0079) detect {detect:.2f} BLEU at α = 0.0500"
-        in (power)
-    )
-    # six comparisons: Holm's first step at 0.05 / 6 = 0.0083 is within reach of 5 seeds
-    assert "and none at" not in power and "within reach from 5 seeds a side" in power
+    # six comparisons: Holm's strictest step is 0.05 / 6
+    cells = []
+    for alpha in (0.05, 0.05 / 6):
+        d = report.seed_stats.detectable_difference(sd, 5, alpha=alpha)
+        cells.append(f"{d:.2f} BLEU ({d / sd:.2f} SD) at α = {alpha:.4f}")
+    assert "Welch's test detects, with 5 seeds a side, " + " and ".join(cells) + "." in power
+    assert "Holm's strictest step over the spec's 6 comparisons" in power
+    assert "cannot fall below p = 0.0079 at 5 seeds a side" in power
+
+
+def test_aa_check_without_a_test_says_why(five_seed_study):
+    """Two seeds of the base split one against one, or five that score alike: no Welch test,
+    so no call and no rate, with the reason."""
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    for scores, reason in (([38.4, 37.1], report.seed_stats.SINGLE_RUN),
+                           ([37.1] * 5, report.seed_stats.NO_SPREAD)):  # fmt: skip
+        rows[0] = dataclasses.replace(rows[0], test_bleu=scores, seeds=list(range(len(scores))))
+        aa = report.aa_check(rows)
+        assert f"Welch's test makes no call ({reason})" in aa and "rate" not in aa
 
 
 def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
@@ -522,8 +572,10 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
         if v != "base" and {r["ran_at"] for r in rs} == {r["ran_at"] for r in base}
         and len({r["ran_at"] for r in base}) == 1
     }  # fmt: skip
-    seed_p = {v: seed_stats.permutation_test([r["test"] for r in rs], base_test)
-              for v, rs in compared.items()}  # fmt: skip
+    # Welch's p by scipy (the committed comparisons have two or more seeds a side, with spread)
+    seed_p = {v: welch_p([r["test"] for r in rs], base_test) for v, rs in compared.items()}
+    permutation_p = {v: seed_stats.permutation_test([r["test"] for r in rs], base_test)
+                     for v, rs in compared.items()}  # fmt: skip
     holm = dict(zip(seed_p, seed_stats.holm(list(seed_p.values()))))
     lines = text.splitlines()
     checked = 0
@@ -542,7 +594,7 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
                 r["ppl"] for r in base
             )
             allowed |= {str(len(rs)), str(len(base))} | fmt(
-                seed_p[variant], holm[variant], sentence_p, digits=(3,)
+                seed_p[variant], holm[variant], permutation_p[variant], sentence_p, digits=(3,)
             )
             allowed |= fmt(ppl_delta, paper.get("ppl", 0), signed=True)
             word = report.verdict(delta, holm[variant], paper)
@@ -562,26 +614,31 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
     assert set(NUMBER.findall(summary)) <= fmt(*deltas, signed=True) | {str(alpha)}
 
     aa = next(line for line in lines if line.startswith("A/A check"))
-    splits = seed_stats.aa_splits(base_test)
+    n = len(base_test)
+    groups = [g for g in itertools.combinations(range(n), n // 2) if n % 2 or 0 in g]
+    splits = [welch_p([base_test[i] for i in g], [base_test[i] for i in range(n) if i not in g])
+              for g in groups if min(len(g), n - len(g)) > 1]  # fmt: skip
     rejected = sum(p <= alpha for p in splits)
-    assert set(NUMBER.findall(aa)) <= {
-        str(len(base)), str(len(splits)), str(rejected), str(alpha),
-        f"{rejected / len(splits):.2f}", f"{min(splits):.3f}",
-    }  # fmt: skip
+    allowed = {str(n), str(len(groups)), str(alpha)}
+    if splits:
+        allowed |= {str(len(splits)), str(rejected), f"{rejected / len(splits):.2f}",
+                    f"{min(splits):.3f}"}  # fmt: skip
+    else:  # no split has two seeds a side: no call
+        assert "Welch's test makes no call" in aa
+    assert set(NUMBER.findall(aa)) <= allowed, aa
 
     power = next(line for line in lines if line.startswith("Are "))
     sd = statistics.stdev(base_test)
     m = len(spec.variants) - 1
     seeds = {len(base), len(spec.seeds)}
-    fewest = next(n for n in range(2, 100) if seed_stats.smallest_p(n, n) <= alpha / m)
     detectable = [seed_stats.detectable_difference(sd, n, alpha=a)
                   for n in seeds for a in (alpha, alpha / m)]  # fmt: skip
     assert set(NUMBER.findall(power)) <= (
-        {str(n) for n in (*seeds, m, fewest)}
-        | fmt(sd, *(d for d in detectable if math.isfinite(d)))
+        {str(n) for n in (*seeds, m)}
+        | fmt(sd, *detectable, *(d / sd for d in detectable))
         | fmt(alpha, alpha / m, *(seed_stats.smallest_p(n, n) for n in seeds), digits=(4,))
         | {f"{seed_stats.POWER:.0%}".rstrip("%")}
-    )
+    ), power
 
 
 def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
@@ -590,7 +647,10 @@ def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
     spec = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
     text = report.markdown(spec, REPO_ROOT / sweep.RESULTS_ROOT / spec.study, with_states=False)
     lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
-    assert "-0.95 BLEU (2 vs 2 seeds; permutation p = 0.667" in lines["- heads_1"]
+    assert (
+        "-0.95 BLEU (2 vs 2 seeds; Welch p = 0.468, Holm p = 0.468; exact permutation p = 0.667"
+        in (lines["- heads_1"])
+    )
     assert "vs the paper's -0.6: cannot tell;" in lines["- heads_1"]
     for variant, delta in (("label_smoothing_0.0", "-0.99"), ("learned_positions", "-0.71")):
         assert f"{delta} BLEU vs the paper's" in lines[f"- {variant}"]

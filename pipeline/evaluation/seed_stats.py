@@ -4,12 +4,18 @@ A paired bootstrap over test sentences sees only how the test set was sampled: t
 config can differ "significantly" on it. Whether a change to the recipe moves BLEU is a question
 about training runs, so here the sample is the seed-level score of each run:
 - `t_interval`: a variant's mean over its seeds and the 95% t-interval of that mean;
-- `permutation_test`: the exact two-sided permutation test of the difference of two groups'
-  seed means (every relabelling of the runs enumerated; distribution-free, exact at any n);
+- `welch_test`: Welch's two-sided t-test of the difference of two groups' seed means (no equal
+  spread assumed; its p is continuous, so a large effect can pass Holm's strictest step with
+  few seeds): the verdict test;
+- `permutation_test`: the exact two-sided permutation test of the same difference (every
+  relabelling of the runs enumerated), distribution-free, shown beside it: with n runs a side
+  its p can never fall below `smallest_p(n, n)` (2/252 at five), which can lie above Holm's
+  strictest step, so it cannot be the verdict of a many-comparison study;
 - `holm`: Holm's step-down adjustment across a study's comparisons;
-- `aa_splits`: the A/A check, the test applied to every split of one config's seeds in two;
+- `aa_splits`: the A/A check, Welch's test applied to every split of one config's seeds in two;
 - `detectable_difference`: the smallest difference a study of n seeds a side detects with a
-  given power, for the permutation test itself, at the spread of the base's seeds.
+  given power by Welch's test, at the spread of the base's seeds.
+Student's t distribution (quantiles, tail areas) is scipy's.
 """
 
 from __future__ import annotations
@@ -17,24 +23,31 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 ALPHA = 0.05  # the study-wise error rate Holm's correction keeps
 CONFIDENCE = 0.95  # of each variant's interval over seeds
 POWER = 0.8  # of the detectable difference
-# Simulated studies per power estimate; the detectable difference is found to within
-# DETECTABLE_TOLERANCE (in units of the seed-level SD) by bisection.
-POWER_SIMULATIONS = 2000
+# Simulated studies per power estimate (Welch's power has no closed form: its degrees of freedom
+# are themselves random); the detectable difference is found to within DETECTABLE_TOLERANCE (in
+# units of the seed-level SD) by bisection.
+POWER_SIMULATIONS = 20_000
 DETECTABLE_TOLERANCE = 0.01
 POWER_SEED = 0
 # Relabellings enumerated exactly up to this many; a Monte Carlo sample of that size above it.
 MAX_EXACT_RELABELLINGS = 20_000
-# Simulated studies tested at once (bounds the memory of a power estimate).
+# Score sets tested at once by the permutation test (bounds its memory).
 CHUNK = 256
-# Two statistics that differ by less than this (relative) are ties: floating-point sums of the
-# same numbers in another order must count as the observed difference itself.
+# Two statistics (or a spread and zero) that differ by less than this, relative to the scores,
+# are ties: floating-point sums of the same numbers in another order must count as equal.
 TIE_TOLERANCE = 1e-9
+
+# Why Welch's test gives no p (the comparison then cannot tell)
+SINGLE_RUN = "a single seed on one side: its spread over seeds is unknown"
+NO_SPREAD = "no spread over seeds on either side: the t statistic is undefined"
 
 
 def t_interval(
@@ -46,62 +59,52 @@ def t_interval(
     mean = float(x.mean())
     if len(x) < 2:
         return mean, None, None
-    half = t_quantile(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
     return mean, mean - float(half), mean + float(half)
 
 
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b), by its continued fraction (Lentz's
-    method), on the side of x where it converges fast."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    if x > (a + 1) / (a + b + 2):
-        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    front = math.exp(log_front + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny = 1e-300
-    c, d, fraction = 1.0, 0.0, 1.0
-    for i in range(_BETA_TERMS):
-        m = i // 2
-        if i == 0:
-            term = 1.0
-        elif i % 2 == 0:
-            term = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            term = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1.0 + term * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + term / c
-        c = c if abs(c) > tiny else tiny
-        fraction *= c * d
-        if abs(1.0 - c * d) < _BETA_PRECISION:
-            break
-    return front * (fraction - 1.0)
+@dataclass(frozen=True)
+class WelchResult:
+    """Welch's test of mean(a) - mean(b): t, its Welch-Satterthwaite degrees of freedom and the
+    two-sided p; where no test is possible, p is None and `reason` says why."""
+
+    difference: float
+    t: float | None = None
+    df: float | None = None
+    p: float | None = None
+    reason: str | None = None
 
 
-_BETA_TERMS = 400
-_BETA_PRECISION = 1e-15
+def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult:
+    """Welch's two-sided t-test of the difference of seed means (each group its own variance):
+    t = (mean_a - mean_b) / sqrt(s_a^2 / n_a + s_b^2 / n_b), and
+    df = (s_a^2/n_a + s_b^2/n_b)^2 / ((s_a^2/n_a)^2 / (n_a - 1) + (s_b^2/n_b)^2 / (n_b - 1)).
+    No p from a single run on a side, nor where neither side varies (t would be 0/0 or
+    infinite: a 'significant' difference of two constants says nothing about seeds)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 1 or len(y) < 1:
+        raise ValueError("welch_test needs at least one run in each group")
+    difference = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return WelchResult(difference, reason=SINGLE_RUN)
+    scale = max(1.0, float(np.abs(np.concatenate([x, y])).max()))
+    var_a, var_b = (float(v.var(ddof=1)) for v in (x, y))
+    if max(var_a, var_b) <= (TIE_TOLERANCE * scale) ** 2:
+        return WelchResult(difference, reason=NO_SPREAD)
+    se_a, se_b = var_a / len(x), var_b / len(y)
+    t = difference / math.sqrt(se_a + se_b)
+    df = (se_a + se_b) ** 2 / (se_a**2 / (len(x) - 1) + se_b**2 / (len(y) - 1))
+    return WelchResult(difference, t, df, float(2 * stats.t.sf(abs(t), df)))
 
 
-def t_cdf(t: float, df: int) -> float:
-    """Student's t distribution function with `df` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The q-quantile of Student's t with `df` degrees of freedom (bisection on `t_cdf`)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"quantile level must be in (0, 1), got {q}")
-    if q < 0.5:
-        return -t_quantile(1.0 - q, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < q:
-        low, high = high, 2 * high
-    while high - low > _BETA_PRECISION * max(1.0, high):
-        middle = (low + high) / 2
-        low, high = (middle, high) if t_cdf(middle, df) < q else (low, middle)
-    return (low + high) / 2
+def _welch_p_values(scores: np.ndarray, n_a: int) -> np.ndarray:
+    """Two-sided Welch p-values of (S, n) score sets whose first n_a columns are group a (every
+    set with spread on at least one side)."""
+    a, b = scores[:, :n_a], scores[:, n_a:]
+    se_a, se_b = a.var(axis=1, ddof=1) / n_a, b.var(axis=1, ddof=1) / b.shape[1]
+    t = (a.mean(axis=1) - b.mean(axis=1)) / np.sqrt(se_a + se_b)
+    df = (se_a + se_b) ** 2 / (se_a**2 / (n_a - 1) + se_b**2 / (b.shape[1] - 1))
+    return 2 * stats.t.sf(np.abs(t), df)
 
 
 def _relabellings(n_a: int, n_b: int, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -124,7 +127,7 @@ def _relabellings(n_a: int, n_b: int, rng: np.random.Generator | None = None) ->
     return np.where(members, 1.0 / n_a, -1.0 / n_b)
 
 
-def _p_values(scores: np.ndarray, weights: np.ndarray, n_a: int) -> np.ndarray:
+def _permutation_p_values(scores: np.ndarray, weights: np.ndarray, n_a: int) -> np.ndarray:
     """Two-sided permutation p-values of (S, n) score sets whose first n_a columns are group a."""
     p_values = []
     for chunk in np.array_split(scores, max(1, math.ceil(len(scores) / CHUNK))):
@@ -143,7 +146,7 @@ def permutation_test(a: Sequence[float], b: Sequence[float]) -> float:
     if len(a) < 1 or len(b) < 1:
         raise ValueError("permutation_test needs at least one run in each group")
     scores = np.asarray([*a, *b], dtype=float)[None, :]
-    return float(_p_values(scores, _relabellings(len(a), len(b)), len(a))[0])
+    return float(_permutation_p_values(scores, _relabellings(len(a), len(b)), len(a))[0])
 
 
 def smallest_p(n_a: int, n_b: int) -> float:
@@ -153,24 +156,27 @@ def smallest_p(n_a: int, n_b: int) -> float:
     return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values (the family-wise error is at most alpha for the
     comparisons whose adjusted p is at most alpha): the k-th smallest of m is multiplied by
-    m - k + 1, then made non-decreasing in that order, capped at 1."""
+    m - k + 1, then made non-decreasing in that order, capped at 1. A comparison without a p
+    (no test was possible) stays in the family as p = 1, so that the family is the study's
+    comparisons whatever the data, and keeps None."""
     m = len(p_values)
-    adjusted = [0.0] * m
+    filled = [1.0 if p is None else p for p in p_values]
+    adjusted: list[float | None] = [0.0] * m
     running = 0.0
-    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
-        running = max(running, min(1.0, (m - rank) * p_values[index]))
-        adjusted[index] = running
+    for rank, index in enumerate(sorted(range(m), key=lambda i: filled[i])):
+        running = max(running, min(1.0, (m - rank) * filled[index]))
+        adjusted[index] = None if p_values[index] is None else running
     return adjusted
 
 
-def aa_splits(scores: Sequence[float]) -> list[float]:
-    """The A/A check: `permutation_test` of every split of one config's runs into two groups
-    of n // 2 and n - n // 2 (each unordered split once). Runs of one config differ only by
-    chance, so the share of these p-values at or below alpha is the test's false-positive
-    rate on this config."""
+def aa_splits(scores: Sequence[float]) -> list[WelchResult]:
+    """The A/A check: `welch_test` of every split of one config's runs into two groups of
+    n // 2 and n - n // 2 (each unordered split once). Runs of one config differ only by chance,
+    so the share of these p-values at or below alpha is the test's false-positive rate on this
+    config (a split of one run a side gives no p)."""
     n = len(scores)
     if n < 2:
         return []
@@ -178,18 +184,20 @@ def aa_splits(scores: Sequence[float]) -> list[float]:
     splits = list(itertools.combinations(range(n), half))
     if 2 * half == n:  # {A, B} and {B, A} are one split
         splits = [s for s in splits if 0 in s]
-    p_values = []
+    results = []
     for group in splits:
         rest = [i for i in range(n) if i not in group]
-        p_values.append(permutation_test([scores[i] for i in group], [scores[i] for i in rest]))
-    return p_values
+        results.append(welch_test([scores[i] for i in group], [scores[i] for i in rest]))
+    return results
 
 
-def false_positive_rate(p_values: Sequence[float], alpha: float = ALPHA) -> float | None:
-    return sum(p <= alpha for p in p_values) / len(p_values) if p_values else None
+def false_positive_rate(p_values: Sequence[float | None], alpha: float = ALPHA) -> float | None:
+    """The share of tests (those that gave a p) at or below alpha; None where none did."""
+    tested = [p for p in p_values if p is not None]
+    return sum(p <= alpha for p in tested) / len(tested) if tested else None
 
 
-def permutation_power(
+def welch_power(
     difference: float,
     n: int,
     alpha: float = ALPHA,
@@ -197,15 +205,15 @@ def permutation_power(
     seed: int = POWER_SEED,
 ) -> float:
     """The share of simulated studies (n runs a side, seed-level scores normal with SD 1, the
-    means `difference` SDs apart) in which `permutation_test` gives p <= alpha."""
+    means `difference` SDs apart) in which `welch_test` gives p <= alpha."""
     noise = np.random.default_rng(seed).standard_normal((simulations, 2 * n))
-    return _power(noise, difference, n, _relabellings(n, n), alpha)
+    return _power(noise, difference, n, alpha)
 
 
-def _power(noise: np.ndarray, difference: float, n: int, weights: np.ndarray, alpha: float):
+def _power(noise: np.ndarray, difference: float, n: int, alpha: float) -> float:
     shifted = noise.copy()
     shifted[:, :n] += difference
-    return float((_p_values(shifted, weights, n) <= alpha).mean())
+    return float((_welch_p_values(shifted, n) <= alpha).mean())
 
 
 def detectable_difference(
@@ -217,20 +225,16 @@ def detectable_difference(
     seed: int = POWER_SEED,
 ) -> float:
     """The smallest difference of means (in the units of `sd`, the seed-level standard
-    deviation) that a permutation test of n runs against n detects at `alpha` with `power`;
-    infinite where no difference can be detected (its smallest p is above alpha). The same
-    simulated noise is used for every difference tried, so power grows with the difference
-    and bisection finds it."""
-    if smallest_p(n, n) > alpha:
-        return math.inf
+    deviation) that Welch's test of n runs against n detects at `alpha` with `power`. The same
+    simulated noise is used for every difference tried, so power grows with the difference and
+    bisection finds it."""
+    if n < 2:
+        raise ValueError(f"Welch's test needs two or more runs a side, got {n}")
     noise = np.random.default_rng(seed).standard_normal((simulations, 2 * n))
-    weights = _relabellings(n, n)
     low, high = 0.0, 1.0
-    while _power(noise, high, n, weights, alpha) < power:
+    while _power(noise, high, n, alpha) < power:
         low, high = high, 2 * high
     while high - low > DETECTABLE_TOLERANCE:
         middle = (low + high) / 2
-        low, high = (
-            (low, middle) if _power(noise, middle, n, weights, alpha) >= power else (middle, high)
-        )
+        low, high = (low, middle) if _power(noise, middle, n, alpha) >= power else (middle, high)
     return high * sd
