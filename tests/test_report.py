@@ -7,14 +7,20 @@ with sacreBLEU itself.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import itertools
 import json
+import re
 import statistics
+import subprocess
+import sys
 import unicodedata
 
 import matplotlib.image
 import pytest
 import sacrebleu
+from scipy import stats
 
 from pipeline import report, sweep
 from pipeline.training.module import LOSS_AVERAGE
@@ -41,6 +47,11 @@ def lc_bleu(hypotheses: list[str], references: list[str]) -> float:
     return sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
 
 
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Welch's two-sided p, as scipy computes it."""
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
 # (every, offset): heads_8 damages as many sentences as base seed 1, other ones
 DAMAGE = {
     ("base", 1): (3, 0),
@@ -49,6 +60,36 @@ DAMAGE = {
     ("heads_1", 2): (1, 0),
     ("heads_8", 1): (3, 1),
 }
+
+
+# what a trial records of where it ran (pipeline.environment.provenance, hardware())
+RAN_AT = {"commit": "abc1234", "hardware": "AMD EPYC, 2 cores, avx512_bf16",
+          "precision": "bf16-mixed"}  # fmt: skip
+
+
+def write_trial(study_dir, variant, seed, hyps, references, ran_at=None) -> None:
+    """A finished trial's record folder, as pipeline.sweep writes it."""
+    folder = study_dir / "trials" / f"{variant}-seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
+    val = 30.0 + seed + (variant == "heads_1")
+    ran_at = ran_at or RAN_AT
+    files = {
+        "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
+        "eval.json": {
+            SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
+            "val": {"bleu_lc": val},
+        },
+        "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
+        sweep.RUN_FILE: {
+            "params": {"variant": variant, "seed": seed},
+            **ran_at,
+            "loss_average": LOSS_AVERAGE,
+            "attempts": [{"outcome": "finished", "hardware": ran_at["hardware"]}],
+        },
+    }
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content))
 
 
 @pytest.fixture
@@ -60,29 +101,13 @@ def study(tmp_path, references):
     study_dir = tmp_path / "results" / spec.study
     study_dir.mkdir(parents=True)
     for (variant, seed), (every, offset) in DAMAGE.items():
-        folder = study_dir / "trials" / f"{variant}-seed{seed}"
-        folder.mkdir(parents=True)
-        hyps = damaged(references, every, offset)
-        (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
-        val = 30.0 + seed + (variant == "heads_1")
-        files = {
-            "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
-            "eval.json": {
-                SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
-                "val": {"bleu_lc": val},
-            },
-            "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
-            sweep.RUN_FILE: {
-                "params": {"variant": variant, "seed": seed},
-                "loss_average": LOSS_AVERAGE,
-            },
-        }
-        for name, content in files.items():
-            (folder / name).write_text(json.dumps(content))
+        write_trial(study_dir, variant, seed, damaged(references, every, offset), references)
     (study_dir / "trials" / "heads_8-seed2").mkdir()  # unfinished: no run.json, not counted
     return spec, study_dir
 
 
+# scipy warns that heads_1's two seeds score alike; Welch's test of them is what is checked
+@pytest.mark.filterwarnings("ignore:Precision loss:RuntimeWarning")
 def test_variant_rows_match_independent_numbers(study, references):
     spec, study_dir = study
     rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir),
@@ -99,6 +124,22 @@ def test_variant_rows_match_independent_numbers(study, references):
     assert rows["heads_1"].p_value < 0.05
     assert rows["heads_8"].p_value > 0.3
     assert rows["base"].p_value is None
+    # the seed-level tests: Welch's (heads_1's two seeds score alike, the base's do not) ...
+    heads_1 = rows["heads_1"].test_bleu
+    assert heads_1[0] == heads_1[1] and max(heads_1) < min(base)
+    assert rows["heads_1"].welch_p == pytest.approx(welch_p(heads_1, base))
+    # ... and every relabelling of the 4 runs (2 and 2), by hand
+    assert rows["heads_1"].permutation_p == pytest.approx(2 / 6)  # the split and its mirror
+    assert rows["heads_8"].permutation_p == pytest.approx(1.0)  # 1 run against 2: none smaller
+    # heads_8's single seed gives Welch's test no spread: no p, and it stays in Holm's family
+    assert rows["heads_8"].welch_p is None and rows["heads_8"].holm_p is None
+    assert rows["heads_8"].no_test_reason == report.seed_stats.SINGLE_RUN
+    assert rows["heads_1"].holm_p == pytest.approx(min(1.0, 2 * welch_p(heads_1, base)))
+    low, high = rows["base"].test_interval
+    half = 12.7062047 * statistics.stdev(base) / 2**0.5  # t(0.975, 1 df)
+    assert (low, high) == pytest.approx(
+        (statistics.fmean(base) - half, statistics.fmean(base) + half)
+    )
 
 
 def test_pooled_p_value_is_sacrebleus_paired_bootstrap_over_the_seeds_side_by_side(
@@ -128,26 +169,219 @@ def sacrebleu_seed():
     return _sacrebleu_seed(DEFAULT_BOOTSTRAP_SEED)
 
 
-def test_findings_say_what_the_p_values_support(study, references):
+def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, references):
+    """Two seeds a side: the sentence bootstrap's p is tiny, but the runs are the unit and two
+    seeds of the base are too few to tell a difference from their spread; one seed (heads_8)
+    is no test at all."""
     spec, study_dir = study
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
     lines = report.findings(rows)
     heads_1 = next(line for line in lines if line.startswith("- heads_1"))
-    assert "vs the paper's -0.6: significant, in the paper's direction: holds" in heads_1
+    assert next(r for r in rows if r.variant == "heads_1").p_value < 0.05
+    assert "vs the paper's -0.6: cannot tell" in heads_1 and "holds" not in heads_1
     heads_8 = next(line for line in lines if line.startswith("- heads_8"))
-    assert "not significant" in heads_8 and "no such row" in heads_8
+    assert "no Welch test;" in heads_8 and "no such row" in heads_8
+    assert f"cannot tell (no seed-level test: {report.seed_stats.SINGLE_RUN})" in heads_8
 
 
-def test_a_difference_where_the_paper_finds_none_does_not_hold(study, references):
-    spec, study_dir = study
-    for variant in ("heads_1", "heads_8"):
-        spec.paper[variant] = {"bleu": -0.1, "rows": "(E)", "no_difference": "nearly identical"}
-    rows = report.variant_rows(spec, report.load_records(study_dir), references)
-    lines = {line.split(":")[0]: line for line in report.findings(rows)}
-    assert lines["- heads_1"].endswith(
-        'significant, where the paper finds no difference ("nearly identical"): does not hold.'
+@pytest.mark.parametrize(
+    ("delta", "holm_p", "paper", "expected"),
+    [
+        (-1.0, 0.01, {"bleu": -0.6}, report.HOLDS),
+        (-1.0, 0.01, {"bleu": 0.3}, report.CONTRADICTS),
+        (-1.0, 0.2, {"bleu": -0.6}, report.CANNOT_TELL),
+        (-1.0, 0.01, {}, report.DIFFERS),
+        (-1.0, None, {"bleu": -0.6}, report.CANNOT_TELL),  # no test could be made
+        (-1.0, None, {}, report.CANNOT_TELL),
+        (-1.0, 0.2, {}, report.CANNOT_TELL),
+        (-1.0, 0.01, {"bleu": -0.1, "no_difference": "nearly identical"}, report.CONTRADICTS),
+        # no difference found is not the paper's "no difference": no equivalence is tested
+        (-0.1, 0.9, {"bleu": -0.1, "no_difference": "nearly identical"}, report.CANNOT_TELL),
+    ],
+)
+def test_verdict_words(delta, holm_p, paper, expected):
+    assert report.verdict(delta, holm_p, paper) == expected
+
+
+# (every, offset) per seed: heads_1, heads_8, heads_2 and learned damage more sentences than
+# any seed of the base; heads_16 as many as the base, other ones
+FIVE_SEEDS = {
+    "base": [(4, 0), (5, 0), (6, 0), (7, 0), (8, 0)],
+    "heads_1": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_8": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_2": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_16": [(4, 1), (5, 1), (6, 1), (7, 1), (8, 1)],
+    "learned_positions": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "dropout_0.0": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+}
+OTHER_COMMIT = {**RAN_AT, "commit": "def5678"}
+
+
+@pytest.fixture
+def five_seed_study(tmp_path, references):
+    """Five seeds per variant on the first 200 test sentences; dropout_0.0 ran at another
+    commit than the base."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3, 4, 5]
+    spec.variants = {
+        "base": {},
+        "heads_1": {"model.heads": 1},
+        "heads_2": {"model.heads": 2},
+        "heads_8": {"model.heads": 8},
+        "heads_16": {"model.heads": 16},
+        "dropout_0.0": {"model.dropout": 0.0},
+        "learned_positions": {"model.positional": "learned"},
+    }
+    spec.paper = {
+        "heads_1": {"bleu": -0.6, "rows": "(A)"},
+        "heads_8": {"bleu": 0.3, "rows": "(A)"},
+        "heads_16": {"bleu": 0.3, "rows": "(A)"},
+        "dropout_0.0": {"bleu": -1.2, "rows": "(D)"},
+        "learned_positions": {"bleu": -0.1, "rows": "(E)", "no_difference": "nearly identical"},
+    }
+    refs = references[:200]
+    study_dir = tmp_path / "results" / spec.study
+    for variant, damage in FIVE_SEEDS.items():
+        for seed, (every, offset) in enumerate(damage, start=1):
+            ran_at = OTHER_COMMIT if variant == "dropout_0.0" else RAN_AT
+            write_trial(study_dir, variant, seed, damaged(refs, every, offset), refs, ran_at)
+    return spec, study_dir, refs
+
+
+def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir), refs)}
+    base = rows["base"].test_bleu
+    extreme = 2 / 252  # every run of the variant below every run of the base, 5 against 5
+    for variant in ("heads_1", "heads_8", "heads_2", "learned_positions"):
+        assert rows[variant].permutation_p == pytest.approx(extreme)
+    welch = {v: welch_p(rows[v].test_bleu, base)
+             for v in ("heads_1", "heads_8", "heads_2", "heads_16", "learned_positions")}  # fmt: skip
+    assert {v: rows[v].welch_p for v in welch} == pytest.approx(welch)
+    # Holm over the 5 comparisons under the base's conditions (not dropout_0.0's), by hand:
+    # the k-th smallest times 6 - k, kept non-decreasing
+    order = sorted(welch, key=welch.get)
+    running = 0.0
+    for k, variant in enumerate(order):
+        running = max(running, min(1.0, (5 - k) * welch[variant]))
+        assert rows[variant].holm_p == pytest.approx(running)
+    # four large effects: Welch's p goes below the permutation test's floor of 2/252 and all
+    # four pass Holm; heads_16 (as good as the base) does not
+    assert min(welch.values()) < extreme
+    large = ("heads_1", "heads_8", "heads_2", "learned_positions")
+    assert max(rows[v].holm_p for v in large) <= 0.05
+    assert welch["heads_16"] > 0.05
+    assert {v: r.verdict for v, r in rows.items()} == {
+        "base": None,
+        "heads_1": "holds",
+        "heads_8": "contradicts",
+        "heads_2": "differs",
+        "heads_16": "cannot tell",
+        "learned_positions": "contradicts",
+        "dropout_0.0": "cannot tell",
+    }
+    assert not rows["dropout_0.0"].comparable and rows["dropout_0.0"].welch_p is None
+    assert rows["dropout_0.0"].permutation_p is None
+    assert rows["dropout_0.0"].holm_p is None and rows["dropout_0.0"].p_value is None
+    lines = {line.split(":")[0]: line for line in report.findings(list(rows.values()))}
+    assert lines["- learned_positions"].endswith(
+        '-0.1: contradicts (the paper finds "nearly identical").'
     )
-    assert lines["- heads_8"].endswith('not significant, as the paper finds ("nearly identical").')
+    assert (
+        f"5 vs 5 seeds; Welch p = {welch['heads_1']:.3f}, Holm p = {rows['heads_1'].holm_p:.3f}; "
+        "exact permutation p = 0.008; sentence bootstrap p = "
+    ) in lines["- heads_1"]
+
+
+def test_a_variant_run_under_other_conditions_is_shown_apart_naming_both(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    table = report.grid_table(rows)
+    assert "| dropout_0.0 |" not in table and "| heads_1 |" in table
+    apart = report.other_conditions_table(rows)
+    assert "the base, which ran at commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed" in apart
+    assert "| dropout_0.0 | model.dropout=0.0 |" in apart
+    assert "| commit def5678, AMD EPYC, avx512_bf16, bf16-mixed |" in apart
+    finding = next(line for line in report.findings(rows) if line.startswith("- dropout_0.0"))
+    assert "cannot tell, not compared: the variant ran at commit def5678" in finding
+    assert "the base at commit abc1234" in finding
+    assert "Welch" not in finding and "permutation" not in finding
+    assert "not compared (other run conditions): dropout_0.0" in report.summary(rows)
+
+
+@pytest.mark.parametrize(
+    ("changed", "value"),
+    [
+        ("hardware", "Intel(R) Xeon(R) Processor, 2 cores, amx_bf16/avx512_bf16"),
+        ("precision", "32-true"),
+    ],
+)
+def test_another_hardware_class_or_precision_is_not_compared(tmp_path, references, changed, value):
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    study_dir = tmp_path / spec.study
+    refs = references[:100]
+    for seed, every in ((1, 3), (2, 4)):
+        write_trial(study_dir, "base", seed, damaged(refs, every), refs)
+        write_trial(study_dir, "heads_1", seed, damaged(refs, 1), refs, {**RAN_AT, changed: value})
+    heads_1 = report.variant_rows(spec, report.load_records(study_dir), refs)[1]
+    assert not heads_1.comparable and heads_1.welch_p is None
+    assert value.replace(", 2 cores", "") in report.other_conditions_table([
+        *report.variant_rows(spec, report.load_records(study_dir), refs)
+    ])  # fmt: skip
+
+
+def test_hardware_class_ignores_core_and_device_counts():
+    assert report.hardware_class("AMD EPYC, 2 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert report.hardware_class("AMD EPYC, 16 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert report.hardware_class("NVIDIA H200 x 1") == "NVIDIA H200"
+    assert report.hardware_class("NVIDIA H100 80GB HBM3 x 8") == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_trial_resumed_on_another_hardware_class_matches_neither(study):
+    _, study_dir = study
+    run_file = study_dir / "trials" / "base-seed1" / sweep.RUN_FILE
+    run = json.loads(run_file.read_text())
+    run["attempts"].insert(0, {"outcome": "preempted", "hardware": "NVIDIA H200 x 1"})
+    run_file.write_text(json.dumps(run))
+    record = next(r for r in report.load_records(study_dir) if (r.variant, r.seed) == ("base", 1))
+    assert record.conditions.hardware == "AMD EPYC, avx512_bf16 + NVIDIA H200"
+
+
+def test_aa_check_and_power_statement(five_seed_study):
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    base = next(r for r in rows if r.variant == "base").test_bleu
+    aa = report.aa_check(rows)
+    assert "the base's 5 seeds (one config) split into two groups in all 10 ways" in aa
+    splits = [welch_p([base[i] for i in group], [base[i] for i in range(5) if i not in group])
+              for group in itertools.combinations(range(5), 2)]  # fmt: skip
+    rejected = sum(p <= 0.05 for p in splits)
+    assert f"Welch's test calls them different in {rejected} of the 10 tested " in aa
+    assert f"(false-positive rate {rejected / 10:.2f} at α = 0.05 before Holm's" in aa
+    assert f"smallest p {min(splits):.3f})." in aa
+    power = report.power_statement(spec, rows)
+    sd = statistics.stdev(base)
+    assert f"SD on test2016 is {sd:.2f} BLEU" in power
+    # six comparisons: Holm's strictest step is 0.05 / 6
+    cells = []
+    for alpha in (0.05, 0.05 / 6):
+        d = report.seed_stats.detectable_difference(sd, 5, alpha=alpha)
+        cells.append(f"{d:.2f} BLEU ({d / sd:.2f} SD) at α = {alpha:.4f}")
+    assert "Welch's test detects, with 5 seeds a side, " + " and ".join(cells) + "." in power
+    assert "Holm's strictest step over the spec's 6 comparisons" in power
+    assert "cannot fall below p = 0.0079 at 5 seeds a side" in power
+
+
+def test_aa_check_without_a_test_says_why(five_seed_study):
+    """Two seeds of the base split one against one, or five that score alike: no Welch test,
+    so no call and no rate, with the reason."""
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    for scores, reason in (([38.4, 37.1], report.seed_stats.SINGLE_RUN),
+                           ([37.1] * 5, report.seed_stats.NO_SPREAD)):  # fmt: skip
+        rows[0] = dataclasses.replace(rows[0], test_bleu=scores, seeds=list(range(len(scores))))
+        aa = report.aa_check(rows)
+        assert f"Welch's test makes no call ({reason})" in aa and "rate" not in aa
 
 
 def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
@@ -193,6 +427,8 @@ def test_report_files_and_readme_block(study, tmp_path):
     text = path.read_text()
     assert "| base | (base recipe) | 1.00 M | 11.50 ± 0.71 | 31.50 ± 0.71 |" in text
     assert "| heads_1 | model.heads=1 |" in text and "-0.6 (PPL +0.29), (A) h=1 vs h=4 |" in text
+    assert "| cannot tell |" in text and "A/A check: the base's 2 seeds" in text
+    assert "**In short**" in text and "Are 2 seeds enough?" in text
     assert "Study `smoke`: 5 of 6 trials finished" in text
     for chart in ("bleu_per_variant", "learning_curves"):
         image = matplotlib.image.imread(study_dir / report.CHARTS[chart])
@@ -230,3 +466,246 @@ def test_readme_ablation_block_is_the_reports_output(study_name):
     begin, end = report.readme_markers(spec.study)
     committed = readme.read_text().split(begin, 1)[1].split(end, 1)[0]
     assert committed == "\n" + report.readme_block(spec, study_dir, readme)
+
+
+def test_transfer_table_shows_where_each_finding_holds_per_language_pair(
+    tmp_path, references, five_seed_study
+):
+    spec, study_dir, refs = five_seed_study
+    de_en = dataclasses.replace(
+        spec,
+        study="smoke_de_en",
+        budget={**spec.budget, "data.src_lang": "de", "data.tgt_lang": "en"},
+    )
+    assert (report.pair_label(spec), report.pair_label(de_en)) == ("en→de", "de→en")
+    english = report.test_references(de_en)[:200]
+    assert english != refs
+    de_en_dir = tmp_path / "results" / de_en.study
+    # de->en: heads_1 as the base (cannot tell), heads_8 below it (contradicts, as on en->de)
+    for variant in ("base", "heads_1", "heads_8"):
+        damage = FIVE_SEEDS["heads_16" if variant == "heads_1" else variant]
+        for seed, (every, offset) in enumerate(damage, start=1):
+            write_trial(de_en_dir, variant, seed, damaged(english, every, offset), english)
+    pairs = [
+        ("en→de", report.variant_rows(spec, report.load_records(study_dir), refs)),
+        ("de→en", report.variant_rows(de_en, report.load_records(de_en_dir), english)),
+    ]
+    table = report.transfer_table(pairs).splitlines()
+    assert (
+        table[0] == "| variant | paper Δ BLEU | en→de: Δ, verdict | de→en: Δ, verdict | holds on |"
+    )
+    rows = {line.split(" | ")[0]: line for line in table[2:]}
+    de_en_rows = {r.variant: r for r in pairs[1][1]}
+    en_de_rows = {r.variant: r for r in pairs[0][1]}
+    assert rows["| heads_1"] == (
+        f"| heads_1 | -0.6 | {en_de_rows['heads_1'].delta:+.2f}, holds | "
+        f"{de_en_rows['heads_1'].delta:+.2f}, cannot tell | en→de |"
+    )
+    assert rows["| heads_8"].endswith(", contradicts | none |")
+    assert rows["| dropout_0.0"] == (
+        f"| dropout_0.0 | -1.2 | {en_de_rows['dropout_0.0'].delta:+.2f}, cannot tell (not "
+        "compared) | - | none |"
+    )
+
+
+def test_transfer_study_without_records_is_a_clear_error(tmp_path):
+    """Named before any scoring: exit 2, the study and the folder, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.report", "table3_label_smoothing", "--no-wandb",
+         "--results-dir", str(REPO_ROOT / sweep.RESULTS_ROOT), "--transfer", "table3_de_en"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--transfer table3_de_en: no finished trials in" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
+
+
+def committed_records(study_dir):
+    """The committed records, read here without pipeline.report."""
+    by_variant = {}
+    for run_file in sorted(study_dir.glob(f"trials/*/{sweep.RUN_FILE}")):
+        run = json.loads(run_file.read_text())
+        folder = run_file.parent
+        by_variant.setdefault(run["params"]["variant"], []).append(
+            {
+                "seed": run["params"]["seed"],
+                "test": json.loads((folder / "eval.json").read_text())[SPLIT]["bleu_lc"],
+                "ppl": json.loads((folder / "train.json").read_text())["last"]["val/ppl"],
+                "ran_at": (run["commit"], run["precision"], run["hardware"].split(", ")[0]),
+                "hyps": (folder / f"{SPLIT}.hyp").read_text().splitlines(),
+            }
+        )
+    return {v: sorted(rs, key=lambda r: r["seed"]) for v, rs in by_variant.items()}
+
+
+def fmt(*values, digits=(2,), signed=False) -> set[str]:
+    out = set()
+    for value in values:
+        for d in digits:
+            out.add(f"{value:+.{d}f}" if signed else f"{value:.{d}f}")
+    return out
+
+
+@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
+def test_committed_report_prose_is_made_from_the_records(study_name):
+    """The committed report.md is what the report command makes of the committed records, and
+    every number of its prose (findings, summary, A/A check, power) is computed here again
+    from the record files."""
+    from pipeline.evaluation import scoring, seed_stats
+
+    spec = sweep.load_spec(REPO_ROOT / f"ablations/{study_name}.yaml")
+    study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
+    text = report.markdown(spec, study_dir)
+    assert (study_dir / "report.md").read_text() == f"# Ablation study `{spec.study}`\n\n{text}"
+
+    records = committed_records(study_dir)
+    base = records["base"]
+    base_test = [r["test"] for r in base]
+    base_mean = statistics.fmean(base_test)
+    references = report.test_references(spec)
+    alpha = seed_stats.ALPHA
+    compared = {
+        v: rs for v, rs in records.items()
+        if v != "base" and {r["ran_at"] for r in rs} == {r["ran_at"] for r in base}
+        and len({r["ran_at"] for r in base}) == 1
+    }  # fmt: skip
+    # Welch's p by scipy (the committed comparisons have two or more seeds a side, with spread)
+    seed_p = {v: welch_p([r["test"] for r in rs], base_test) for v, rs in compared.items()}
+    permutation_p = {v: seed_stats.permutation_test([r["test"] for r in rs], base_test)
+                     for v, rs in compared.items()}  # fmt: skip
+    holm = dict(zip(seed_p, seed_stats.holm(list(seed_p.values()))))
+    lines = text.splitlines()
+    checked = 0
+    for variant, rs in records.items():
+        if variant == "base":
+            continue
+        line = next(line for line in lines if line.startswith(f"- {variant}:"))
+        delta = statistics.fmean(r["test"] for r in rs) - base_mean
+        paper = spec.paper.get(variant, {})
+        allowed = fmt(delta, signed=True) | fmt(paper.get("bleu", 0), digits=(1,), signed=True)
+        if variant in compared:
+            by_seed = {r["seed"]: r for r in base}
+            pairs = [(by_seed[r["seed"]]["hyps"], r["hyps"]) for r in rs]
+            sentence_p = scoring.pooled_paired_bootstrap(pairs, references)
+            ppl_delta = statistics.fmean(r["ppl"] for r in rs) - statistics.fmean(
+                r["ppl"] for r in base
+            )
+            allowed |= {str(len(rs)), str(len(base))} | fmt(
+                seed_p[variant], holm[variant], permutation_p[variant], sentence_p, digits=(3,)
+            )
+            allowed |= fmt(ppl_delta, paper.get("ppl", 0), signed=True)
+            word = report.verdict(delta, holm[variant], paper)
+            assert f": {word}" in line
+        else:
+            assert (
+                f": cannot tell, not compared: the variant ran at commit {rs[0]['ran_at'][0]}"
+                in (line)
+            )
+        assert set(NUMBER.findall(line)) <= allowed, (line, allowed)
+        checked += 1
+    assert checked == len(records) - 1
+
+    summary = next(line for line in lines if line.startswith("**In short**"))
+    deltas = [statistics.fmean(r["test"] for r in rs) - base_mean
+              for v, rs in records.items() if v != "base"]  # fmt: skip
+    assert set(NUMBER.findall(summary)) <= fmt(*deltas, signed=True) | {str(alpha)}
+
+    aa = next(line for line in lines if line.startswith("A/A check"))
+    n = len(base_test)
+    groups = [g for g in itertools.combinations(range(n), n // 2) if n % 2 or 0 in g]
+    splits = [welch_p([base_test[i] for i in g], [base_test[i] for i in range(n) if i not in g])
+              for g in groups if min(len(g), n - len(g)) > 1]  # fmt: skip
+    rejected = sum(p <= alpha for p in splits)
+    allowed = {str(n), str(len(groups)), str(alpha)}
+    if splits:
+        allowed |= {str(len(splits)), str(rejected), f"{rejected / len(splits):.2f}",
+                    f"{min(splits):.3f}"}  # fmt: skip
+    else:  # no split has two seeds a side: no call
+        assert "Welch's test makes no call" in aa
+    assert set(NUMBER.findall(aa)) <= allowed, aa
+
+    power = next(line for line in lines if line.startswith("Are "))
+    sd = statistics.stdev(base_test)
+    m = len(spec.variants) - 1
+    seeds = {len(base), len(spec.seeds)}
+    detectable = [seed_stats.detectable_difference(sd, n, alpha=a)
+                  for n in seeds for a in (alpha, alpha / m)]  # fmt: skip
+    assert set(NUMBER.findall(power)) <= (
+        {str(n) for n in (*seeds, m)}
+        | fmt(sd, *detectable, *(d / sd for d in detectable))
+        | fmt(alpha, alpha / m, *(seed_stats.smallest_p(n, n) for n in seeds), digits=(4,))
+        | {f"{seed_stats.POWER:.0%}".rstrip("%")}
+    ), power
+
+
+def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
+    """The records' sentence bootstrap called heads_1 (-0.95), label_smoothing_0.0 (-0.99) and
+    learned_positions (-0.71) significant; two seeds a side (or another commit) cannot tell."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    text = report.markdown(spec, REPO_ROOT / sweep.RESULTS_ROOT / spec.study, with_states=False)
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    assert (
+        "-0.95 BLEU (2 vs 2 seeds; Welch p = 0.468, Holm p = 0.468; exact permutation p = 0.667"
+        in (lines["- heads_1"])
+    )
+    assert "vs the paper's -0.6: cannot tell;" in lines["- heads_1"]
+    for variant, delta in (("label_smoothing_0.0", "-0.99"), ("learned_positions", "-0.71")):
+        assert f"{delta} BLEU vs the paper's" in lines[f"- {variant}"]
+        assert "cannot tell, not compared" in lines[f"- {variant}"]
+    assert "holds" not in text.split("A/A check")[1]
+
+
+def test_specs_ready_to_run_the_powered_grid_the_full_budget_rows_and_a_second_pair():
+    table3 = sweep.load_spec(REPO_ROOT / "ablations/table3.yaml")
+    seeds = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
+    assert seeds.seeds == [1, 2, 3, 4, 5] and len(seeds.grid()) == 55
+    assert (seeds.variants, seeds.budget, seeds.paper) == (
+        table3.variants,
+        table3.budget,
+        table3.paper,
+    )
+    full = sweep.load_spec(REPO_ROOT / "ablations/table3_full_budget.yaml")
+    assert list(full.variants) == ["base", "dropout_0.1", "dropout_0.5", "learned_positions"]
+    assert full.seeds == seeds.seeds
+    recipe = sweep.point_config(dataclasses.replace(full, budget={}), {"seed": 1})
+    cfg = sweep.point_config(full, {"seed": 1})
+    assert cfg.train.max_steps == 7000 and cfg == recipe  # the recipe's own schedule
+    de_en = sweep.load_spec(REPO_ROOT / "ablations/table3_de_en.yaml")
+    assert de_en.variants == seeds.variants and de_en.seeds == seeds.seeds
+    assert {k: v for k, v in de_en.budget.items() if not k.startswith("data.")} == table3.budget
+    assert report.pair_label(de_en) == "de→en" and report.pair_label(seeds) == "en→de"
+    assert len({s.study for s in (table3, seeds, full, de_en)}) == 4
+
+
+def test_spec_comments_state_what_five_seeds_detect():
+    """The specs' comments on what five seeds can tell are the detectable differences of
+    Welch's test with Holm's strictest step over each spec's comparisons, and at the spread of
+    table3's committed base seeds."""
+    detect = report.seed_stats.detectable_difference
+    seeds = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
+    m = len(seeds.variants) - 1
+    per_comparison, strictest = detect(1.0, 5), detect(1.0, 5, alpha=0.05 / m)
+    base = committed_records(REPO_ROOT / sweep.RESULTS_ROOT / "table3")["base"]
+    sd = statistics.stdev(r["test"] for r in base)
+    text = " ".join(
+        (REPO_ROOT / "ablations/table3_seeds.yaml").read_text().replace("#", "").split()
+    )
+    assert (
+        f"with Holm's correction over the {m} comparisons with the base. With 80% power it detects a "
+        f"difference of {per_comparison:.1f} seed-level SDs per comparison and {strictest:.1f} "
+        f"SDs at Holm's strictest step (0.05 / {m}); at the spread of table3's two base seeds "
+        f"(SD {sd:.2f} BLEU) that is {per_comparison * sd:.1f} and {strictest * sd:.1f} BLEU"
+    ) in text
+    full = sweep.load_spec(REPO_ROOT / "ablations/table3_full_budget.yaml")
+    m = len(full.variants) - 1
+    text = " ".join(
+        (REPO_ROOT / "ablations/table3_full_budget.yaml").read_text().replace("#", "").split()
+    )
+    assert (
+        f"Holm's strictest step is 0.05 / {m}, where five seeds detect "
+        f"{detect(1.0, 5, alpha=0.05 / m):.1f} seed-level SDs with 80% power "
+        f"({per_comparison:.1f} per comparison)"
+    ) in text

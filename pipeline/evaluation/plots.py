@@ -241,7 +241,7 @@ def seed_points_figure(
     baseline: float | None = None,
 ) -> Figure:
     """One column per variant: every seed's score as a point, their mean as a bar, and the
-    mean's 95% bootstrap interval (`half_widths`, the test set's own sampling noise)."""
+    mean's 95% interval (`half_widths`: over seeds, or the test set's bootstrap)."""
     if not labels or len(labels) != len(seed_values) or len(labels) != len(half_widths):
         raise ValueError("give one list of seed values and one half-width per label")
     fig = Figure(figsize=(max(4.0, 0.75 * len(labels) + 1.5), 4.2), layout="constrained")
