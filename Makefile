@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
 # Every package pinned: the environment README's results were made with (pip constraints).
 LOCK := requirements.lock
-EXTRAS := dev,bench,export
+EXTRAS := dev,bench,export,docs
 
 .PHONY: setup test test-all lint repro smoke params clean lock
 
