@@ -1,4 +1,4 @@
-"""One trained model, two beam searches: is the parity gap in decoding? (issue #19)
+"""One trained model, two beam searches: is a parity gap in decoding?
 
 Translates splits with a model of ours twice, with the same weights: by our beam search as
 the evaluate stage runs it (`pipeline.model.decoding.beam_search`, `eval:` of the run's

@@ -1,6 +1,5 @@
-"""Ours and fairseq trained in lockstep: the same weights, the same batches, update by update
-(issue #19: on the same subwords ours validates ~0.05-0.1 nats above fairseq after a few
-hundred updates; is a training step computed otherwise?).
+"""Ours and fairseq trained in lockstep: the same weights, the same batches, update by update:
+is a training step computed otherwise by the two?
 
 Both start from one set of weights (ours, `model.init` as configured, copied into fairseq's
 TransformerModel as `benchmarks.fairseq.decode_checkpoint` copies them) and take the same first

@@ -1,4 +1,4 @@
-"""fairseq's training step, timed beside ours by `benchmarks.train_throughput` (issue #19).
+"""fairseq's training step, timed beside ours by `benchmarks.train_throughput`.
 
 fairseq lives in its own venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`), so its
 step runs in a worker process of that venv:

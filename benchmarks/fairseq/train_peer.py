@@ -1,11 +1,10 @@
-"""Wu et al. (2021)'s Transformer-tiny recipe run with fairseq itself, beside ours (issue #19).
+"""Wu et al. (2021)'s Transformer-tiny recipe run with fairseq itself, beside ours.
 
     python -m benchmarks.fairseq.train_peer --out results/fairseq_peer.json [--max-update 8000] [...]
     python -m benchmarks.fairseq.train_peer --build-venv-only   # stage 1 alone (train_throughput's fairseq)
 
-#8 ended at 39.3 lowercased BLEU on test2016 against the 41.0 of Wu et al. (2021), "Good for
-Misconceived Reasons" (their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh).
-This harness runs the toolkit that produced 41.0 on this machine, end to end, and scores its
+Wu et al. (2021), "Good for Misconceived Reasons", report 41.0 lowercased BLEU on test2016
+(their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh). This harness runs the toolkit that produced 41.0 on this machine, end to end, and scores its
 output with this project's own scoring, so the two systems are compared by one yardstick:
 
  1. venv      its own virtual environment, outside the repository (`--venv`, default

@@ -1,4 +1,4 @@
-"""Validation loss per update of the parity runs, fairseq against ours, on one scale (#19).
+"""Validation loss per update of the parity runs, fairseq against ours, on one scale.
 
     python -m benchmarks.fairseq.val_loss_curves   # results/parity/diagnostics/val_loss.png + its README table
 

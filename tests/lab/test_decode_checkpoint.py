@@ -1,4 +1,4 @@
-"""benchmarks.fairseq.decode_checkpoint (issue #19): our weights under fairseq's names, our positional
+"""benchmarks.fairseq.decode_checkpoint: our weights under fairseq's names, our positional
 table in fairseq's layout, and (slow, with a fairseq venv built beforehand) the real fairseq
 computing our model's logits and scoring its own beam search's hypotheses as our model does."""
 

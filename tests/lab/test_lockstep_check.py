@@ -1,4 +1,4 @@
-"""benchmarks.fairseq.lockstep_check (issue #19): the flags that give fairseq our schedule and step,
+"""benchmarks.fairseq.lockstep_check: the flags that give fairseq our schedule and step,
 the snapshot marks, the distance between two sets of weights, and (slow, with a fairseq venv
 built beforehand) the real fairseq trainer and our Lightning module taking the same updates
 from the same weights to the same place, clipping included."""

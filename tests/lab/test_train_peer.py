@@ -1,4 +1,4 @@
-"""benchmarks.fairseq.train_peer (issue #19): the parts of the fairseq side-by-side harness that run
+"""benchmarks.fairseq.train_peer: the parts of the fairseq side-by-side harness that run
 in this project's environment without fairseq: Multi30k's Moses preprocessing (the files it
 writes; pipeline.data.moses itself is tested in test_moses.py), the BPE and fairseq command lines (the recipe's
 flags), checkpoint averaging, the parsers of fairseq's output, and train_throughput's fairseq
