@@ -9,9 +9,9 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
 # Every package pinned: the environment README's results were made with (pip constraints).
 LOCK := requirements.lock
-EXTRAS := dev,bench,export
+EXTRAS := dev,bench,export,docs
 
-.PHONY: setup test test-all lint repro smoke params clean lock
+.PHONY: setup test test-all lint repro smoke params clean lock docs
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ repro: setup
 smoke: setup
 	. $(BIN)/activate && dvc exp run -S experiment=smoke
 
+# The documentation site into site/ (`mkdocs serve` to read it while editing docs/).
+docs: setup
+	$(BIN)/mkdocs build --strict
+
 # Recompose params.yaml from conf/ (DVC does this itself on `dvc exp run`).
 params: setup
 	$(BIN)/python -m pipeline.config > params.yaml
@@ -57,4 +61,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive
+	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive site

@@ -9,7 +9,7 @@ the same sources with the decoding settings of `eval` in params.yaml (beam, leng
 length limit) and is scored like the evaluate stage (`pipeline.evaluation.scoring`, no
 bootstrap). Reported: the scores, how many translations equal ours, sentences per second, and
 whether the quantized model's BLEU and lowercased BLEU are within `--max-drop` of float32's
-(issue #21: int8 within 0.5 BLEU on test2016 for the recipe model). Exits 1 when they are not.
+(by default 0.5 BLEU). Exits 1 when they are not.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Systems (all untrained, in training mode, dropout as configured):
   fairseq fairseq 0.12's `--arch transformer` with every size explicit, post-norm,
           sinusoidal positions, `--share-all-embeddings`, our dropouts, its label-smoothed
           cross-entropy and its Adam, in a worker process of its own venv
-          (`benchmarks.fairseq_step`; built by `python -m benchmarks.fairseq_peer
+          (`benchmarks.fairseq.step_speed`; built by `python -m benchmarks.fairseq.train_peer
           --build-venv-only`, skipped with that hint when absent), CPU only. Its parameter
           count must equal ours (sinusoidal positions are no parameters in either, the
           output layer is the tied embedding). fairseq has no bf16 mode on a CPU, so in the
@@ -49,7 +49,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from benchmarks import fairseq_peer
 from benchmarks.common import (
     DTYPES,
     add_dtype_arg,
@@ -71,7 +70,8 @@ from benchmarks.common import (
     time_interleaved,
     tokenized_corpus,
 )
-from benchmarks.fairseq_step import NO_CPU_BF16, FairseqStepWorker, write_handover
+from benchmarks.fairseq import train_peer
+from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.model.positional import SinusoidalPositionalEncoding
@@ -80,7 +80,7 @@ from pipeline.training.loss import output_layer_loss
 
 SYSTEMS = ("ours", "torch", "marian", "fairseq")
 LEARNING_RATE = 1e-4  # any: a step's cost does not depend on it
-BUILD_FAIRSEQ = "python -m benchmarks.fairseq_peer --build-venv-only"
+BUILD_FAIRSEQ = "python -m benchmarks.fairseq.train_peer --build-venv-only"
 FAIRSEQ_FLOAT32 = "fairseq_float32"  # fairseq's float32 step, timed in a bf16 round
 
 
@@ -238,12 +238,12 @@ def fairseq_flags(cfg: Config) -> list[str]:
         "--optimizer": "adam", "--adam-betas": str(tuple(t.adam_betas)), "--adam-eps": t.adam_eps,
         "--lr": LEARNING_RATE, "--seed": cfg.seed,
     }  # fmt: skip
-    return [*fairseq_peer.model_flags(sizes), *pre_norm, *fairseq_peer.flag_list(step), "--cpu"]
+    return [*train_peer.model_flags(sizes), *pre_norm, *train_peer.flag_list(step), "--cpu"]
 
 
 def write_fairseq_handover(folder: Path, cfg: Config, batch: dict, tokens: dict[str, int],
                            vocab: int) -> Path:  # fmt: skip
-    """What fairseq's worker reads (`benchmarks.fairseq_step`): this run's batch, our sizes
+    """What fairseq's worker reads (`benchmarks.fairseq.step_speed`): this run's batch, our sizes
     and step as fairseq flags, our vocabulary and special ids, threads and host settings."""
     spec = {
         "flags": fairseq_flags(cfg),
@@ -262,19 +262,19 @@ def fairseq_unavailable(venv: Path, device: torch.device) -> str | None:
     """Why the fairseq system cannot run here, or None."""
     if device.type != "cpu":
         return f"its venv has a CPU build of torch: fairseq is timed on a CPU, not {device}"
-    if fairseq_peer.built_venv(venv) is None:
-        hint = BUILD_FAIRSEQ + ("" if venv == fairseq_peer.DEFAULT_VENV else f" --venv {venv}")
+    if train_peer.built_venv(venv) is None:
+        hint = BUILD_FAIRSEQ + ("" if venv == train_peer.DEFAULT_VENV else f" --venv {venv}")
         return f"no fairseq venv at {venv}; build it with `{hint}`"
     return None
 
 
 def start_fairseq(venv: Path, spec_path: Path) -> FairseqStepWorker:
-    """fairseq's worker in its venv, with fairseq_peer's environment and our thread count."""
-    harness = fairseq_peer.build_parser().parse_args(
+    """fairseq's worker in its venv, with train_peer's environment and our thread count."""
+    harness = train_peer.build_parser().parse_args(
         ["--venv", str(venv), "--threads", str(torch.get_num_threads())]
     )
-    return FairseqStepWorker(fairseq_peer.venv_bin(harness, "python"), spec_path,
-                             env=fairseq_peer.tool_env(harness), cwd=fairseq_peer.REPO_ROOT)  # fmt: skip
+    return FairseqStepWorker(train_peer.venv_bin(harness, "python"), spec_path,
+                             env=train_peer.tool_env(harness), cwd=train_peer.REPO_ROOT)  # fmt: skip
 
 
 def skip(skipped: dict[str, str], name: str, reason: str) -> None:
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--fairseq-venv",
         type=Path,
-        default=fairseq_peer.DEFAULT_VENV,
+        default=train_peer.DEFAULT_VENV,
         help=f"fairseq's venv, built by `{BUILD_FAIRSEQ}`",
     )
     parser.add_argument("--peak-size", type=int, default=None,

@@ -1,4 +1,4 @@
-"""Ablation report: `python -m pipeline.report <study> [--update-readme README.md]`.
+"""Ablation report: `python -m pipeline.report <study> [--update-docs]`.
 
 Made from the study's committed files alone (`ablations/results/<study>/`: the finished trials'
 records `trials/<variant>-seed<seed>/`, the references, and `study.db` for the trial states), so
@@ -17,9 +17,10 @@ that anyone with a clone re-makes it exactly:
   written from the records; with `--transfer`, whether each finding holds on each language pair;
 - charts (PNG): BLEU per variant (every seed a point, the t-interval over seeds), perplexity
   against BLEU for the label-smoothing rows, learning curves of val BLEU per variant;
-- `--update-readme`: README's block between `<!-- ablation:<study>:begin -->` and
-  `<!-- ablation:<study>:end -->` gets the same table and findings (a test checks that the
-  committed README equals this command's output);
+- `--update-docs`: docs/ablation-results.md's block between `<!-- ablation:<study>:begin -->`
+  and `<!-- ablation:<study>:end -->` gets the same table and findings, and README's block
+  `ablation:<study>:summary`, where README has one, the table's main columns (a test checks
+  that the committed pages equal this command's output);
 - one W&B summary run in the study's group with the same table and charts (`--no-wandb` skips).
 A search study's report is its trials ranked by the objective.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -38,7 +38,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from pipeline import readme, sweep
+from pipeline import docs_blocks, sweep
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.evaluation import plots, scoring, seed_stats
@@ -776,26 +776,46 @@ def _write_search_report(spec: sweep.StudySpec, study_dir: Path) -> Path:
     return report
 
 
-def readme_markers(study: str) -> tuple[str, str]:
-    return f"<!-- ablation:{study}:begin -->", f"<!-- ablation:{study}:end -->"
+PAGE = docs_blocks.DOCS / "ablation-results.md"
+# README's summary of a study: these columns of the page's table
+SUMMARY_COLUMNS = ["variant", "changed", "test2016 BLEU (lc), mean [95% CI]", "Δ test vs base",
+                   "p (Holm)", "verdict", "paper, Table 3: Δ BLEU (PPL)"]  # fmt: skip
 
 
-def readme_block(
+def block_name(study: str) -> str:
+    return f"ablation:{study}"
+
+
+def docs_block(
     spec: sweep.StudySpec,
     study_dir: Path,
-    readme: Path,
+    page: Path,
     transfer: tuple[sweep.StudySpec, ...] = (),
 ) -> str:
-    """The generated text between README's markers for this study (charts linked from it)."""
-    prefix = Path(os.path.relpath(study_dir.resolve(), readme.resolve().parent)).as_posix()
+    """The generated text between the page's markers for this study (charts linked from it)."""
     # Without the storage's trial states, which change while workers run.
-    return markdown(
-        spec, study_dir, image_prefix=f"{prefix}/", with_states=False, transfer=transfer
-    )
+    prefix = docs_blocks.link_prefix(study_dir, page)
+    return markdown(spec, study_dir, image_prefix=prefix, with_states=False, transfer=transfer)
 
 
-def update_readme(readme_path: Path, block: str, study: str) -> None:
-    readme.fill(readme_path, *readme_markers(study), block)
+def summary_block(spec: sweep.StudySpec, study_dir: Path, page: Path) -> str:
+    """README's short view of the study: the main columns of the page's table."""
+    return docs_blocks.columns(docs_block(spec, study_dir, page), SUMMARY_COLUMNS)
+
+
+def update_docs(
+    spec: sweep.StudySpec,
+    study_dir: Path,
+    root: Path,
+    transfer: tuple[sweep.StudySpec, ...] = (),
+) -> None:
+    """The study's block in `root`/docs/ablation-results.md, and its summary in `root`/README.md
+    where README has a block for it."""
+    page = root / PAGE
+    docs_blocks.fill(page, block_name(spec.study), docs_block(spec, study_dir, page, transfer))
+    readme, summary = root / docs_blocks.README, f"{block_name(spec.study)}:summary"
+    if docs_blocks.markers(summary)[0] in readme.read_text(encoding="utf-8"):
+        docs_blocks.fill(readme, summary, summary_block(spec, study_dir, page))
 
 
 def _log_summary(
@@ -831,7 +851,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
     )
     parser.add_argument("--results-dir", type=Path, default=sweep.RESULTS_ROOT)
-    parser.add_argument("--update-readme", type=Path, help="fill this README's study block")
+    docs_blocks.add_update_argument(parser, f"{PAGE} (and README.md's summary)")
     parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
     parser.add_argument(
         "--transfer",
@@ -864,9 +884,8 @@ def cli(argv: list[str] | None = None) -> None:
                 f"{args.results_dir / other.study}: run its sweep first"
             )
     report = write_report(spec, study_dir, log_to_wandb=not args.no_wandb, transfer=transfer)
-    if args.update_readme:
-        block = readme_block(spec, study_dir, args.update_readme, transfer=transfer)
-        update_readme(args.update_readme, block, spec.study)
+    if args.update_docs:
+        update_docs(spec, study_dir, args.update_docs, transfer=transfer)
     print(report.read_text(encoding="utf-8"))
 
 

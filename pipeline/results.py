@@ -1,13 +1,16 @@
-"""README's Results table, built from the runs' own metrics files (never typed by hand).
+"""The results table (docs/results.md) and README's headline table, built from the runs' own
+metrics files (never typed by hand).
 
 A row is a folder `results/<name>/` holding what one full `dvc repro` wrote: the stages' DVC
 metrics (`prepare.json`, `tokenize.json`, `train.json`, `eval.json`), the `params.yaml` it ran
-with, and `run.json` (the command, the machine, the commit). After a run:
+with, and `run.json` (the command, the machine, the commit; `reproduce`, where the command that
+ran is not the one a user types, is that command). After a run:
 
     python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
-    python -m pipeline.results table --update-readme README.md  # README's table, rewritten
+    python -m pipeline.results table --update-docs  # docs/results.md and README.md, rewritten
 
-`tests/test_results.py` checks that README's table is exactly `table` of the committed rows.
+README shows the rows that `results/headline.txt` names, in its order, with fewer columns.
+`tests/test_results.py` checks that both blocks are exactly `table` of the committed rows.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import readme
+from pipeline import docs_blocks
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
 from pipeline.environment import provenance
@@ -30,7 +33,11 @@ from pipeline.evaluation.scoring import LITERATURE_METRIC
 RESULTS_ROOT = Path("results")
 METRICS_FILES = ("prepare.json", "tokenize.json", "train.json", "eval.json")
 RUN_FILE = "run.json"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"  # README's generated block
+BLOCK, HEADLINE_BLOCK = "results", "results:headline"  # docs/results.md's, README.md's
+PAGE = docs_blocks.DOCS / "results.md"
+HEADLINE_FILE = "headline.txt"  # in the results folder: the rows README shows, one name a line
+HEADLINE_COLUMNS = ["recipe", "direction", "test2016 BLEU (lc)", "val BLEU (lc)",
+                    "train + eval wall time", "hardware", "command"]  # fmt: skip
 TEST_SPLIT = "test_2016_flickr"
 VAL_SPLIT = "val"
 
@@ -114,8 +121,14 @@ def _minutes(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
+def reproduce_command(run: dict) -> str:
+    """The command that makes the row again: the one a user types where the run was started
+    otherwise (`reproduce`), else the command that ran. Both run at the row's commit."""
+    return run.get("reproduce", run["command"])
+
+
 def table(rows: list[dict]) -> str:
-    """The Markdown block README carries between its results markers."""
+    """The Markdown block docs/results.md carries between its results markers."""
     header = (
         "| recipe | direction | averaged, length penalty | test2016 BLEU (lc) "
         "| test2016 BLEU (cased) | test2016 tokenized BLEU (lc) | chrF | val BLEU (lc) "
@@ -143,12 +156,31 @@ def table(rows: list[dict]) -> str:
             f"| {_fmt(test.get('bleu'))} "
             f"| {_fmt(test.get(LITERATURE_METRIC))} | {_fmt(test.get('chrf'))} "
             f"| {_fmt(val.get('bleu_lc'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
-            f"| {run['hardware']}, {train['precision']} | `{run['command']}` |"
+            f"| {run['hardware']}, {train['precision']} | `{reproduce_command(run)}` |"
         )
         signatures.update(evaluation.get("signatures", {}))
     lines.append("")
     lines += [f"- `{metric}`: `{sig}`" for metric, sig in sorted(signatures.items())]
     return "\n".join(lines) + "\n"
+
+
+def headline(rows: list[dict], root: Path) -> str:
+    """README's short table: the rows `root/headline.txt` names, in its order."""
+    listing = root / HEADLINE_FILE
+    if not listing.exists():
+        raise DataError(f"{listing}: no such file (the names of README's rows, one a line)")
+    names = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    by_name = {row["name"]: row for row in rows}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise DataError(f"{listing}: no recorded row {', '.join(unknown)} under {root}")
+    return docs_blocks.columns(table([by_name[name] for name in names]), HEADLINE_COLUMNS)
+
+
+def update_docs(rows: list[dict], root: Path, docs_root: Path) -> None:
+    """Write the table into docs/results.md and the headline into README.md under `docs_root`."""
+    docs_blocks.fill(docs_root / PAGE, BLOCK, table(rows))
+    docs_blocks.fill(docs_root / docs_blocks.README, HEADLINE_BLOCK, headline(rows, root))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -169,10 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a run made on another machine: the JSON `python -m pipeline.environment` printed "
         "there (commit, hardware, environment) in place of this machine's",
     )
-    tab = sub.add_parser("table", help="print README's Results table")
-    tab.add_argument(
-        "--update-readme", type=Path, metavar="README", help="also write it between its markers"
-    )
+    tab = sub.add_parser("table", help="print the results table")
+    docs_blocks.add_update_argument(tab, f"{PAGE} (and the headline into README.md)")
     return parser.parse_args(argv)
 
 
@@ -190,10 +220,10 @@ def cli(argv: list[str] | None = None) -> None:
         )
         print(f"recorded {row}")
     else:
-        block = table(load_rows(args.root))
-        if args.update_readme:
-            readme.fill(args.update_readme, BEGIN, END, block)
-        print(block, end="")
+        rows = load_rows(args.root)
+        if args.update_docs:
+            update_docs(rows, args.root, args.update_docs)
+        print(table(rows), end="")
 
 
 if __name__ == "__main__":

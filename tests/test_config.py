@@ -145,7 +145,7 @@ def test_dict_round_trip():
 
 def test_wu2021_preset_is_their_recipe():
     """conf/experiment/multi30k_wu2021.yaml against Wu et al.'s fairseq flags (the docstring of
-    benchmarks/fairseq_peer.py), where this pipeline has the setting."""
+    benchmarks/fairseq/train_peer.py), where this pipeline has the setting."""
     from pipeline.training.module import inverse_sqrt_rate
 
     cfg = config_lib.compose(["experiment=multi30k_wu2021"])

@@ -259,6 +259,7 @@ def test_int8_export_loads_and_translates(trained_smoke, smoke_export):
 
 
 @pytest.mark.slow
+@pytest.mark.lab  # the lab's benchmark, here for the trained smoke model this module shares
 def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke_export, capsys):
     """benchmarks/export_quality (the int8-vs-float BLEU check of a recipe model) on the
     smoke model: the float32 export scores exactly as ours."""

@@ -1,6 +1,6 @@
 """Moses pre-tokenization (pipeline.data.moses) against the Multi30k dataset's own tokenized
 text (its scripts/task1-tokenize.sh with the Moses perl scripts) and against sacremoses called
-step by step; what benchmarks.fairseq_peer and `data.tokenizer.pretokenizer: moses` apply."""
+step by step; what benchmarks.fairseq.train_peer and `data.tokenizer.pretokenizer: moses` apply."""
 
 from __future__ import annotations
 

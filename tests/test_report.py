@@ -22,7 +22,7 @@ import pytest
 import sacrebleu
 from scipy import stats
 
-from pipeline import report, sweep
+from pipeline import docs_blocks, report, sweep
 from pipeline.training.module import LOSS_AVERAGE
 from tests.conftest import REPO_ROOT
 
@@ -435,14 +435,19 @@ def test_report_files_and_readme_block(study, tmp_path):
         assert image.shape[0] > 100 and image.shape[1] > 100
         assert f"({report.CHARTS[chart]})" in text
 
-    readme = tmp_path / "README.md"
-    begin, end = report.readme_markers(spec.study)
-    readme.write_text(f"# A\n\n{begin}\nold\n{end}\n\nafter\n")
-    block = report.readme_block(spec, study_dir, readme)
-    report.update_readme(readme, block, spec.study)
-    updated = readme.read_text()
-    assert f"{begin}\n{block}{end}\n\nafter" in updated and "\nold\n" not in updated
-    assert "(results/smoke/bleu_per_variant.png)" in block  # linked from README's folder
+    page, readme = tmp_path / report.PAGE, tmp_path / "README.md"
+    page.parent.mkdir()
+    begin, end = docs_blocks.markers(report.block_name(spec.study))
+    page.write_text(f"# A\n\n{begin}\nold\n{end}\n\nafter\n")
+    summary_begin, summary_end = docs_blocks.markers(f"{report.block_name(spec.study)}:summary")
+    readme.write_text(f"# R\n\n{summary_begin}\nold\n{summary_end}\n")
+    report.update_docs(spec, study_dir, tmp_path)
+    block = report.docs_block(spec, study_dir, page)
+    assert f"{begin}\n{block}{end}\n\nafter" in page.read_text()
+    assert "(../results/smoke/bleu_per_variant.png)" in block  # linked from the page's folder
+    summary = docs_blocks.read(readme, f"{report.block_name(spec.study)}:summary")
+    assert summary.splitlines()[0] == "| " + " | ".join(report.SUMMARY_COLUMNS) + " |"
+    assert "| heads_1 | model.heads=1 |" in summary and "\nold\n" not in readme.read_text()
 
 
 def test_references_are_the_prepared_test_split(study, references):
@@ -457,15 +462,18 @@ def test_no_finished_trial_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
-def test_readme_ablation_block_is_the_reports_output(study_name):
-    """README's section of each committed study is exactly what `python -m pipeline.report
-    <study> --update-readme README.md` makes of the committed records."""
+def test_the_docs_ablation_block_is_the_reports_output(study_name):
+    """docs/ablation-results.md's section of each committed study (and README's summary, where
+    README has one) is exactly what `python -m pipeline.report <study> --update-docs` makes of
+    the committed records."""
     spec = sweep.load_spec(REPO_ROOT / f"ablations/{study_name}.yaml")
     study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
+    page, name = REPO_ROOT / report.PAGE, report.block_name(spec.study)
+    assert docs_blocks.read(page, name) == report.docs_block(spec, study_dir, page)
     readme = REPO_ROOT / "README.md"
-    begin, end = report.readme_markers(spec.study)
-    committed = readme.read_text().split(begin, 1)[1].split(end, 1)[0]
-    assert committed == "\n" + report.readme_block(spec, study_dir, readme)
+    if docs_blocks.markers(f"{name}:summary")[0] in readme.read_text():
+        summary = report.summary_block(spec, study_dir, page)
+        assert docs_blocks.read(readme, f"{name}:summary") == summary
 
 
 def test_transfer_table_shows_where_each_finding_holds_per_language_pair(

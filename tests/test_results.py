@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from pipeline import readme, results
+from pipeline import docs_blocks, results
 from pipeline.environment import lock_hash
 from pipeline.errors import DataError
 from tests.conftest import REPO_ROOT
@@ -59,7 +59,7 @@ def test_recorded_rows_render_their_own_numbers(tmp_path):
     assert [r["name"] for r in rows] == ["a.en-de", "b.de-en"]
     block = results.table(rows)
     lines = block.splitlines()
-    assert lines[0].startswith("| recipe |") and results.BEGIN not in block
+    assert lines[0].startswith("| recipe |") and "<!--" not in block
     first, second = lines[2], lines[3]
     cells = [c.strip() for c in first.strip("|").split("|")]
     assert cells[:9] == [
@@ -104,27 +104,54 @@ def test_a_run_made_on_another_machine_keeps_that_machines_provenance(tmp_path):
     assert json.loads((here / "run.json").read_text())["hardware"] != there["hardware"]
 
 
-def test_readme_results_table_is_the_committed_runs_table():
+def test_the_docs_results_table_and_readme_headline_are_the_committed_runs_tables():
     rows = results.load_rows(REPO_ROOT / "results")
-    committed = readme.read(REPO_ROOT / "README.md", results.BEGIN, results.END)
-    assert committed == results.table(rows), (
-        "run `python -m pipeline.results table --update-readme README.md`"
-    )
+    hint = "run `python -m pipeline.results table --update-docs`"
+    assert docs_blocks.read(REPO_ROOT / results.PAGE, results.BLOCK) == results.table(rows), hint
+    headline = results.headline(rows, REPO_ROOT / "results")
+    assert docs_blocks.read(REPO_ROOT / "README.md", results.HEADLINE_BLOCK) == headline, hint
 
 
-def test_table_update_readme_rewrites_only_its_block(tmp_path, capsys):
+def test_table_update_docs_rewrites_only_its_blocks(tmp_path, capsys):
     metrics, params = _finished_run(tmp_path / "run", 41.26)
     results.record("a.en-de", "make repro", metrics, params, tmp_path / "results")
-    page = tmp_path / "README.md"
-    page.write_text(f"# Title\n\n{results.BEGIN}\nstale row\n{results.END}\n\nAfter.\n")
-    results.cli(["--root", str(tmp_path / "results"), "table", "--update-readme", str(page)])
+    results.record("b.en-de", "x", metrics, params, tmp_path / "results")
+    (tmp_path / "results" / results.HEADLINE_FILE).write_text("b.en-de\n")
+    pages = {tmp_path / results.PAGE: results.BLOCK, tmp_path / "README.md": results.HEADLINE_BLOCK}
+    for page, block in pages.items():
+        begin, end = docs_blocks.markers(block)
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"# Title\n\n{begin}\nstale row\n{end}\n\nAfter.\n")
+    results.cli(["--root", str(tmp_path / "results"), "table", "--update-docs", str(tmp_path)])
     printed = capsys.readouterr().out
-    text = page.read_text()
-    assert (
-        "stale row" not in text and text.startswith("# Title\n\n") and text.endswith("\nAfter.\n")
-    )
-    assert readme.read(page, results.BEGIN, results.END) == printed
-    assert "| 41.3 |" in printed
+    for page in pages:
+        text = page.read_text()
+        assert "stale row" not in text and text.startswith("# Title\n\n")
+        assert text.endswith("\nAfter.\n")
+    assert docs_blocks.read(tmp_path / results.PAGE, results.BLOCK) == printed
+    assert "| 41.3 |" in printed and printed.count("| en->de |") == 2
+    headline = docs_blocks.read(tmp_path / "README.md", results.HEADLINE_BLOCK)
+    assert headline.startswith("| recipe | direction | test2016 BLEU (lc) | val BLEU (lc) |")
+    assert headline.count("| en->de |") == 1 and "`x`" in headline  # b alone, as listed
+
+
+def test_a_headline_naming_an_unrecorded_row_is_an_error_naming_it(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.26)
+    results.record("a.en-de", "make repro", metrics, params, tmp_path / "results")
+    (tmp_path / "results" / results.HEADLINE_FILE).write_text("a.en-de\ngone.en-de\n")
+    rows = results.load_rows(tmp_path / "results")
+    with pytest.raises(results.DataError, match="headline.txt: no recorded row gone.en-de"):
+        results.headline(rows, tmp_path / "results")
+
+
+def test_a_row_shows_the_command_a_user_types_where_another_ran_it(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.26)
+    row = results.record("a.en-de", "runner start 'job'", metrics, params, tmp_path / "results")
+    run = json.loads((row / "run.json").read_text())
+    assert "`runner start 'job'`" in results.table(results.load_rows(tmp_path / "results"))
+    (row / "run.json").write_text(json.dumps({**run, "reproduce": "dvc exp run -S seed=1"}))
+    text = results.table(results.load_rows(tmp_path / "results"))
+    assert "`dvc exp run -S seed=1`" in text and "runner" not in text
 
 
 def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_checkpoint(tmp_path):

@@ -8,7 +8,7 @@ sacremoses, the Python port of the Moses perl scripts: one place for the setting
 
 `normalize-punctuation.perl` turns a lone right quote (Multi30k's "Hook ’em Horns") into '"';
 sacremoses' normaliser does so only with `perl_parity`. The defaults are task1-tokenize.sh's,
-which Wu et al. (2021) train on (`data.tokenizer.pretokenizer: moses`, `benchmarks.fairseq_peer`);
+which Wu et al. (2021) train on (`data.tokenizer.pretokenizer: moses`, `benchmarks.fairseq.train_peer`);
 the tokenized BLEU of the literature (`pipeline.evaluation.scoring`) tokenizes with other
 settings (`-a -no-escape`, sacremoses' own normaliser), passed explicitly.
 """

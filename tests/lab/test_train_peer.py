@@ -1,10 +1,10 @@
-"""benchmarks.fairseq_peer (issue #19): the parts of the fairseq side-by-side harness that run
+"""benchmarks.fairseq.train_peer: the parts of the fairseq side-by-side harness that run
 in this project's environment without fairseq: Multi30k's Moses preprocessing (the files it
 writes; pipeline.data.moses itself is tested in test_moses.py), the BPE and fairseq command lines (the recipe's
 flags), checkpoint averaging, the parsers of fairseq's output, and train_throughput's fairseq
 system (the hand-over to its worker, the skip without a venv). Building the fairseq venv
 never happens here; the end-to-end runs are `slow` and need a venv built beforehand
-(`python -m benchmarks.fairseq_peer --build-venv-only` builds it)."""
+(`python -m benchmarks.fairseq.train_peer --build-venv-only` builds it)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import fairseq_peer, fairseq_step, train_throughput
+from benchmarks import train_throughput
 from benchmarks.common import pad_batch
+from benchmarks.fairseq import step_speed, train_peer
 from tests.test_moses import OFFICIAL_TOK_DE
 
 BLEU_LINE = (
@@ -30,7 +31,7 @@ BLEU_LINE = (
 
 
 def args_for(*argv: str):
-    return fairseq_peer.build_parser().parse_args(["--out", "unused.json", *argv])
+    return train_peer.build_parser().parse_args(["--out", "unused.json", *argv])
 
 
 def flag_values(command: list[str]) -> dict[str, str | None]:
@@ -53,15 +54,15 @@ def flag_values(command: list[str]) -> dict[str, str | None]:
 def test_prepare_writes_every_subset_and_marks_done(tmp_path, multi30k_dir):
     args = args_for("--corpus", str(multi30k_dir), "--work-dir", str(tmp_path),
                     "--max-train-pairs", "20", "--max-eval-pairs", "5")  # fmt: skip
-    layout = fairseq_peer.Layout(tmp_path)
-    settings = fairseq_peer.data_settings(args)
-    counts = fairseq_peer.prepare(args, layout, settings)
+    layout = train_peer.Layout(tmp_path)
+    settings = train_peer.data_settings(args)
+    counts = train_peer.prepare(args, layout, settings)
     assert counts == {"train": 20, "valid": 5, "test": 5}
     test_de = layout.tok_file("test", "de").read_text().splitlines()
     assert test_de[:2] == [OFFICIAL_TOK_DE[1], OFFICIAL_TOK_DE[2]]
-    assert fairseq_peer.stage_done(layout.tok, settings)
-    assert not fairseq_peer.stage_done(layout.tok, {**settings, "max_train_pairs": 21})
-    assert fairseq_peer.is_smoke(args) and not fairseq_peer.is_smoke(args_for())
+    assert train_peer.stage_done(layout.tok, settings)
+    assert not train_peer.stage_done(layout.tok, {**settings, "max_train_pairs": 21})
+    assert train_peer.is_smoke(args) and not train_peer.is_smoke(args_for())
 
 
 # ---------------------------------------------------------------- BPE
@@ -69,8 +70,8 @@ def test_prepare_writes_every_subset_and_marks_done(tmp_path, multi30k_dir):
 
 def test_bpe_commands_learn_jointly_and_apply_per_language(tmp_path):
     args = args_for("--venv", str(tmp_path / "venv"))
-    layout = fairseq_peer.Layout(tmp_path / "work")
-    (learn, stdin, stdout), *applies = fairseq_peer.bpe_commands(args, layout)
+    layout = train_peer.Layout(tmp_path / "work")
+    (learn, stdin, stdout), *applies = train_peer.bpe_commands(args, layout)
     assert stdin is None and stdout is None
     assert learn[:2] == [
         str(tmp_path / "venv" / "bin" / "subword-nmt"),
@@ -88,7 +89,7 @@ def test_bpe_commands_learn_jointly_and_apply_per_language(tmp_path):
         assert flag_values(command)["--vocabulary"] == str(layout.vocab(lang))
         assert target == layout.bpe / source.name  # fairseq-preprocess reads bpe/{subset}.{lang}
         assert "--vocabulary-threshold" not in command  # task1-bpe.sh sets none
-    preprocess = flag_values(fairseq_peer.preprocess_command(args, layout))
+    preprocess = flag_values(train_peer.preprocess_command(args, layout))
     for subset, flag in (
         ("train", "--trainpref"),
         ("valid", "--validpref"),
@@ -103,7 +104,7 @@ def test_bpe_commands_learn_jointly_and_apply_per_language(tmp_path):
 
 def test_train_command_carries_the_recipe(tmp_path):
     args = args_for("--venv", str(tmp_path / "venv"))
-    command = fairseq_peer.train_command(args, fairseq_peer.Layout(tmp_path / "work"))
+    command = train_peer.train_command(args, train_peer.Layout(tmp_path / "work"))
     assert command[0].endswith("fairseq-train") and command[-1] == "--cpu"
     values = flag_values(command)
     expected = {
@@ -133,20 +134,20 @@ def test_train_command_carries_the_recipe(tmp_path):
 def test_budget_and_size_options_reach_the_command(tmp_path):
     args = args_for("--max-update", "20", "--seed", "3", "--max-epoch", "2", "--layers", "6",
                     "--average-last", "4", "--keep-last-epochs", "7")  # fmt: skip
-    layout = fairseq_peer.Layout(tmp_path)
-    values = flag_values(fairseq_peer.train_command(args, layout))
+    layout = train_peer.Layout(tmp_path)
+    values = flag_values(train_peer.train_command(args, layout))
     assert (values["--max-update"], values["--seed"], values["--max-epoch"]) == ("20", "3", "2")
     assert values["--encoder-layers"] == values["--decoder-layers"] == "6"
     assert values["--keep-last-epochs"] == "7"
-    average = flag_values(fairseq_peer.average_command(args, layout))
+    average = flag_values(train_peer.average_command(args, layout))
     assert average["--num-epoch-checkpoints"] == "4"
     assert average["--output"] == str(layout.averaged(4))
 
 
 def test_generate_command_is_evaluate_sh(tmp_path):
     args = args_for()
-    layout = fairseq_peer.Layout(tmp_path)
-    command = fairseq_peer.generate_command(args, layout, "test")
+    layout = train_peer.Layout(tmp_path)
+    command = train_peer.generate_command(args, layout, "test")
     values = flag_values(command)
     assert values["--beam"] == "5" and values["--lenpen"] == "1.0"
     assert values["--gen-subset"] == "test" and "--remove-bpe" in values
@@ -158,7 +159,7 @@ def test_generate_command_is_evaluate_sh(tmp_path):
 def test_venv_commands_build_outside_with_torch_first_and_fairseq_without_deps(tmp_path):
     args = args_for("--venv", str(tmp_path / "venv"))
     report = tmp_path / "report.json"
-    make, dry, install_torch, deps, install_fairseq = fairseq_peer.venv_commands(args, report)
+    make, dry, install_torch, deps, install_fairseq = train_peer.venv_commands(args, report)
     assert make[1:] == ["-m", "venv", str(tmp_path / "venv")]
     assert dry[-1] == install_torch[-1] == "torch==2.13.0"
     assert "--dry-run" in dry and str(report) in dry
@@ -167,7 +168,7 @@ def test_venv_commands_build_outside_with_torch_first_and_fairseq_without_deps(t
                    "numpy", "cython", "bitarray", "scikit-learn", "cffi"):  # fmt: skip
         assert needed in deps
     assert install_fairseq[-3:] == ["--no-deps", "--no-build-isolation", "fairseq-fixed==0.12.3.1"]
-    assert not str(args.venv).startswith(str(fairseq_peer.REPO_ROOT))
+    assert not str(args.venv).startswith(str(train_peer.REPO_ROOT))
 
 
 def test_device_cuda_drops_cpu_flag_and_keeps_gpus_visible(tmp_path, monkeypatch):
@@ -176,17 +177,17 @@ def test_device_cuda_drops_cpu_flag_and_keeps_gpus_visible(tmp_path, monkeypatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", "/wheels")
-    layout = fairseq_peer.Layout(tmp_path)
+    layout = train_peer.Layout(tmp_path)
     for device, has_cpu, visible in (("cpu", True, ""), ("cuda", False, "0")):
         args = args_for("--device", device)
-        train = fairseq_peer.train_command(args, layout)
-        generate = fairseq_peer.generate_command(args, layout, "valid")
+        train = train_peer.train_command(args, layout)
+        generate = train_peer.generate_command(args, layout, "valid")
         assert ("--cpu" in train, "--cpu" in generate) == (has_cpu, has_cpu)
-        env = fairseq_peer.tool_env(args)
+        env = train_peer.tool_env(args)
         assert env["CUDA_VISIBLE_DEVICES"] == visible
         assert (env["PIP_NO_INDEX"], env["PIP_FIND_LINKS"]) == ("1", "/wheels")
-        assert fairseq_peer.recipe(args)["device"] == device
-        assert fairseq_peer.recipe(args)["precision"] == "fp32"
+        assert train_peer.recipe(args)["device"] == device
+        assert train_peer.recipe(args)["precision"] == "fp32"
     assert args_for().device == "cpu"
 
 
@@ -194,11 +195,11 @@ def test_system_site_packages_makes_the_venv_and_is_part_of_its_spec(tmp_path):
     plain = args_for("--venv", str(tmp_path / "venv"))
     shared = args_for("--venv", str(tmp_path / "venv"), "--system-site-packages")
     report = tmp_path / "report.json"
-    assert "--system-site-packages" not in fairseq_peer.venv_commands(plain, report)[0]
-    make = fairseq_peer.venv_commands(shared, report)[0]
+    assert "--system-site-packages" not in train_peer.venv_commands(plain, report)[0]
+    make = train_peer.venv_commands(shared, report)[0]
     assert make[1:] == ["-m", "venv", "--system-site-packages", str(tmp_path / "venv")]
-    assert "system_site_packages" not in fairseq_peer.venv_spec(plain)  # old records still match
-    assert fairseq_peer.venv_spec(shared) == {**fairseq_peer.venv_spec(plain),
+    assert "system_site_packages" not in train_peer.venv_spec(plain)  # old records still match
+    assert train_peer.venv_spec(shared) == {**train_peer.venv_spec(plain),
                                                "system_site_packages": True}  # fmt: skip
 
 
@@ -215,13 +216,13 @@ def test_system_site_packages_venv_sees_the_packages_of_a_venv_python(tmp_path):
 
     def run_steps(args, *wanted: str) -> Path:
         """Run the harness's build steps named `wanted`; the venv's site-packages."""
-        names = fairseq_peer.venv_step_names(args)
-        commands = fairseq_peer.venv_commands(args, tmp_path / "report.json")
+        names = train_peer.venv_step_names(args)
+        commands = train_peer.venv_commands(args, tmp_path / "report.json")
         assert len(names) == len(commands)
         with open(tmp_path / "build.log", "a") as log:
             for name, command in zip(names, commands):
                 if name in wanted:
-                    fairseq_peer.run_command(command, fairseq_peer.tool_env(args), log)
+                    train_peer.run_command(command, train_peer.tool_env(args), log)
         return next(Path(args.venv).glob("lib/python*/site-packages"))
 
     def imports(venv: Path) -> bool:
@@ -229,23 +230,23 @@ def test_system_site_packages_venv_sees_the_packages_of_a_venv_python(tmp_path):
         return subprocess.run(check, capture_output=True).returncode == 0
 
     plain = args_for("--venv", str(tmp_path / "plain"))
-    assert fairseq_peer.venv_step_names(plain) == fairseq_peer.VENV_STEPS
+    assert train_peer.venv_step_names(plain) == train_peer.VENV_STEPS
     site_packages = run_steps(plain, "venv")
-    assert not (site_packages / fairseq_peer.SITE_PACKAGES_PTH).exists()
+    assert not (site_packages / train_peer.SITE_PACKAGES_PTH).exists()
     assert not any("addsitedir" in f.read_text() for f in site_packages.glob("*.pth"))
     assert not imports(plain.venv)
 
     shared = args_for("--venv", str(tmp_path / "shared"), "--system-site-packages")
     assert shared.python == sys.executable  # the default --python: this project's venv
-    names = fairseq_peer.venv_step_names(shared)
-    assert names[:3] == ("venv", fairseq_peer.SITE_PACKAGES_STEP, "torch_dry_run")
+    names = train_peer.venv_step_names(shared)
+    assert names[:3] == ("venv", train_peer.SITE_PACKAGES_STEP, "torch_dry_run")
     site_packages = run_steps(shared, "venv")
-    pth = site_packages / fairseq_peer.SITE_PACKAGES_PTH
+    pth = site_packages / train_peer.SITE_PACKAGES_PTH
     assert not imports(shared.venv)  # the bug: the base Python's packages only
     on_base = args_for("--venv", str(shared.venv), "--system-site-packages", "--python", str(base))
-    run_steps(on_base, fairseq_peer.SITE_PACKAGES_STEP)
+    run_steps(on_base, train_peer.SITE_PACKAGES_STEP)
     assert not pth.exists()  # a base Python's site-packages: already seen
-    run_steps(shared, fairseq_peer.SITE_PACKAGES_STEP)
+    run_steps(shared, train_peer.SITE_PACKAGES_STEP)
     assert sysconfig.get_path("purelib") in pth.read_text()
     assert imports(shared.venv)
 
@@ -256,22 +257,22 @@ def test_venv_is_reused_or_refused_without_building_anything(tmp_path):
     built = tmp_path / "built"
     built.mkdir()
     args = args_for("--venv", str(built))
-    record = {"spec": fairseq_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
-    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps(record))
-    assert fairseq_peer.ensure_venv(args, env={}) == {**record, "reused": True}
+    record = {"spec": train_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
+    (built / train_peer.VENV_MARKER).write_text(json.dumps(record))
+    assert train_peer.ensure_venv(args, env={}) == {**record, "reused": True}
 
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "pyvenv.cfg").write_text("home = /usr/bin\n")
     with pytest.raises(SystemExit, match="not built by this harness"):
-        fairseq_peer.ensure_venv(args_for("--venv", str(foreign)), env={})
+        train_peer.ensure_venv(args_for("--venv", str(foreign)), env={})
     assert (foreign / "pyvenv.cfg").exists()
-    inside = fairseq_peer.REPO_ROOT / "no-such-fairseq-venv"
+    inside = train_peer.REPO_ROOT / "no-such-fairseq-venv"
     with pytest.raises(SystemExit, match="inside the repository"):
-        fairseq_peer.ensure_venv(args_for("--venv", str(inside)), env={})
+        train_peer.ensure_venv(args_for("--venv", str(inside)), env={})
     assert not inside.exists()
     with pytest.raises(SystemExit, match="inside the repository"):
-        fairseq_peer.main(["--out", str(tmp_path / "r.json"), "--work-dir", str(inside)])
+        train_peer.main(["--out", str(tmp_path / "r.json"), "--work-dir", str(inside)])
     assert not inside.exists()
 
 
@@ -281,17 +282,17 @@ def test_build_venv_only_builds_nothing_more_and_out_is_needed_otherwise(tmp_pat
     built = tmp_path / "built"
     built.mkdir()
     args = args_for("--venv", str(built))
-    record = {"spec": fairseq_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
-    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps(record))
+    record = {"spec": train_peer.venv_spec(args), "build_s": 600.0, "versions": {}}
+    (built / train_peer.VENV_MARKER).write_text(json.dumps(record))
     work = tmp_path / "work"
-    returned = fairseq_peer.main(["--build-venv-only", "--venv", str(built),
+    returned = train_peer.main(["--build-venv-only", "--venv", str(built),
                                   "--work-dir", str(work)])  # fmt: skip
     assert returned == {**record, "reused": True} and not work.exists()
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == returned
-    assert fairseq_peer.built_venv(built) == record
-    assert fairseq_peer.built_venv(tmp_path / "absent") is None
+    assert train_peer.built_venv(built) == record
+    assert train_peer.built_venv(tmp_path / "absent") is None
     with pytest.raises(SystemExit):
-        fairseq_peer.main(["--venv", str(built), "--work-dir", str(work)])
+        train_peer.main(["--venv", str(built), "--work-dir", str(work)])
     assert "--out is required" in capsys.readouterr().err
 
 
@@ -301,21 +302,19 @@ def test_cuda_torch_is_refused_unless_allowed():
                                           "requires_dist": requires},
                              "download_info": {"url": "https://example/torch.whl"}}]}  # fmt: skip
 
-    assert (
-        fairseq_peer.check_torch_report(report("2.13.0+cpu", ["filelock"]), False) == "2.13.0+cpu"
-    )
+    assert train_peer.check_torch_report(report("2.13.0+cpu", ["filelock"]), False) == "2.13.0+cpu"
     cuda = report("2.13.0", ["filelock", "nvidia-cublas-cu12==12.8; platform_system == 'Linux'"])
     with pytest.raises(SystemExit, match="CUDA build"):
-        fairseq_peer.check_torch_report(cuda, allow_cuda=False)
-    assert fairseq_peer.check_torch_report(cuda, allow_cuda=True) == "2.13.0"
+        train_peer.check_torch_report(cuda, allow_cuda=False)
+    assert train_peer.check_torch_report(cuda, allow_cuda=True) == "2.13.0"
     # a torch already present (--system-site-packages) that satisfies the spec: pip installs
     # nothing, whatever its build, and the venv's probe records its version
-    assert fairseq_peer.check_torch_report({"version": "1", "install": []}, False) is None
+    assert train_peer.check_torch_report({"version": "1", "install": []}, False) is None
 
 
 def test_tool_env_threads_and_no_project_python(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    env = fairseq_peer.tool_env(args_for("--venv", str(tmp_path / "v"), "--threads", "2"))
+    env = train_peer.tool_env(args_for("--venv", str(tmp_path / "v"), "--threads", "2"))
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
     assert env["PATH"].startswith(str(tmp_path / "v" / "bin"))
     assert "PYTHONPATH" not in env and "VIRTUAL_ENV" not in env
@@ -324,7 +323,7 @@ def test_tool_env_threads_and_no_project_python(tmp_path, monkeypatch):
 
 def test_dry_run_builds_and_runs_nothing(tmp_path, capsys):
     venv, work = tmp_path / "venv", tmp_path / "work"
-    payload = fairseq_peer.main(["--out", str(tmp_path / "r.json"), "--venv", str(venv),
+    payload = train_peer.main(["--out", str(tmp_path / "r.json"), "--venv", str(venv),
                                  "--work-dir", str(work), "--dry-run"])  # fmt: skip
     assert not venv.exists() and not work.exists() and not (tmp_path / "r.json").exists()
     printed = capsys.readouterr().out.splitlines()
@@ -354,10 +353,10 @@ def test_average_last_epoch_checkpoints_is_the_elementwise_mean(tmp_path):
               for epoch in (1, 2, 9, 10)}  # fmt: skip
     fake_checkpoint(tmp_path / "checkpoint_last.pt", 99)
     fake_checkpoint(tmp_path / "checkpoint_best.pt", 98)
-    chosen = fairseq_peer.last_epoch_checkpoints(tmp_path, 3)
+    chosen = train_peer.last_epoch_checkpoints(tmp_path, 3)
     assert [p.name for p in chosen] == ["checkpoint10.pt", "checkpoint9.pt", "checkpoint2.pt"]
     output = tmp_path / "avg.pt"
-    fairseq_peer.main(["average", "--inputs", str(tmp_path), "--num-epoch-checkpoints", "3",
+    train_peer.main(["average", "--inputs", str(tmp_path), "--num-epoch-checkpoints", "3",
                        "--output", str(output)])  # fmt: skip
     averaged = torch.load(output, weights_only=False)
     used = [states[e]["model"] for e in (10, 9, 2)]
@@ -373,7 +372,7 @@ def test_average_last_epoch_checkpoints_is_the_elementwise_mean(tmp_path):
 def test_averaging_refuses_too_few_checkpoints(tmp_path):
     fake_checkpoint(tmp_path / "checkpoint1.pt", 1)
     with pytest.raises(SystemExit, match="1 epoch checkpoints"):
-        fairseq_peer.last_epoch_checkpoints(tmp_path, 2)
+        train_peer.last_epoch_checkpoints(tmp_path, 2)
 
 
 # ---------------------------------------------------------------- fairseq's output
@@ -414,7 +413,7 @@ def test_parse_train_log_counts_updates_tokens_and_val_loss():
         "2026-05-01 10:05:00 | INFO | fairseq_cli.train | early stop since valid performance "
         "hasn't improved for last 10 runs",
     ]
-    parsed = fairseq_peer.parse_train_log(lines)
+    parsed = train_peer.parse_train_log(lines)
     assert (parsed["epochs"], parsed["updates"]) == (2, 80)
     assert parsed["target_tokens"] == round(7000.5 * 50 + 7100 * 30)
     # train_wall is per epoch (fairseq resets the epoch's meters), wall is cumulative
@@ -430,15 +429,15 @@ def test_parse_generate_orders_hypotheses_and_reads_bleu4():
         "2026-05-01 | INFO | fairseq_cli.generate | Translated 2 sentences",
         BLEU_LINE,
     ]  # fmt: skip
-    hypotheses, bleu = fairseq_peer.parse_generate(lines, expected=2)
+    hypotheses, bleu = train_peer.parse_generate(lines, expected=2)
     assert hypotheses == ["ein mann .", "zwei hunde ."]
     assert bleu["bleu4"] == 41.02 and bleu["reflen"] == 12103 and bleu["syslen"] == 12096
     assert bleu["precisions"] == [71.0, 47.5, 34.3, 24.5]
     with pytest.raises(SystemExit, match="missing"):
-        fairseq_peer.parse_generate(["D-1\t-0.5\tzwei hunde ."], expected=2)
+        train_peer.parse_generate(["D-1\t-0.5\tzwei hunde ."], expected=2)
     # fairseq 0.12 drops a last batch that is not a multiple of --required-batch-size-multiple
     with pytest.raises(SystemExit, match="translated 2 of 3"):
-        fairseq_peer.parse_generate(lines, expected=3)
+        train_peer.parse_generate(lines, expected=3)
 
 
 # ---------------------------------------------------------------- end to end (fairseq venv)
@@ -446,13 +445,13 @@ def test_parse_generate_orders_hypotheses_and_reads_bleu4():
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not (fairseq_peer.DEFAULT_VENV / fairseq_peer.VENV_MARKER).exists(),
-    reason="no fairseq venv (built by `python -m benchmarks.fairseq_peer`, never by the tests)",
+    not (train_peer.DEFAULT_VENV / train_peer.VENV_MARKER).exists(),
+    reason="no fairseq venv (built by `python -m benchmarks.fairseq.train_peer`, never by the tests)",
 )
 def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
     """A few updates on a few hundred pairs through every stage with the real fairseq."""
     out = tmp_path / "result.json"
-    payload = fairseq_peer.main([
+    payload = train_peer.main([
         "--out", str(out), "--corpus", str(multi30k_dir), "--work-dir", str(tmp_path / "work"),
         "--max-train-pairs", "400", "--max-eval-pairs", "40", "--bpe-merges", "500",
         "--max-update", "6", "--average-last", "2", "--warmup-updates", "4",
@@ -466,7 +465,7 @@ def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
         assert result["fairseq_bleu4"] is not None
         assert 0.0 <= result["bleu_tok_lc"] <= 100.0 and "bleu_lc" in result
         # beside the result: the detokenized translations its scores were computed from
-        hypotheses = fairseq_peer.hypotheses_path(out, split).read_text().splitlines()
+        hypotheses = train_peer.hypotheses_path(out, split).read_text().splitlines()
         assert len(hypotheses) == 40 and any(hypotheses)
 
 
@@ -492,9 +491,9 @@ def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
         "num_tgt_tokens": 10,
     }
     spec_path = train_throughput.write_fairseq_handover(tmp_path, cfg, batch, tokens, vocab=1000)
-    read, spec = fairseq_step.read_handover(spec_path)
-    assert set(read) == set(fairseq_step.BATCH_KEYS)
-    for key in fairseq_step.BATCH_KEYS:
+    read, spec = step_speed.read_handover(spec_path)
+    assert set(read) == set(step_speed.BATCH_KEYS)
+    for key in step_speed.BATCH_KEYS:
         assert torch.equal(read[key], batch[key])
     assert spec["vocab_size"] == 1000 and spec["special_ids"] == tokens
     assert spec["threads"] == torch.get_num_threads()
@@ -517,7 +516,7 @@ def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
     for switch in ("--encoder-normalize-before", "--encoder-learned-pos", "--bf16", "--fp16"):
         assert switch not in flags  # post-norm, sinusoidal, float32
 
-    sample = fairseq_step.fairseq_sample(read, pad_id=spec["special_ids"]["pad_id"])
+    sample = step_speed.fairseq_sample(read, pad_id=spec["special_ids"]["pad_id"])
     net_input = sample["net_input"]
     assert torch.equal(net_input["src_tokens"], batch["src"])
     assert torch.equal(net_input["prev_output_tokens"], batch["tgt_in"])
@@ -531,22 +530,22 @@ def test_fairseq_system_is_skipped_with_a_reason_without_its_venv(tmp_path):
     absent = tmp_path / "absent"
     reason = train_throughput.fairseq_unavailable(absent, cpu)
     assert reason == (f"no fairseq venv at {absent}; build it with "
-                      f"`python -m benchmarks.fairseq_peer --build-venv-only --venv {absent}`")  # fmt: skip
+                      f"`python -m benchmarks.fairseq.train_peer --build-venv-only --venv {absent}`")  # fmt: skip
     unfinished = tmp_path / "unfinished"  # a build that stopped before its marker
     (unfinished / "bin").mkdir(parents=True)
     assert "no fairseq venv" in train_throughput.fairseq_unavailable(unfinished, cpu)
-    default = train_throughput.fairseq_unavailable(fairseq_peer.DEFAULT_VENV, torch.device("cuda"))
+    default = train_throughput.fairseq_unavailable(train_peer.DEFAULT_VENV, torch.device("cuda"))
     assert "CPU" in default
     built = tmp_path / "built"
     built.mkdir()
-    (built / fairseq_peer.VENV_MARKER).write_text(json.dumps({"spec": {}}))
+    (built / train_peer.VENV_MARKER).write_text(json.dumps({"spec": {}}))
     assert train_throughput.fairseq_unavailable(built, cpu) is None
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
-    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+    train_peer.built_venv(train_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`)",
 )
 def test_train_throughput_times_fairseq_at_our_sizes(tokenized_smoke, capsys):
     """The real fairseq in its venv, beside ours: the same parameter count, a positive step
@@ -567,4 +566,4 @@ def test_train_throughput_times_fairseq_at_our_sizes(tokenized_smoke, capsys):
         assert result["ratio"][name] == pytest.approx(
             result["tgt_tokens_per_s"]["ours"] / result["tgt_tokens_per_s"][name]
         )
-    assert fairseq_step.NO_CPU_BF16 in capsys.readouterr().out
+    assert step_speed.NO_CPU_BF16 in capsys.readouterr().out

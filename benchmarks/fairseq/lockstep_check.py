@@ -1,9 +1,8 @@
-"""Ours and fairseq trained in lockstep: the same weights, the same batches, update by update
-(issue #19: on the same subwords ours validates ~0.05-0.1 nats above fairseq after a few
-hundred updates; is a training step computed otherwise?).
+"""Ours and fairseq trained in lockstep: the same weights, the same batches, update by update:
+is a training step computed otherwise by the two?
 
 Both start from one set of weights (ours, `model.init` as configured, copied into fairseq's
-TransformerModel as `benchmarks.fairseq_decode` copies them) and take the same first
+TransformerModel as `benchmarks.fairseq.decode_checkpoint` copies them) and take the same first
 `--updates` updates of the run's own training batches (its token batch sampler, two batches
 per update under the recipe): ours through a real Lightning Trainer with this pipeline's
 `TranslationModule` (accumulation, the update's loss normalisation, clipping, the warm-up
@@ -14,9 +13,9 @@ update: the learning rate, the loss per target token, the gradient norm after no
 and, at a few updates, how far the two sets of weights are apart (largest difference relative
 to the tensor's largest weight, and the relative size of the whole difference).
 
-    python -m benchmarks.fairseq_lockstep --out results/parity/diagnostics/lockstep.json
+    python -m benchmarks.fairseq.lockstep_check --out results/parity/diagnostics/lockstep.json
         [--updates 200] [--warmup-init-lr-as-ours] [--threads 2]
-    python -m benchmarks.fairseq_lockstep --summarize RESULT... [--update-readme README]
+    python -m benchmarks.fairseq.lockstep_check --summarize RESULT... [--update-readme README]
 
 Run it in a run's folder (its params.yaml and tokenized data, after `dvc repro tokenize`).
 `--warmup-init-lr-as-ours` starts fairseq's warm-up where ours starts (its first update at
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 SPEC_FILE = "spec.json"
-WEIGHTS_FILE = "weights.pt"  # fairseq names, as benchmarks.fairseq_decode writes them
+WEIGHTS_FILE = "weights.pt"  # fairseq names, as benchmarks.fairseq.decode_checkpoint writes them
 BATCHES_FILE = "batches.pt"  # list of updates, each a list of batches (src, tgt_in, tgt_out)
 RECORD_FILE = "fairseq_record.json"
 SNAPSHOTS_FILE = "fairseq_snapshots.pt"  # {update: fairseq state dict}
@@ -59,8 +58,8 @@ def worker_main(folder: Path) -> None:
     from fairseq import metrics
     from fairseq.trainer import Trainer
 
-    from benchmarks.fairseq_decode import load_into_fairseq
-    from benchmarks.fairseq_step import build_task_and_model, fairseq_sample, quiet_fairseq
+    from benchmarks.fairseq.decode_checkpoint import load_into_fairseq
+    from benchmarks.fairseq.step_speed import build_task_and_model, fairseq_sample, quiet_fairseq
 
     quiet_fairseq()
     spec = json.loads((folder / SPEC_FILE).read_text())
@@ -100,8 +99,8 @@ def our_rate(cfg, step: int) -> float:
 
 def fairseq_flags_for(cfg, warmup_init_lr: float) -> list[str]:
     """fairseq-train's flags for the recipe of `cfg` (sizes, dropouts, Adam, clipping, the
-    warm-up schedule and label smoothing), as benchmarks.fairseq_peer passes them."""
-    from benchmarks import fairseq_peer
+    warm-up schedule and label smoothing), as benchmarks.fairseq.train_peer passes them."""
+    from benchmarks.fairseq import train_peer
     from benchmarks.train_throughput import fairseq_flags
 
     t = cfg.train
@@ -113,7 +112,7 @@ def fairseq_flags_for(cfg, warmup_init_lr: float) -> list[str]:
     }  # fmt: skip
     flags = fairseq_flags(cfg)
     flags[flags.index("--lr") : flags.index("--lr") + 2] = []  # the schedule's --lr instead
-    return [*flags, *fairseq_peer.flag_list(schedule)]
+    return [*flags, *train_peer.flag_list(schedule)]
 
 
 def our_updates(cfg, count: int) -> tuple[list[list[dict]], int]:
@@ -215,7 +214,11 @@ def weights_apart(ours: dict, theirs: dict) -> dict:
 def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float | None) -> dict:
     import copy
 
-    from benchmarks.fairseq_decode import fairseq_positions, fairseq_state_dict, run_worker
+    from benchmarks.fairseq.decode_checkpoint import (
+        fairseq_positions,
+        fairseq_state_dict,
+        run_worker,
+    )
     from pipeline.model.transformer import Transformer
 
     cfg = copy.deepcopy(cfg)
@@ -245,7 +248,7 @@ def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float
                    folder / WEIGHTS_FILE)  # fmt: skip
         torch.save([[{k: b[k] for k in BATCH_KEYS} for b in update] for update in updates],
                    folder / BATCHES_FILE)  # fmt: skip
-        run_worker(venv, folder, module="benchmarks.fairseq_lockstep")
+        run_worker(venv, folder, module="benchmarks.fairseq.lockstep_check")
         theirs = json.loads((folder / RECORD_FILE).read_text())
         their_weights = torch.load(folder / SNAPSHOTS_FILE, weights_only=True)
     ours, our_weights = train_ours(cfg, vocab_size, initial.state_dict(), updates, marks)
@@ -264,9 +267,9 @@ def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float
 
 
 def fairseq_peer_default(name: str):
-    from benchmarks import fairseq_peer
+    from benchmarks.fairseq import train_peer
 
-    return getattr(fairseq_peer.build_parser().parse_args(["--out", "unused"]), name)
+    return getattr(train_peer.build_parser().parse_args(["--out", "unused"]), name)
 
 
 def format_table(result: dict) -> str:
@@ -284,7 +287,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-BEGIN, END = "<!-- lockstep:begin -->", "<!-- lockstep:end -->"
+BLOCK = "lockstep"  # the diagnostics README's generated table
 
 
 def markdown(paths: Sequence[Path]) -> str:
@@ -316,7 +319,7 @@ def markdown(paths: Sequence[Path]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from benchmarks.fairseq_peer import DEFAULT_VENV
+    from benchmarks.fairseq.train_peer import DEFAULT_VENV
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the result JSON (a run)")
@@ -336,7 +339,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
-    from pipeline import config, readme
+    from pipeline import config, docs_blocks
     from pipeline.data.corpus import write_json_atomic
     from pipeline.environment import provenance
 
@@ -344,7 +347,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
     if args.summarize:
         block = markdown(args.summarize)
         if args.update_readme:
-            readme.fill(args.update_readme, BEGIN, END, block)
+            docs_blocks.fill(args.update_readme, BLOCK, block)
         print(block, end="")
         return
     if args.out is None:

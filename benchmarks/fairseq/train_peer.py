@@ -1,11 +1,10 @@
-"""Wu et al. (2021)'s Transformer-tiny recipe run with fairseq itself, beside ours (issue #19).
+"""Wu et al. (2021)'s Transformer-tiny recipe run with fairseq itself, beside ours.
 
-    python -m benchmarks.fairseq_peer --out results/fairseq_peer.json [--max-update 8000] [...]
-    python -m benchmarks.fairseq_peer --build-venv-only   # stage 1 alone (train_throughput's fairseq)
+    python -m benchmarks.fairseq.train_peer --out results/fairseq_peer.json [--max-update 8000] [...]
+    python -m benchmarks.fairseq.train_peer --build-venv-only   # stage 1 alone (train_throughput's fairseq)
 
-#8 ended at 39.3 lowercased BLEU on test2016 against the 41.0 of Wu et al. (2021), "Good for
-Misconceived Reasons" (their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh).
-This harness runs the toolkit that produced 41.0 on this machine, end to end, and scores its
+Wu et al. (2021), "Good for Misconceived Reasons", report 41.0 lowercased BLEU on test2016
+(their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh). This harness runs the toolkit that produced 41.0 on this machine, end to end, and scores its
 output with this project's own scoring, so the two systems are compared by one yardstick:
 
  1. venv      its own virtual environment, outside the repository (`--venv`, default
@@ -89,10 +88,10 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-# Only the standard library at module level: `python -m benchmarks.fairseq_peer average ...`
+# Only the standard library at module level: `python -m benchmarks.fairseq.train_peer average ...`
 # runs inside the fairseq venv, which has torch but none of this project's packages.
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "transformer-ablations"
 DEFAULT_VENV = CACHE / "fairseq-venv"
 DEFAULT_WORK_DIR = CACHE / "fairseq-peer"
@@ -691,7 +690,7 @@ def device_flags(args: argparse.Namespace) -> list[str]:
 
 def average_command(args: argparse.Namespace, layout: Layout) -> list[str]:
     return [
-        venv_bin(args, "python"), "-m", "benchmarks.fairseq_peer", "average",
+        venv_bin(args, "python"), "-m", "benchmarks.fairseq.train_peer", "average",
         "--inputs", str(layout.checkpoints), "--num-epoch-checkpoints", str(args.average_last),
         "--output", str(layout.averaged(args.average_last)),
     ]  # fmt: skip
@@ -755,7 +754,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
 
 
 def average_main(argv: Sequence[str]) -> None:
-    """`python -m benchmarks.fairseq_peer average --inputs DIR --num-epoch-checkpoints N
+    """`python -m benchmarks.fairseq.train_peer average --inputs DIR --num-epoch-checkpoints N
     --output FILE` (inside the fairseq venv): the flags of fairseq's script."""
     import torch
 
@@ -871,7 +870,7 @@ def score_split(args: argparse.Namespace, subset: str, detokenized: list[str]) -
 
 def hypotheses_path(out: Path, split: str) -> Path:
     """Where the detokenized translations of `split` go beside the result `out` (what a paired
-    bootstrap against another system reads: `benchmarks.parity`)."""
+    bootstrap against another system reads: `benchmarks.fairseq.parity`)."""
     return out.with_name(f"{out.stem}.{split}.hyp")
 
 
@@ -1018,7 +1017,7 @@ def run(args: argparse.Namespace) -> dict:
         "wall_s": wall,
         "reused_stages": reused,
         "venv": {key: venv[key] for key in ("build_s", "steps_s", "versions", "reused")},
-        "command": shlex.join([sys.executable, "-m", "benchmarks.fairseq_peer", *args.argv]),
+        "command": shlex.join([sys.executable, "-m", "benchmarks.fairseq.train_peer", *args.argv]),
         "commands": commands,
         "threads": args.threads,
         "cpu_count": os.cpu_count(),

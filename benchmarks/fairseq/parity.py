@@ -1,11 +1,11 @@
-"""README's "Parity with fairseq" table (issue #19), generated from committed results only.
+"""The parity table of docs/parity.md, generated from committed results only.
 
-    python -m benchmarks.parity                           # print the block
-    python -m benchmarks.parity --update-readme README.md # write it between README's markers,
-                                                          # and draw results/parity/parity.png
+    python -m benchmarks.fairseq.parity                # print the block
+    python -m benchmarks.fairseq.parity --update-docs  # write it into docs/parity.md,
+                                                       # and draw results/parity/parity.png
 
 Rows come from two kinds of committed runs:
-- fairseq: `results/parity/*.json`, each written by `python -m benchmarks.fairseq_peer --out
+- fairseq: `results/parity/*.json`, each written by `python -m benchmarks.fairseq.train_peer --out
   results/parity/<name>.json ...` with its detokenized translations beside it
   (`<name>.<split>.hyp`);
 - ours: the rows of `python -m pipeline.results record` under `results/` that ran Wu et al.'s
@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import readme, results
+from pipeline import docs_blocks, results
 from pipeline.cli import main
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring
@@ -40,7 +40,8 @@ from pipeline.evaluation import scoring
 PARITY_DIR = results.RESULTS_ROOT / "parity"
 WU_RECIPE = "multi30k_wu2021"  # conf/experiment/multi30k_wu2021.yaml
 DEFAULT_RECIPE_COMMAND = "make repro"
-BEGIN, END = "<!-- parity:begin -->", "<!-- parity:end -->"
+BLOCK = "parity"
+PAGE = docs_blocks.DOCS / "parity.md"
 SPLITS = (results.VAL_SPLIT, results.TEST_SPLIT)
 P_METRIC = "bleu_lc"
 FIGURE = "parity.png"  # in PARITY_DIR
@@ -74,8 +75,8 @@ class Run:
 
 
 def fairseq_runs(parity_dir: Path) -> list[Run]:
-    """Every committed `benchmarks.fairseq_peer` result (smoke runs refused: not a result)."""
-    from benchmarks import fairseq_peer
+    """Every committed `benchmarks.fairseq.train_peer` result (smoke runs refused: not a result)."""
+    from benchmarks.fairseq import train_peer
 
     runs = []
     for path in sorted(parity_dir.glob("*.json")):
@@ -99,8 +100,9 @@ def fairseq_runs(parity_dir: Path) -> list[Run]:
             tokens_per_s=payload["tokens_per_s"],
             scores=payload["scores"],
             hardware=f"{payload['hardware']}, fp32, {payload['threads']} thread(s)",
-            command=f"python -m benchmarks.fairseq_peer {' '.join(payload['command'].split()[3:])}",
-            hypotheses={s: fairseq_peer.hypotheses_path(path, s) for s in payload["scores"]},
+            command=payload.get("reproduce")
+            or f"python -m benchmarks.fairseq.train_peer {' '.join(payload['command'].split()[3:])}",
+            hypotheses={s: train_peer.hypotheses_path(path, s) for s in payload["scores"]},
         ))  # fmt: skip
     return runs
 
@@ -170,18 +172,18 @@ def our_runs(results_root: Path) -> list[Run]:
             tokens_per_s=train["train/tokens_per_sec"],
             scores={s: row["eval.json"][s] for s in SPLITS},
             hardware=f"{run['hardware']}, {train['precision']}",
-            command=run["command"],
+            command=results.reproduce_command(run),
             hypotheses={s: folder / f"{s}.hyp" for s in SPLITS},
         ))  # fmt: skip
     return runs
 
 
-DECODING_DIR = "decoding"  # under PARITY_DIR: benchmarks.fairseq_decode results
+DECODING_DIR = "decoding"  # under PARITY_DIR: benchmarks.fairseq.decode_checkpoint results
 SEARCH_NAMES = {"ours": "our beam search", "fairseq": "fairseq 0.12's beam search"}
 
 
 def decoding_results(parity_dir: Path) -> list[tuple[Path, dict]]:
-    """Every committed `benchmarks.fairseq_decode` result, by file name."""
+    """Every committed `benchmarks.fairseq.decode_checkpoint` result, by file name."""
     paths = sorted((parity_dir / DECODING_DIR).glob("*.json"))
     loaded = [(path, json.loads(path.read_text(encoding="utf-8"))) for path in paths]
     return [(path, payload) for path, payload in loaded
@@ -189,11 +191,11 @@ def decoding_results(parity_dir: Path) -> list[tuple[Path, dict]]:
 
 
 def decoded_runs(parity_dir: Path) -> list[Run]:
-    """Our models decoded by both searches (`benchmarks.fairseq_decode`), a row per search:
+    """Our models decoded by both searches (`benchmarks.fairseq.decode_checkpoint`), a row per search:
     named with what differs from Wu et al.'s preset (init, segmentation: the fairseq harness's
     segmented files, or a tokenizer other than the preset's) and, for fairseq's search, with
     that."""
-    from benchmarks.fairseq_decode import HARNESS_SUBWORDS, SEARCHES, hypotheses_path
+    from benchmarks.fairseq.decode_checkpoint import HARNESS_SUBWORDS, SEARCHES, hypotheses_path
 
     runs, preset = [], None
     for path, payload in decoding_results(parity_dir):
@@ -210,7 +212,7 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
             named.append(f"{run['subwords']} subwords")
         elif (model_type := run["subwords"]) != preset["data"]["tokenizer"]["model_type"]:
             named.append(f"data.tokenizer.model_type {model_type}")
-        command = f"{payload['train_command']}; {payload['command']}"
+        command = payload.get("reproduce") or f"{payload['train_command']}; {payload['command']}"
         for search in SEARCHES:
             runs.append(Run(
                 system="ours",
@@ -231,7 +233,7 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
 
 
 def decoding_lines(parity_dir: Path) -> list[str]:
-    """One model, two searches: for each committed fairseq_decode result, ours minus fairseq's
+    """One model, two searches: for each committed decode_checkpoint result, ours minus fairseq's
     search per split, how many translations are the same, and which search's translation the
     model itself ranks higher where they differ."""
     lines = []
@@ -284,9 +286,9 @@ def table(runs: list[Run]) -> list[str]:
 
 def scoring_references(split: str, lang: str = "de") -> list[str]:
     """The raw references of `split`, normalised as `prepare` and both systems' scoring do."""
-    from benchmarks import fairseq_peer
+    from benchmarks.fairseq import train_peer
 
-    return fairseq_peer.raw_references(fairseq_peer.default_corpus(), split, lang)
+    return train_peer.raw_references(train_peer.default_corpus(), split, lang)
 
 
 def comparisons(runs: list[Run]) -> list[str]:
@@ -403,18 +405,20 @@ def figure(runs: list[Run], out: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.parity", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fairseq.parity", description=__doc__
+    )
     parser.add_argument("--results", type=Path, default=results.RESULTS_ROOT)
     parser.add_argument("--parity-dir", type=Path, default=PARITY_DIR)
-    parser.add_argument("--update-readme", type=Path, default=None, metavar="README")
+    docs_blocks.add_update_argument(parser, f"{PAGE} (and draw {FIGURE})")
     return parser.parse_args(argv)
 
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     block = markdown(args.results, args.parity_dir)
-    if args.update_readme:
-        readme.fill(args.update_readme, BEGIN, END, block)
+    if args.update_docs:
+        docs_blocks.fill(args.update_docs / PAGE, BLOCK, block)
         figure(all_runs(args.results, args.parity_dir), args.parity_dir / FIGURE)
     print(block, end="")
 

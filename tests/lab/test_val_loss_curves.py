@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import parity_curves
+from benchmarks.fairseq import val_loss_curves
+from pipeline import docs_blocks
 
 
 @pytest.fixture
@@ -28,33 +29,36 @@ def parity_dir(tmp_path):
     diagnostics.mkdir()
     rows = "".join(f"{61 * e}\t{6.0 / e}\n" for e in range(1, 6))  # ours: 61 updates an epoch
     (diagnostics / "ours_x.val_loss.tsv").write_text("step\tloss\n" + rows)
-    readme = f"# Diagnostics\n\n{parity_curves.BEGIN}\nstale\n{parity_curves.END}\nafter\n"
+    begin, end = docs_blocks.markers(val_loss_curves.BLOCK)
+    readme = f"# Diagnostics\n\n{begin}\nstale\n{end}\nafter\n"
     (diagnostics / "README.md").write_text(readme)
     return tmp_path
 
 
 def test_curves_share_a_scale_and_ours_is_read_at_fairseqs_updates(parity_dir):
-    fairseq = parity_curves.fairseq_curves(parity_dir, max_update=620)
+    fairseq = val_loss_curves.fairseq_curves(parity_dir, max_update=620)
     assert list(fairseq) == ["fairseq_a", "fairseq_b"]  # one without per-epoch losses: none
-    assert list(parity_curves.fairseq_curves(parity_dir)) == [
+    assert list(val_loss_curves.fairseq_curves(parity_dir)) == [
         "fairseq_a",
         "fairseq_b",
         "fairseq_longer",
     ]
     updates, losses = fairseq["fairseq_a"]
     assert updates[2] == 186 and losses[1] == pytest.approx(4.0 * math.log(2))  # bits -> nats
-    ours = parity_curves.our_curves(parity_dir / "diagnostics")["ours_x"]
+    ours = val_loss_curves.our_curves(parity_dir / "diagnostics")["ours_x"]
     # update 124 lies between our validations at 122 (3.0) and 183 (2.0)
-    assert parity_curves.read_at(ours, 124) == pytest.approx(np.interp(124, [122, 183], [3.0, 2.0]))
-    assert parity_curves.read_at(ours, 60) is None and parity_curves.read_at(ours, 306) is None
+    assert val_loss_curves.read_at(ours, 124) == pytest.approx(
+        np.interp(124, [122, 183], [3.0, 2.0])
+    )
+    assert val_loss_curves.read_at(ours, 60) is None and val_loss_curves.read_at(ours, 306) is None
 
 
 def test_cli_writes_the_figure_and_the_readme_table(parity_dir, capsys):
     diagnostics = parity_dir / "diagnostics"
-    parity_curves.cli(["--parity-dir", str(parity_dir), "--diagnostics", str(diagnostics),
+    val_loss_curves.cli(["--parity-dir", str(parity_dir), "--diagnostics", str(diagnostics),
                        "--reference", "fairseq_a"])  # fmt: skip
     printed = capsys.readouterr().out
-    assert (diagnostics / parity_curves.FIGURE).stat().st_size > 0
+    assert (diagnostics / val_loss_curves.FIGURE).stat().st_size > 0
     text = (diagnostics / "README.md").read_text()
     assert "stale" not in text and printed in text and text.endswith("after\n")
     rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines()[2:]}
@@ -68,13 +72,14 @@ def test_cli_writes_the_figure_and_the_readme_table(parity_dir, capsys):
 
 
 def test_readme_table_is_the_commands_output():
-    from pipeline import readme
     from tests.conftest import REPO_ROOT
 
-    parity_dir, reference = REPO_ROOT / parity_curves.PARITY_DIR, "fairseq_wu2021_3000_seed1"
-    curves = parity_curves.fairseq_curves(parity_dir, parity_curves.budget(parity_dir, reference))
-    ours = parity_curves.our_curves(REPO_ROOT / parity_curves.DIAGNOSTICS)
-    block = "\n".join(parity_curves.table(reference, curves, ours)) + "\n"
-    committed = readme.read(REPO_ROOT / parity_curves.DIAGNOSTICS / "README.md", parity_curves.BEGIN,
-                            parity_curves.END)  # fmt: skip
+    parity_dir, reference = REPO_ROOT / val_loss_curves.PARITY_DIR, "fairseq_wu2021_3000_seed1"
+    curves = val_loss_curves.fairseq_curves(
+        parity_dir, val_loss_curves.budget(parity_dir, reference)
+    )
+    ours = val_loss_curves.our_curves(REPO_ROOT / val_loss_curves.DIAGNOSTICS)
+    block = "\n".join(val_loss_curves.table(reference, curves, ours)) + "\n"
+    committed = docs_blocks.read(REPO_ROOT / val_loss_curves.DIAGNOSTICS / "README.md",
+                                 val_loss_curves.BLOCK)  # fmt: skip
     assert committed == block

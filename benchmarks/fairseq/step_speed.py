@@ -1,9 +1,9 @@
-"""fairseq's training step, timed beside ours by `benchmarks.train_throughput` (issue #19).
+"""fairseq's training step, timed beside ours by `benchmarks.train_throughput`.
 
-fairseq lives in its own venv (`python -m benchmarks.fairseq_peer --build-venv-only`), so its
+fairseq lives in its own venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`), so its
 step runs in a worker process of that venv:
 
-    <fairseq venv>/bin/python -m benchmarks.fairseq_step HANDOVER/spec.json
+    <fairseq venv>/bin/python -m benchmarks.fairseq.step_speed HANDOVER/spec.json
 
 train_throughput writes the hand-over (`write_handover`): the batch it times every system on
 (`batch.pt`: src, tgt_in, tgt_out, the same token ids) and `spec.json`: fairseq-train's flags
@@ -188,7 +188,7 @@ class FairseqStepWorker:
     step and returns the worker's own seconds for it."""
 
     def __init__(self, python: str, spec_path: Path, env: dict, cwd: Path) -> None:
-        command = [python, "-m", "benchmarks.fairseq_step", str(spec_path)]
+        command = [python, "-m", "benchmarks.fairseq.step_speed", str(spec_path)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, cwd=cwd, text=True)  # fmt: skip
         self.info = self._read()

@@ -1,62 +1,53 @@
 #!/usr/bin/env bash
-# Long runs on a lent GPU machine (the `device` tool's `run`), which gets a copy of the work
-# tree without .git, has no internet, and holds its own torch (CUDA). The same script runs on
-# a CPU machine (no GPU steps then): tests/test_lent_gpu.py runs it end to end there.
-# Prepared here, on the machine with pip (wheels and corpus in folders that .git/info/exclude
-# lists, `/.whl/` and `/.devrun/`: ignored, so never committed, and named in the run's carry):
-#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl \
-#       <the lock's packages that the GPU image lacks>
-#   cp -r ../shared/data/multi30k .devrun/multi30k
-#   (fairseq jobs) fairseq-fixed==0.12.3.1 and the wheels of its dependencies that the
-#   image lacks (hydra-core 1.3.2, omegaconf 2.3.0, antlr4 4.9.3, bitarray, subword-nmt, mock,
-#   sacremoses, cffi, pycparser) in .devrun/fairseq-wheels, also those that .whl carries (the
-#   fairseq venv's pip does not count $SITE's: 2026-11-26 its build stopped at cffi, and a job
-#   that cannot start leaves the others running). fairseq as a cp312 wheel built here against
-#   the image's torch (`pip wheel --no-deps --no-build-isolation --no-binary fairseq-fixed`
-#   under a Python 3.12 with that torch; without --no-binary pip takes PyPI's cp312 wheel, whose
-#   libbase does not load against torch 2.11) rather than its sdist: the venv then builds in
-#   ~16 s instead of compiling.
-#   A `run` carries at most 64 MiB. Not needed there: ctranslate2, ruff, optuna-dashboard,
-#   psycopg; without them and wandb .whl is 27 MB and one call carries it, the fairseq wheels
-#   and .devrun/multi30k (2026-11-26); wandb (20 MB) then goes in a second call's
-#   LENT_GPU_WHEELS folder before a job that trains (what the first installed in $SITE stays).
-#   Every call must carry each .devrun folder its jobs still read: an ignored path a call does
-#   not carry is removed there (2026-11-26: a second call carrying only the fairseq wheels left
-#   the fairseq job no corpus). A call's `pkill -f PATTERN` also matches the call's own shell,
-#   which dies with no output: write the pattern as `pkill -f 'pipeline[.]stages'`.
-# There, in the tree's root (each a `run` of at most 10 minutes; the jobs outlive a call):
-#   scripts/lent_gpu.sh start <commit> <job>...   # the jobs, in the background
-#   scripts/lent_gpu.sh wait_jobs <seconds>       # progress until every job ended or time is up
-#   scripts/lent_gpu.sh collect [models]          # $OUT/results.tgz.part-*
+# Run a list of jobs on a remote machine that has no internet and no .git (a copy of the work
+# tree, e.g. a rented GPU box), where each command may run only a few minutes: the jobs start in
+# the background and outlive the command that started them, later commands report progress,
+# and a last one packs the results for the trip back. The same script runs on a CPU machine
+# (no GPU steps then); tests/lab/test_remote_jobs.py runs it end to end there.
+#
+# Why not `dvc queue` or several `python -m pipeline.sweep` workers alone: DVC experiments
+# need a git repository, and neither starts fairseq runs, installs carried wheels offline or
+# packs the results into parts small enough to copy back.
+#
+# Carried with the tree (ignored paths, never committed):
+#   .whl/                  wheels of the lock's packages the remote image lacks (pip download
+#                          --no-deps --only-binary=:all: --python-version <the remote's> -d .whl ...)
+#   .devrun/multi30k/      the corpus (cp -r ../shared/data/multi30k .devrun/multi30k)
+#   .devrun/fairseq-wheels fairseq jobs: fairseq-fixed==0.12.3.1 (best as a wheel built against the
+#                          remote's torch) and the wheels of its dependencies
+# Each command that starts or reads jobs must carry every folder they still read.
+#
+# On the remote machine, in the tree's root:
+#   benchmarks/remote_jobs.sh start <commit> <job>...   # the jobs, in the background
+#   benchmarks/remote_jobs.sh wait_jobs <seconds>       # progress until every job ended or time is up
+#   benchmarks/remote_jobs.sh collect [models]          # $OUT/results.tgz.part-* (15 MB parts)
+# <commit> is recorded as each run's commit (the copy has no .git to tell it).
 # Jobs:
 #   study:<spec>                  one `python -m pipeline.sweep <spec>` worker per point left
 #   dvc:<name>:<overrides>        the stages of dvc.yaml in their order, in a folder of their
 #                                 own, on the params.yaml `dvc exp run -S <override>...` writes
 #   wu:<name>:<overrides>         dvc:<name>:experiment=multi30k_wu2021 <overrides>
-#   fairseq:<name>:<options>      python -m benchmarks.fairseq_peer <options> --device cuda
-# Issue the next `run` at once when one returns: a machine idle for 30 s is given back, and
-# the jobs die with it. Everything a job writes lives under $RUNS, outside the tree: each
-# `run` copies the tree again, replacing tracked files (a study's storage, its records).
-# What comes back (`cat results.tgz.part-* | tar xz`): logs/, results/<study>/ (records and a
-# consistent snapshot of study.db: copy them into ablations/results/), dvc/<name>/ (params,
-# metrics, hypotheses, made_on.json, with `models` the averaged model eval/model.ckpt: ~10 MB
-# a run at Wu et al.'s sizes, and what comes back is at most 64 MiB (2026-11-26 five runs'
-# models and logs made 95 MB, and two parts of the archive stayed behind): record it with
+#   fairseq:<name>:<options>      python -m benchmarks.fairseq.train_peer <options> --device cuda
+# Everything a job writes lives under $RUNS, outside the tree, so that a later command that
+# copies the tree again (replacing tracked files) leaves it alone.
+# What comes back (`cat results.tgz.part-* | tar xz`): logs/; results/<study>/ (records and a
+# consistent snapshot of study.db: copy them into ablations/results/); dvc/<name>/ (params,
+# metrics, hypotheses, made_on.json, and with `models` the averaged eval/model.ckpt), to record
+# with
 #   python -m pipeline.results record <row> --command ... --metrics-dir dvc/<name>/metrics \
-#       --params dvc/<name>/params.yaml --eval-dir dvc/<name>/eval --made-on dvc/<name>/made_on.json)
+#       --params dvc/<name>/params.yaml --eval-dir dvc/<name>/eval --made-on dvc/<name>/made_on.json
 # and fairseq/<name>.json with its hypotheses (results/parity/).
 set -u
 ROOT=$(pwd)
-RUNS=${LENT_GPU_RUNS:-/tmp/lent-gpu}
-WHEELS=${LENT_GPU_WHEELS:-.whl}  # carried
-SITE=${LENT_GPU_SITE:-/tmp/site}  # ... installed
+RUNS=${REMOTE_JOBS_RUNS:-/tmp/remote-jobs}
+WHEELS=${REMOTE_JOBS_WHEELS:-.whl}  # carried
+SITE=${REMOTE_JOBS_SITE:-/tmp/site}  # ... installed
 PYTHON=${PYTHON:-python3}
 LOGS=$RUNS/logs
 export PYTHONUNBUFFERED=1 WANDB_MODE=${WANDB_MODE:-disabled}
 export MULTI30K_DIR=${MULTI30K_DIR:-$ROOT/.devrun/multi30k}
 export PYTHONPATH=$SITE:$ROOT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# torch takes the fewer of the two: a fixed MKL_NUM_THREADS=1 held OMP_NUM_THREADS=2 to one
-# thread on a 2-core CPU (2026-11-26, half the tokens/s)
+# torch takes the fewer of the two, so MKL's follows OMP's unless set
 export MKL_NUM_THREADS=${MKL_NUM_THREADS:-$OMP_NUM_THREADS}
 
 # Points of `spec` not yet COMPLETE in the SQLite storage file `$2` (all: no file yet).
@@ -107,11 +98,11 @@ start_fairseq() {
     # carried wheels, offline
     export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
     # shellcheck disable=SC2086
-    "$PYTHON" -m benchmarks.fairseq_peer --build-venv-only $venv_options \
+    "$PYTHON" -m benchmarks.fairseq.train_peer --build-venv-only $venv_options \
         >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; return 1; }
     echo "fairseq: $name ($options)"
     # shellcheck disable=SC2086
-    setsid nohup "$PYTHON" -m benchmarks.fairseq_peer --out "$RUNS/fairseq/$name.json" \
+    setsid nohup "$PYTHON" -m benchmarks.fairseq.train_peer --out "$RUNS/fairseq/$name.json" \
         $venv_options --work-dir "$RUNS/fairseq-work/$name" $options \
         >"$LOGS/fairseq-$name.log" 2>&1 &
 }
@@ -168,7 +159,7 @@ wait_jobs() {
     while ((SECONDS < until)) && (($(running) > 0)); do
         progress
         # never past the deadline: the caller's next step (collect) must fit in its call
-        local left=$((until - SECONDS)) poll=${LENT_GPU_POLL:-60}
+        local left=$((until - SECONDS)) poll=${REMOTE_JOBS_POLL:-60}
         ((left > 0)) && sleep $((left < poll ? left : poll))
     done
     progress
@@ -183,7 +174,7 @@ collect() {
         [[ -f $storage ]] && "$PYTHON" -c "import sqlite3, sys
 sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$storage" "$storage.snapshot"
     done
-    # what a result needs, no checkpoints or data; in parts under the tool's 16 MiB a file
+    # what a result needs, no checkpoints or data; in parts small enough to copy back
     # shellcheck disable=SC2046
     tar czf - --exclude study.db --exclude wandb "${models[@]}" --transform 's/study\.db\.snapshot$/study.db/' logs freeze*.txt \
         $(ls -d results dvc/*/params.yaml dvc/*/made_on.json dvc/*/metrics dvc/*/eval dvc/*/plots \

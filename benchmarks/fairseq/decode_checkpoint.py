@@ -1,18 +1,18 @@
-"""One trained model, two beam searches: is the parity gap in decoding? (issue #19)
+"""One trained model, two beam searches: is a parity gap in decoding?
 
 Translates splits with a model of ours twice, with the same weights: by our beam search as
 the evaluate stage runs it (`pipeline.model.decoding.beam_search`, `eval:` of the run's
 params) and by fairseq 0.12's `SequenceGenerator` as `fairseq-generate` runs it in
-`benchmarks.fairseq_peer` (beam and length penalty of `eval:`, fairseq's defaults otherwise:
+`benchmarks.fairseq.train_peer` (beam and length penalty of `eval:`, fairseq's defaults otherwise:
 max length 0 * |x| + 200, at least one token before eos, no unk penalty, left-padded sources).
 Run it in the run's folder (its params.yaml, as `pipeline.evaluation.decoding_search`):
 
-    python -m benchmarks.fairseq_decode --out results/parity/decoding/NAME.json
+    python -m benchmarks.fairseq.decode_checkpoint --out results/parity/decoding/NAME.json
         [--splits val test_2016_flickr] [--checkpoint CKPT] [--venv VENV] [--threads 2]
 
 The model is the one the evaluate stage scores (`eval/model.ckpt`, else the run's checkpoints
 averaged as `eval:` says); each search's translations are written beside the JSON
-(`NAME.<split>.<ours|fairseq>.hyp`), and `benchmarks.parity` reads both back as rows of its
+(`NAME.<split>.<ours|fairseq>.hyp`), and `benchmarks.fairseq.parity` reads both back as rows of its
 table (the model trained by ours, decoded by either search).
 
 The weights go into fairseq's `TransformerModel` (built by fairseq from our sizes,
@@ -20,14 +20,14 @@ The weights go into fairseq's `TransformerModel` (built by fairseq from our size
 positional table is given ours (fairseq's own sinusoids put every sine before every cosine
 and start at position pad + 1). Before decoding, both models' logits on a probe batch must agree to float32
 rounding, or nothing is decoded. The hypotheses are scored the way the fairseq harness scores
-fairseq's (`fairseq_peer.score_split`: against the split's raw references; a run on Wu et
-al.'s own subword-nmt subwords, `benchmarks.wu2021_segmentation`, has its `@@ ` joiners
+fairseq's (`train_peer.score_split`: against the split's raw references; a run on Wu et
+al.'s own subword-nmt subwords, `benchmarks.fairseq.wu2021_segmentation`, has its `@@ ` joiners
 removed and is Moses-detokenized first), with a paired bootstrap between the two, and each
 hypothesis is scored by the model itself (length-normalised log-probability): where one
 search returns a translation the model ranks lower than the other's, that search missed it.
 
-The worker half runs in fairseq's venv (`python -m benchmarks.fairseq_peer --build-venv-only`):
-`<venv>/bin/python -m benchmarks.fairseq_decode --worker FOLDER`; only the standard library
+The worker half runs in fairseq's venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`):
+`<venv>/bin/python -m benchmarks.fairseq.decode_checkpoint --worker FOLDER`; only the standard library
 and torch at module level.
 """
 
@@ -177,7 +177,7 @@ def fairseq_translate(model, task, spec: dict, sources: list[list[int]]) -> list
 
 
 def worker_main(folder: Path) -> None:
-    from benchmarks.fairseq_step import build_task_and_model, quiet_fairseq
+    from benchmarks.fairseq.step_speed import build_task_and_model, quiet_fairseq
 
     quiet_fairseq()
     spec = json.loads((folder / SPEC_FILE).read_text())
@@ -236,7 +236,7 @@ def model_scores(model, src_ids, hypotheses, eval_cfg, eos_id: int, bos_id: int)
 
 
 def segmented_by_subword_nmt(cfg) -> bool:
-    """A run on Wu et al.'s subword-nmt text (`benchmarks.wu2021_segmentation`): its pieces are
+    """A run on Wu et al.'s subword-nmt text (`benchmarks.fairseq.wu2021_segmentation`): its pieces are
     Moses tokens split by `@@ ` joiners."""
     return cfg.data.source == "text" and cfg.data.tokenizer.model_type == "word"
 
@@ -253,17 +253,19 @@ def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> lis
     return texts
 
 
-def run_worker(venv: Path, folder: Path, module: str = "benchmarks.fairseq_decode") -> None:
+def run_worker(
+    venv: Path, folder: Path, module: str = "benchmarks.fairseq.decode_checkpoint"
+) -> None:
     """`module`'s worker half (`--worker FOLDER`) in fairseq's venv, with the fairseq
     harness's environment."""
-    from benchmarks import fairseq_peer
+    from benchmarks.fairseq import train_peer
 
-    harness = fairseq_peer.build_parser().parse_args(["--venv", str(venv)])
-    if fairseq_peer.built_venv(venv) is None:
+    harness = train_peer.build_parser().parse_args(["--venv", str(venv)])
+    if train_peer.built_venv(venv) is None:
         raise SystemExit(f"no fairseq venv at {venv}: build it with "
-                         "`python -m benchmarks.fairseq_peer --build-venv-only`")  # fmt: skip
-    command = [fairseq_peer.venv_bin(harness, "python"), "-m", module, "--worker", str(folder)]
-    subprocess.run(command, env=fairseq_peer.tool_env(harness), cwd=fairseq_peer.REPO_ROOT,
+                         "`python -m benchmarks.fairseq.train_peer --build-venv-only`")  # fmt: skip
+    command = [train_peer.venv_bin(harness, "python"), "-m", module, "--worker", str(folder)]
+    subprocess.run(command, env=train_peer.tool_env(harness), cwd=train_peer.REPO_ROOT,
                    check=True)  # fmt: skip
 
 
@@ -297,13 +299,13 @@ def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *,
 
 def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str]:
     """What each pipeline scores against: a subword-nmt run's raw references, normalised as
-    the fairseq harness has them (`fairseq_peer.score_split`); otherwise the prepared split, as
+    the fairseq harness has them (`train_peer.score_split`); otherwise the prepared split, as
     our evaluate stage."""
-    from benchmarks import fairseq_peer
+    from benchmarks.fairseq import train_peer
 
     if not segmented_by_subword_nmt(cfg):
         return list(prepared_targets)
-    raw = fairseq_peer.raw_references(Path(cfg.data.raw_dir), split, cfg.data.tgt_lang)
+    raw = train_peer.raw_references(Path(cfg.data.raw_dir), split, cfg.data.tgt_lang)
     if len(raw) != len(prepared_targets):
         raise SystemExit(f"{split}: {len(prepared_targets)} segmented sentences but "
                          f"{len(raw)} raw references in {cfg.data.raw_dir}")  # fmt: skip
@@ -384,7 +386,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
             threads: int, extra: dict | None = None) -> dict:  # fmt: skip
     """Decode each of `splits` with `checkpoint` by both searches; writes `out` and each
     search's translations beside it (`hypotheses_path`); returns what `out` holds."""
-    from benchmarks import fairseq_peer
+    from benchmarks.fairseq import train_peer
     from pipeline.data.corpus import write_json_atomic
     from pipeline.environment import provenance
     from pipeline.evaluation.evaluate import load_model, load_tokenizer, tokenizer_path
@@ -392,7 +394,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
     made_with = provenance()  # at the start: commits made while it runs are not its code
     model = load_model(checkpoint)
     tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
-    harness = fairseq_peer.build_parser().parse_args([])
+    harness = train_peer.build_parser().parse_args([])
     generation = {"beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
                   "batch_size": harness.gen_batch_size, **FAIRSEQ_GENERATION}  # fmt: skip
     entries, translations = {}, {}
@@ -423,7 +425,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from benchmarks.fairseq_peer import DEFAULT_VENV
+    from benchmarks.fairseq.train_peer import DEFAULT_VENV
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the result JSON")
@@ -467,7 +469,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
                          venv=args.venv, threads=args.threads,
                          extra={"averaged_from": averaged_from,
                                 "train_command": args.train_command,
-                                "command": " ".join(["python -m benchmarks.fairseq_decode",
+                                "command": " ".join(["python -m benchmarks.fairseq.decode_checkpoint",
                                                      *(argv or sys.argv[1:])])})  # fmt: skip
     for split, entry in result["splits"].items():
         scores = {name: round(entry["scores"][name]["bleu_lc"], 2) for name in SEARCHES}

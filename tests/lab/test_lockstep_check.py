@@ -1,4 +1,4 @@
-"""benchmarks.fairseq_lockstep (issue #19): the flags that give fairseq our schedule and step,
+"""benchmarks.fairseq.lockstep_check: the flags that give fairseq our schedule and step,
 the snapshot marks, the distance between two sets of weights, and (slow, with a fairseq venv
 built beforehand) the real fairseq trainer and our Lightning module taking the same updates
 from the same weights to the same place, clipping included."""
@@ -12,31 +12,31 @@ import math
 import pytest
 import torch
 
-from benchmarks import fairseq_lockstep, fairseq_peer
-from tests.test_fairseq_peer import flag_values
+from benchmarks.fairseq import lockstep_check, train_peer
+from tests.lab.test_train_peer import flag_values
 
 
 def test_snapshot_marks_are_one_two_five_per_decade_and_the_last():
-    assert fairseq_lockstep.snapshot_updates(200) == [1, 2, 5, 10, 20, 50, 100, 200]
-    assert fairseq_lockstep.snapshot_updates(7) == [1, 2, 5, 7]
+    assert lockstep_check.snapshot_updates(200) == [1, 2, 5, 10, 20, 50, 100, 200]
+    assert lockstep_check.snapshot_updates(7) == [1, 2, 5, 7]
 
 
 def test_weights_apart_is_relative_to_fairseqs_weights():
     theirs = {"a": torch.tensor([1.0, -2.0]), "b": torch.tensor([4.0])}
     ours = {"a": torch.tensor([1.0, -1.0]), "b": torch.tensor([4.0]), "only.ours": torch.ones(1)}
-    apart = fairseq_lockstep.weights_apart(ours, {**theirs, "encoder.version": torch.ones(1)})
+    apart = lockstep_check.weights_apart(ours, {**theirs, "encoder.version": torch.ones(1)})
     assert apart["max_relative"] == pytest.approx(0.5)  # |(-1) - (-2)| / max |a| = 1 / 2
     assert apart["relative_norm"] == pytest.approx(1 / math.sqrt(1 + 4 + 16))
 
 
 def test_fairseq_gets_the_recipes_schedule_and_step(make_config):
     cfg = make_config("experiment=multi30k_wu2021")
-    flags = flag_values(fairseq_lockstep.fairseq_flags_for(cfg, warmup_init_lr=1e-7))
+    flags = flag_values(lockstep_check.fairseq_flags_for(cfg, warmup_init_lr=1e-7))
     assert float(flags["--lr"]) == pytest.approx(0.005, rel=1e-6)  # the preset's peak
     assert flags["--lr-scheduler"] == "inverse_sqrt" and flags["--warmup-updates"] == "2000"
     assert float(flags["--warmup-init-lr"]) == 1e-7 and float(flags["--clip-norm"]) == 25.0
     assert flags["--label-smoothing"] == "0.1" and flags["--optimizer"] == "adam"
-    assert fairseq_lockstep.fairseq_flags_for(cfg, 1e-7).count("--lr") == 1
+    assert lockstep_check.fairseq_flags_for(cfg, 1e-7).count("--lr") == 1
 
 
 def lockstep_config(tokenized_smoke):
@@ -53,14 +53,14 @@ def lockstep_config(tokenized_smoke):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
-    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+    train_peer.built_venv(train_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`)",
 )
 def test_ours_and_fairseqs_trainer_take_the_same_updates(tokenized_smoke):
     cfg = lockstep_config(tokenized_smoke)
     t = cfg.train
     ours_first = t.lr_factor * cfg.model.d_model**-0.5 * t.warmup_steps**-1.5
-    result = fairseq_lockstep.lockstep(cfg, 5, venv=fairseq_peer.DEFAULT_VENV, threads=1,
+    result = lockstep_check.lockstep(cfg, 5, venv=train_peer.DEFAULT_VENV, threads=1,
                                        warmup_init_lr=ours_first)  # fmt: skip
     rows = result["rows"]
     assert [row["update"] for row in rows] == [1, 2, 3, 4, 5]
@@ -74,7 +74,7 @@ def test_ours_and_fairseqs_trainer_take_the_same_updates(tokenized_smoke):
     assert aligned < 1e-3  # float32 sums in another order, and lr within 1% (above)
 
     # fairseq's own warm-up start: its first update at 1e-7, the difference left over
-    unaligned = fairseq_lockstep.lockstep(cfg, 5, venv=fairseq_peer.DEFAULT_VENV, threads=1,
+    unaligned = lockstep_check.lockstep(cfg, 5, venv=train_peer.DEFAULT_VENV, threads=1,
                                           warmup_init_lr=None)["rows"]  # fmt: skip
     assert unaligned[0]["lr_fairseq"] == pytest.approx(1e-7)
     assert unaligned[0]["lr_ours"] == pytest.approx(ours_first)
@@ -91,7 +91,7 @@ def test_summary_shows_the_updates_where_weights_were_compared(tmp_path):
               "provenance": {"hardware": "a CPU", "commit": "abc1234"}}  # fmt: skip
     path = tmp_path / "lockstep_3.json"
     path.write_text(json.dumps(result))
-    block = fairseq_lockstep.markdown([path])
+    block = lockstep_check.markdown([path])
     lines = block.splitlines()
     assert (
         lines[0]
@@ -106,11 +106,11 @@ def test_summary_shows_the_updates_where_weights_were_compared(tmp_path):
 
 
 def test_diagnostics_readme_block_is_the_commands_output():
-    from benchmarks.parity import PARITY_DIR
-    from pipeline import readme
+    from benchmarks.fairseq.parity import PARITY_DIR
+    from pipeline import docs_blocks
     from tests.conftest import REPO_ROOT
 
     diagnostics = REPO_ROOT / PARITY_DIR / "diagnostics"
     results = sorted(diagnostics.glob("lockstep_*.json"))
-    committed = readme.read(diagnostics / "README.md", fairseq_lockstep.BEGIN, fairseq_lockstep.END)
-    assert committed == fairseq_lockstep.markdown(results)
+    committed = docs_blocks.read(diagnostics / "README.md", lockstep_check.BLOCK)
+    assert committed == lockstep_check.markdown(results)

@@ -9,8 +9,8 @@ import pytest
 import sacrebleu
 import yaml
 
-from benchmarks import fairseq_peer, parity
-from pipeline import config, readme, results
+from benchmarks.fairseq import parity, train_peer
+from pipeline import config, docs_blocks, results
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring
 from tests.conftest import REPO_ROOT
@@ -20,7 +20,7 @@ SPLITS = ("val", "test_2016_flickr")
 
 @pytest.fixture
 def references(multi30k_dir, monkeypatch) -> dict[str, list[str]]:
-    monkeypatch.setenv(fairseq_peer.CORPUS_ENV, str(multi30k_dir))
+    monkeypatch.setenv(train_peer.CORPUS_ENV, str(multi30k_dir))
     return {split: parity.scoring_references(split) for split in SPLITS}
 
 
@@ -41,14 +41,14 @@ def committed(tmp_path, references):
         scores = {}
         for split, lines in translations.items():
             scores[split] = scoring.score(lines, references[split], lang="de")
-            fairseq_peer.hypotheses_path(out, split).write_text("\n".join(lines) + "\n")
+            train_peer.hypotheses_path(out, split).write_text("\n".join(lines) + "\n")
         payload = {
             "benchmark": "fairseq_peer", "smoke": smoke,
             "recipe": {"seed": seed, "max_update": max_update},
             "venv": {"versions": {"fairseq": "0.12.3.1"}}, "updates": max_update,
             "target_tokens": 6900 * max_update, "wall_s": {"train": 5400.0},
             "tokens_per_s": 3800.0, "scores": scores, "hardware": "a CPU", "threads": 1,
-            "command": f"/venv/python -m benchmarks.fairseq_peer --out {out} --seed {seed}",
+            "command": f"/venv/python -m benchmarks.fairseq.train_peer --out {out} --seed {seed}",
         }  # fmt: skip
         out.write_text(json.dumps(payload))
 
@@ -193,15 +193,16 @@ def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path
         parity.markdown(root, parity_dir)
 
 
-def test_readme_block_is_the_commands_output(references):
+def test_the_parity_pages_block_is_the_commands_output(references):
+    """docs/parity.md's table is exactly `python -m benchmarks.fairseq.parity --update-docs`."""
     expected = parity.markdown(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
-    assert readme.read(REPO_ROOT / "README.md", parity.BEGIN, parity.END) == expected
+    assert docs_blocks.read(REPO_ROOT / parity.PAGE, parity.BLOCK) == expected
 
 
 def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS,
                    subwords="subword-nmt (Wu et al.)"):  # fmt: skip
-    """A benchmarks.fairseq_decode result: one model's translations by each search."""
-    from benchmarks import fairseq_decode
+    """A benchmarks.fairseq.decode_checkpoint result: one model's translations by each search."""
+    from benchmarks.fairseq import decode_checkpoint
 
     out = parity_dir / parity.DECODING_DIR / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +211,7 @@ def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLIT
         scores = {}
         for search, translations in by_search.items():
             scores[search] = scoring.score(translations[split], references[split], lang="de")
-            fairseq_decode.hypotheses_path(out, split, search).write_text(
+            decode_checkpoint.hypotheses_path(out, split, search).write_text(
                 "\n".join(translations[split]) + "\n"
             )
         entries[split] = {
@@ -226,14 +227,14 @@ def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLIT
         "training": {"steps": 3000, "wall_time_s": 2400.0, "train/tokens_per_sec": 9000.0,
                      "train/target_tokens": 20_000_000, "precision": "bf16-mixed"},
         "splits": entries, "provenance": {"hardware": "a CPU"},
-        "train_command": "dvc exp run -S seed=1", "command": "python -m benchmarks.fairseq_decode",
+        "train_command": "dvc exp run -S seed=1", "command": "python -m benchmarks.fairseq.decode_checkpoint",
     }  # fmt: skip
     out.write_text(json.dumps(payload))
     return out
 
 
 def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, references):
-    """A fairseq_decode result gives a row per search (the model trained by ours), each
+    """A decode_checkpoint result gives a row per search (the model trained by ours), each
     compared with fairseq's runs of its budget, and one line of the two searches side by side."""
     root, fairseq_result, _, exact, worse = committed
     parity_dir = root / "parity"

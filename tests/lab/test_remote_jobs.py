@@ -1,6 +1,7 @@
-"""scripts/lent_gpu.sh, the long runs on a lent GPU machine, run end to end on this CPU: a study
-and a DVC-stage run started in the background, waited for, and packed for the trip back; nothing
-written into the tree (a lent machine's next command copies the tree again)."""
+"""benchmarks/remote_jobs.sh, the job runner for a remote machine without internet, run end to
+end on this CPU: a study and a DVC-stage run started in the background, waited for, and packed
+for the trip back; nothing written into the tree (the remote's next command copies the tree
+again)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from optuna.trial import TrialState
 
 from tests.conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "lent_gpu.sh"
+SCRIPT = REPO_ROOT / "benchmarks" / "remote_jobs.sh"
 
 
 @pytest.mark.slow
 def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, multi30k_dir):
-    study = f"lent-{os.getpid()}"
+    study = f"remote-{os.getpid()}"
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
         "study": study, "kind": "grid", "base_experiment": "smoke",
@@ -35,10 +36,10 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     out.mkdir()
     env = {
         **os.environ,
-        "LENT_GPU_RUNS": str(tmp_path / "runs"),
-        "LENT_GPU_SITE": str(tmp_path / "site"),
-        "LENT_GPU_WHEELS": str(tmp_path / "no-wheels"),  # this machine has what it needs
-        "LENT_GPU_POLL": "2",
+        "REMOTE_JOBS_RUNS": str(tmp_path / "runs"),
+        "REMOTE_JOBS_SITE": str(tmp_path / "site"),
+        "REMOTE_JOBS_WHEELS": str(tmp_path / "no-wheels"),  # this machine has what it needs
+        "REMOTE_JOBS_POLL": "2",
         "PYTHON": sys.executable,
         "MULTI30K_DIR": str(multi30k_dir),
         "OUT": str(out),
@@ -58,7 +59,7 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     assert f"NOT STARTED: {missing}" in started
     assert f"study {study}: starting 2 workers" in started and "dvc: smoke" in started
     # waiting ends at its deadline, not at the next poll after it
-    script("wait_jobs", "1", timeout=30, LENT_GPU_POLL="600")
+    script("wait_jobs", "1", timeout=30, REMOTE_JOBS_POLL="600")
     waited = script("wait_jobs", "600", timeout=660)
     last = [line for line in waited.splitlines() if line.startswith("== ")][-1]
     assert "processes: 0;" in last, waited  # every job ended

@@ -1,4 +1,4 @@
-"""benchmarks.fairseq_decode (issue #19): our weights under fairseq's names, our positional
+"""benchmarks.fairseq.decode_checkpoint: our weights under fairseq's names, our positional
 table in fairseq's layout, and (slow, with a fairseq venv built beforehand) the real fairseq
 computing our model's logits and scoring its own beam search's hypotheses as our model does."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from sacrebleu.metrics import BLEU
 
-from benchmarks import fairseq_decode, fairseq_peer
 from benchmarks.common import bench_config
+from benchmarks.fairseq import decode_checkpoint, train_peer
 from pipeline.model.positional import sinusoid_table
 from pipeline.model.transformer import Transformer
 
@@ -54,7 +54,7 @@ def fairseq_names(layers: int) -> set[str]:
 
 def test_state_dict_is_ours_under_fairseq_names():
     model = tiny_model()
-    converted = fairseq_decode.fairseq_state_dict(model)
+    converted = decode_checkpoint.fairseq_state_dict(model)
     assert set(converted) == fairseq_names(layers=2)
     embedding = model.src_embed.weight
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
@@ -79,7 +79,7 @@ def test_state_dict_is_ours_under_fairseq_names():
 def test_positions_sit_where_fairseq_looks_them_up():
     model = tiny_model()
     pad = 5  # not 0: the offset must follow the pad id
-    table = fairseq_decode.fairseq_positions(model, pad_id=pad)
+    table = decode_checkpoint.fairseq_positions(model, pad_id=pad)
     ours = sinusoid_table(model.cfg.max_positions, model.cfg.d_model)
     assert table.shape == (pad + 1 + model.cfg.max_positions, model.cfg.d_model)
     assert not table[: pad + 1].any()  # fairseq's pad row (and those below it) are zeros
@@ -88,25 +88,25 @@ def test_positions_sit_where_fairseq_looks_them_up():
 
 def test_models_fairseq_cannot_hold_are_refused():
     with pytest.raises(ValueError, match="only sinusoidal"):
-        fairseq_decode.fairseq_positions(tiny_model("model.positional=learned"), pad_id=0)
+        decode_checkpoint.fairseq_positions(tiny_model("model.positional=learned"), pad_id=0)
     with pytest.raises(ValueError, match="tie_embeddings"):
-        fairseq_decode.fairseq_state_dict(tiny_model("model.tie_embeddings=false"))
+        decode_checkpoint.fairseq_state_dict(tiny_model("model.tie_embeddings=false"))
 
 
 def test_a_missing_checkpoint_is_named(make_config, tmp_path):
     with pytest.raises(SystemExit, match="--checkpoint .*absent.ckpt: no such file"):
-        fairseq_decode.run_model(make_config(), tmp_path / "absent.ckpt", tmp_path)
+        decode_checkpoint.run_model(make_config(), tmp_path / "absent.ckpt", tmp_path)
 
 
 def test_left_padding_as_fairseq_pads_sources():
-    padded = fairseq_decode.left_padded([[7, 8, 3], [9, 3]], pad_id=0)
+    padded = decode_checkpoint.left_padded([[7, 8, 3], [9, 3]], pad_id=0)
     assert padded.tolist() == [[7, 8, 3], [0, 9, 3]]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
-    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+    train_peer.built_venv(train_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`)",
 )
 def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
     """The real fairseq with our weights: its teacher-forced logits are ours (the worker's
@@ -119,14 +119,14 @@ def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
     sources = [[*torch.randint(4, VOCAB, (n,), generator=generator).tolist(), SPECIAL["eos_id"]]
                for n in (9, 3, 6, 12, 1, 7)]  # fmt: skip
     generation = {"beam_size": 3, "length_penalty": 1.0, "batch_size": 4,
-                  **fairseq_decode.FAIRSEQ_GENERATION, "max_len_b": 8}  # fmt: skip
-    difference, hypotheses = fairseq_decode.decode_with_fairseq(
-        model, cfg, SPECIAL, sources, generation, venv=fairseq_peer.DEFAULT_VENV, threads=1
+                  **decode_checkpoint.FAIRSEQ_GENERATION, "max_len_b": 8}  # fmt: skip
+    difference, hypotheses = decode_checkpoint.decode_with_fairseq(
+        model, cfg, SPECIAL, sources, generation, venv=train_peer.DEFAULT_VENV, threads=1
     )
-    assert difference <= fairseq_decode.PROBE_TOLERANCE
+    assert difference <= decode_checkpoint.PROBE_TOLERANCE
     assert len(hypotheses) == len(sources)
     eval_cfg = argparse.Namespace(length_penalty=1.0, length_normalization="fairseq")
-    ours = fairseq_decode.model_scores(model, sources, [h["tokens"] for h in hypotheses],
+    ours = decode_checkpoint.model_scores(model, sources, [h["tokens"] for h in hypotheses],
                                        eval_cfg, SPECIAL["eos_id"], SPECIAL["bos_id"])  # fmt: skip
     for hypothesis, score in zip(hypotheses, ours):
         assert 1 <= len(hypothesis["tokens"]) <= 8  # min_len 1, max_len_b 8
@@ -136,8 +136,8 @@ def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    fairseq_peer.built_venv(fairseq_peer.DEFAULT_VENV) is None,
-    reason="no fairseq venv (`python -m benchmarks.fairseq_peer --build-venv-only`)",
+    train_peer.built_venv(train_peer.DEFAULT_VENV) is None,
+    reason="no fairseq venv (`python -m benchmarks.fairseq.train_peer --build-venv-only`)",
 )
 def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     """A trained run's checkpoint decoded by both searches: the JSON is what compare returns,
@@ -145,11 +145,11 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     that file; identical hypotheses are counted as neither search's win."""
     cfg = copy.deepcopy(trained_smoke)
     cfg.paths.eval_dir = str(tmp_path / "eval")  # no model.ckpt there: averaged as evaluate would
-    checkpoint, averaged_from = fairseq_decode.run_model(cfg, None, tmp_path)
+    checkpoint, averaged_from = decode_checkpoint.run_model(cfg, None, tmp_path)
     newest = sorted((Path(cfg.paths.train_dir) / "checkpoints").glob("step-*.ckpt"))
     assert sorted(averaged_from) == sorted(str(p) for p in newest[-cfg.eval.average :])
     out = tmp_path / "decode.json"
-    result = fairseq_decode.compare(cfg, checkpoint, ["val"], out, venv=fairseq_peer.DEFAULT_VENV,
+    result = decode_checkpoint.compare(cfg, checkpoint, ["val"], out, venv=train_peer.DEFAULT_VENV,
                                     threads=1, extra={"averaged_from": averaged_from})  # fmt: skip
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["averaged_from"] == averaged_from and result["run"]["seed"] == cfg.seed
@@ -157,8 +157,8 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     entry = result["splits"]["val"]
     references = (Path(cfg.paths.prepared) / "val.de").read_text(encoding="utf-8").splitlines()
     assert entry["sentences"] == len(references)
-    for name in fairseq_decode.SEARCHES:
-        path = fairseq_decode.hypotheses_path(out, "val", name)
+    for name in decode_checkpoint.SEARCHES:
+        path = decode_checkpoint.hypotheses_path(out, "val", name)
         hypotheses = path.read_text(encoding="utf-8").split("\n")
         assert len(hypotheses[:-1]) == len(references)  # one line each, then the final newline
         expected = BLEU(lowercase=True).corpus_score(hypotheses[:-1], [references]).score
@@ -168,4 +168,4 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
         references
     )
     assert 0.0 < entry["paired_bootstrap_bleu_lc"]["p_value"] <= 1.0
-    assert entry["probe_max_abs_logit_difference"] <= fairseq_decode.PROBE_TOLERANCE
+    assert entry["probe_max_abs_logit_difference"] <= decode_checkpoint.PROBE_TOLERANCE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks import fairseq_peer, wu2021_segmentation
+from benchmarks.fairseq import train_peer, wu2021_segmentation
 from pipeline.data.corpus import prepare
 from pipeline.data.tokenizer import Tokenizer, load_tokenized, tokenize
 
@@ -14,8 +14,8 @@ def _segment(line: str) -> str:
     return " ".join(w if len(w) <= 4 else f"{w[:3]}@@ {w[3:]}" for w in line.split())
 
 
-def _segmented_layout(tmp_path, multi30k_dir) -> tuple[argparse.Namespace, fairseq_peer.Layout]:
-    args = fairseq_peer.build_parser().parse_args(
+def _segmented_layout(tmp_path, multi30k_dir) -> tuple[argparse.Namespace, train_peer.Layout]:
+    args = train_peer.build_parser().parse_args(
         [
             "--corpus",
             str(multi30k_dir),
@@ -27,10 +27,10 @@ def _segmented_layout(tmp_path, multi30k_dir) -> tuple[argparse.Namespace, fairs
             "40",
         ]  # fmt: skip
     )
-    layout = fairseq_peer.Layout(args.work_dir)
-    fairseq_peer.prepare(args, layout, fairseq_peer.data_settings(args))
+    layout = train_peer.Layout(args.work_dir)
+    train_peer.prepare(args, layout, train_peer.data_settings(args))
     layout.bpe.mkdir()
-    for subset in fairseq_peer.SUBSETS:
+    for subset in train_peer.SUBSETS:
         for lang in (args.src, args.tgt):
             text = layout.tok_file(subset, lang).read_text(encoding="utf-8").splitlines()
             segmented = "\n".join(_segment(line) for line in text) + "\n"

@@ -1,16 +1,16 @@
-"""Validation loss per update of the parity runs, fairseq against ours, on one scale (#19).
+"""Validation loss per update of the parity runs, fairseq against ours, on one scale.
 
-    python -m benchmarks.parity_curves   # results/parity/diagnostics/val_loss.png + its README table
+    python -m benchmarks.fairseq.val_loss_curves   # results/parity/diagnostics/val_loss.png + its README table
 
 fairseq logs its validation loss in bits after each epoch (its `per_epoch` in
-`results/parity/<run>.json`, from `benchmarks.fairseq_peer`); ours logs it in nats every
+`results/parity/<run>.json`, from `benchmarks.fairseq.train_peer`); ours logs it in nats every
 `train.val_check_interval` updates (a run's dvclive `plots/train/plots/metrics/val/loss.tsv`,
 committed as `results/parity/diagnostics/<curve>.val_loss.tsv`). Both are the label-smoothed loss
 per target subword. Here both are in nats, and each of our curves is read at fairseq's
 validation updates by linear interpolation between its two neighbouring validations (the epochs
 do not line up: fairseq's hold 62 updates, ours 61). Where the two segment the text differently
 (sentencepiece against subword-nmt), a loss per subword is not the same quantity: the curves
-made on Wu et al.'s own segmentation (`benchmarks.wu2021_segmentation`) are the like-for-like ones.
+made on Wu et al.'s own segmentation (`benchmarks.fairseq.wu2021_segmentation`) are the like-for-like ones.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.parity import PARITY_DIR
-from pipeline import readme
+from benchmarks.fairseq.parity import PARITY_DIR
+from pipeline import docs_blocks
 from pipeline.cli import main
 
 DIAGNOSTICS = PARITY_DIR / "diagnostics"
 CURVE_SUFFIX = ".val_loss.tsv"
 FIGURE = "val_loss.png"
-BEGIN, END = "<!-- curves:begin -->", "<!-- curves:end -->"
+BLOCK = "curves"  # the diagnostics README's generated table
 TABLE_EVERY = 5  # epochs between the rows past the first FIRST_EPOCHS (the last always shown)
 FIRST_EPOCHS = 10  # every one of them: where the short diagnostic runs end
 ZOOM_FROM = 1000  # updates: the right panel shows where the curves flatten
@@ -131,7 +131,9 @@ def plot(curves: dict, ours: dict, out: Path) -> Path:
 
 
 def cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.parity_curves", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fairseq.val_loss_curves", description=__doc__
+    )
     parser.add_argument("--parity-dir", type=Path, default=PARITY_DIR)
     parser.add_argument("--diagnostics", type=Path, default=DIAGNOSTICS)
     parser.add_argument("--reference", default="fairseq_wu2021_3000_seed1",
@@ -142,7 +144,7 @@ def cli(argv: list[str] | None = None) -> None:
     ours = our_curves(args.diagnostics)
     plot(curves, ours, args.diagnostics / FIGURE)
     block = "\n".join(table(args.reference, curves, ours)) + "\n"
-    readme.fill(args.diagnostics / "README.md", BEGIN, END, block)
+    docs_blocks.fill(args.diagnostics / "README.md", BLOCK, block)
     print(block, end="")
 
 
