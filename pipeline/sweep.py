@@ -153,6 +153,12 @@ def load_spec(path: str | Path) -> StudySpec:
     for key in ("study", "kind", "base_experiment", "objective"):
         if key not in raw:
             raise ConfigError(f"{path}: missing key '{key}'")
+    # Names become folders (<results-dir>/<study>/, <work-dir>/<study>/<variant>-seed<n>/):
+    # checked before anything is composed, opened or written.
+    _check_folder_name(path, "study", raw["study"])
+    if isinstance(raw.get("variants"), dict):
+        for name in raw["variants"]:
+            _check_folder_name(path, f"variants.{name}", name)
     settings = SweepSettings(**(raw.pop("settings", None) or {}))
     spec = StudySpec(**raw, settings=settings)
     if spec.kind not in ("grid", "search"):
@@ -203,6 +209,23 @@ def load_spec(path: str | Path) -> StudySpec:
             )
         composed[name] = cfg
     return spec
+
+
+def _check_folder_name(path: Path, key: str, name: Any) -> None:
+    """Refuse a study or variant name that is not one folder name: empty, `.` or `..`, or
+    holding a path separator (an absolute path included), which would put the study's files
+    outside --results-dir and --work-dir."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)  # `variants: {1: ...}` in YAML
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or any(sep in name for sep in ("/", "\\", "\0"))
+    ):
+        raise ConfigError(
+            f"{path}: key '{key}': {name!r} is not a folder name (it names the study's or the "
+            "variant's folder); use letters, digits, '_', '-' and '.', without '/' or '..'"
+        )
 
 
 def _read_spec(path: Path) -> dict[str, Any]:

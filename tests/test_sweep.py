@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -475,3 +476,46 @@ def test_preempted_trial_is_queued_again_at_once(tmp_path):
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
     assert retried[0].params == {"variant": "heads_1", "seed": 1}
+
+
+def confined_spec(root: Path, key: str, name: str) -> Path:
+    """A valid spec but for `name` as its study (key 'study') or as its one variant."""
+    spec = yaml.safe_load(write_spec(root, "confined", variants=1, seeds=1).read_text())
+    if key == "study":
+        spec["study"] = name
+    else:
+        spec["variants"] = {name: spec["variants"]["heads_1"]}
+    path = root / "confined.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("study", "../../../escaped_study"),
+     ("variants.../../../../escaped_variant", "../../../../escaped_variant")],
+)  # fmt: skip
+def test_names_that_would_escape_their_folders_are_refused_before_any_write(tmp_path, key, name):
+    root = tmp_path / "a" / "b" / "c" / "d"  # deep enough for every '..' to stay in tmp_path
+    root.mkdir(parents=True)
+    path = confined_spec(root, key, name)
+    before = sorted(tmp_path.rglob("*"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(path), "--n-trials", "0",
+         "--results-dir", str(root / "results"), "--work-dir", str(root / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {path}: key '{key}': {name!r} is not a folder name")
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, inside or out
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("study", "/tmp/absolute_study"), ("study", ".."), ("study", ""), ("study", None),
+     ("variants.a\\b", "a\\b"), ("variants.nested/name", "nested/name")],
+)  # fmt: skip
+def test_a_study_or_variant_name_must_be_one_folder_name(tmp_path, key, name):
+    path = confined_spec(tmp_path, key, name)
+    with pytest.raises(ConfigError, match=re.escape(f"key '{key}': {name!r} is not a folder")):
+        sweep.load_spec(path)
