@@ -228,20 +228,57 @@ def _check_folder_name(path: Path, key: str, name: Any) -> None:
         )
 
 
-def _read_spec(path: Path) -> dict[str, Any]:
-    """The spec's keys, over those of the spec it `extends` (a path beside it), if any. There,
-    `variants` may be a list: those of the parent's variants (and their `paper` entries) to run
-    again, e.g. a re-run of some rows under another measure, in a study of its own."""
-    raw = yaml.safe_load(path.read_text()) or {}
+def _read_mapping(path: Path, named_by: str) -> dict[str, Any]:
+    """The YAML mapping in `path`; anything else is a ConfigError that says so without
+    echoing the file's content (`named_by`: the spec and key that named the file, or "")."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{named_by}{path} is not a readable YAML file{line}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{named_by}{path} is not a study spec (a YAML mapping of keys)")
+    return raw
+
+
+def _parent_spec_path(path: Path, parent_name: Any) -> Path:
+    """The spec that `path` extends: a relative path to a file in `path`'s folder or below
+    (a spec that could name any file would read, and report on, files that are no specs)."""
+    parent_path = path.parent / str(parent_name)
+    folder = path.parent.resolve()
+    if (
+        not isinstance(parent_name, str)
+        or Path(parent_name).is_absolute()
+        or not parent_path.resolve().is_relative_to(folder)
+    ):
+        raise ConfigError(
+            f"{path}: key 'extends': {parent_name!r} is not a spec in {path.parent} or below; "
+            "name another study spec by its path relative to this one (e.g. table3.yaml)"
+        )
+    if not parent_path.is_file():
+        raise ConfigError(f"{path}: extends: {parent_path} not found")
+    return parent_path
+
+
+def _read_spec(path: Path, extended_by: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The spec's keys, over those of the spec it `extends` (a path beside it or below), if
+    any. There, `variants` may be a list: those of the parent's variants (and their `paper`
+    entries) to run again, e.g. a re-run of some rows under another measure, in a study of its
+    own."""
+    raw = _read_mapping(path, f"{extended_by[-1]}: key 'extends': " if extended_by else "")
     parent_name = raw.pop("extends", None)
     if parent_name is None:
         if isinstance(raw.get("variants"), list):
             raise ConfigError(f"{path}: 'variants' is a list of names only under 'extends'")
         return raw
-    parent_path = path.parent / parent_name
-    if not parent_path.is_file():
-        raise ConfigError(f"{path}: extends: {parent_path} not found")
-    parent = _read_spec(parent_path)
+    parent_path = _parent_spec_path(path, parent_name)
+    chain = (*extended_by, path)
+    if parent_path.resolve() in {p.resolve() for p in chain}:
+        raise ConfigError(f"{path}: key 'extends': {parent_path} extends this spec in turn")
+    parent = _read_spec(parent_path, chain)
     if raw.get("study", parent.get("study")) == parent.get("study"):
         raise ConfigError(
             f"{path}: key 'study' must name a study of its own, not {parent_path}'s "

@@ -519,3 +519,25 @@ def test_a_study_or_variant_name_must_be_one_folder_name(tmp_path, key, name):
     path = confined_spec(tmp_path, key, name)
     with pytest.raises(ConfigError, match=re.escape(f"key '{key}': {name!r} is not a folder")):
         sweep.load_spec(path)
+
+
+@pytest.mark.parametrize(
+    "parent", ["/etc/passwd", "../../../../etc/passwd", "notes.txt", "list.yaml"]
+)
+def test_extends_names_only_a_spec_in_the_spec_folder(tmp_path, parent):
+    folder = tmp_path / "a" / "b" / "c" / "d" / "specs"
+    folder.mkdir(parents=True)
+    write_spec(folder, "parent")
+    (folder / "notes.txt").write_text("root:x:0:0:hidden-content:/root:/bin/bash\n")
+    (folder / "list.yaml").write_text("- hidden-content\n")
+    child = folder / "child.yaml"
+    child.write_text(yaml.safe_dump({"extends": parent, "study": "child"}))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(child), "--n-trials", "0",
+         "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {child}: key 'extends': ")
+    assert ":0:0:" not in result.stderr and "hidden-content" not in result.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()
