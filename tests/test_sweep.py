@@ -478,6 +478,18 @@ def test_preempted_trial_is_queued_again_at_once(tmp_path):
     assert retried[0].params == {"variant": "heads_1", "seed": 1}
 
 
+def refused_by_the_cli(spec: Path, root: Path) -> subprocess.CompletedProcess:
+    """`python -m pipeline.sweep spec` (results and work dirs under `root`), asserting that it
+    exits 2 with a message and no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--results-dir", str(root / "results"), "--work-dir", str(root / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return result
+
+
 def confined_spec(root: Path, key: str, name: str) -> Path:
     """A valid spec but for `name` as its study (key 'study') or as its one variant."""
     spec = yaml.safe_load(write_spec(root, "confined", variants=1, seeds=1).read_text())
@@ -500,12 +512,7 @@ def test_names_that_would_escape_their_folders_are_refused_before_any_write(tmp_
     root.mkdir(parents=True)
     path = confined_spec(root, key, name)
     before = sorted(tmp_path.rglob("*"))
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", str(path), "--n-trials", "0",
-         "--results-dir", str(root / "results"), "--work-dir", str(root / "work")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    result = refused_by_the_cli(path, root)
     assert result.stderr.startswith(f"error: {path}: key '{key}': {name!r} is not a folder name")
     assert sorted(tmp_path.rglob("*")) == before  # nothing written, inside or out
 
@@ -532,12 +539,7 @@ def test_extends_names_only_a_spec_in_the_spec_folder(tmp_path, parent):
     (folder / "list.yaml").write_text("- hidden-content\n")
     child = folder / "child.yaml"
     child.write_text(yaml.safe_dump({"extends": parent, "study": "child"}))
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", str(child), "--n-trials", "0",
-         "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    result = refused_by_the_cli(child, tmp_path)
     assert result.stderr.startswith(f"error: {child}: key 'extends': ")
     assert ":0:0:" not in result.stderr and "hidden-content" not in result.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()
