@@ -67,6 +67,7 @@ from pipeline import config as config_lib
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import main
 from pipeline.errors import ConfigError, PipelineError, Preempted
+from pipeline.redaction import hide_password, hide_passwords
 from pipeline.training.preemption import PreemptionCallback
 
 log = logging.getLogger(__name__)
@@ -359,18 +360,18 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
         # Workers, heartbeats and DDP ranks share trials through one relational database;
         # Optuna's in-memory and journal storages cannot serve them.
         raise ConfigError(
-            f"--storage {url!r} is not an SQLAlchemy URL: use sqlite:///path/study.db (one "
-            "machine) or postgresql://user@host/db (many). Sweeps, their heartbeats and DDP "
-            "trials need an RDB storage."
+            f"--storage {hide_password(url)!r} is not an SQLAlchemy URL: use "
+            "sqlite:///path/study.db (one machine) or postgresql://user@host/db (many). "
+            "Sweeps, their heartbeats and DDP trials need an RDB storage."
         )
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path in ("", ":memory:"):
             raise ConfigError(
-                f"--storage {url!r} is an in-memory SQLite database, which lives and dies with "
-                "one connection: no other worker, and no later run, could read the study. Use "
-                "a file, sqlite:///path/study.db."
+                f"--storage {hide_password(url)!r} is an in-memory SQLite database, which "
+                "lives and dies with one connection: no other worker, and no later run, could "
+                "read the study. Use a file, sqlite:///path/study.db."
             )
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Wait on SQLite's write lock instead of failing with "database is locked". No pool:
@@ -396,7 +397,9 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
             return storage
         except Exception as err:  # concurrent CREATE TABLE / version row races
             if attempt == attempts - 1:
-                raise PipelineError(f"cannot open Optuna storage {url}: {err}") from err
+                raise PipelineError(
+                    f"cannot open Optuna storage {hide_password(url)}: {hide_passwords(str(err))}"
+                ) from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
 
@@ -1122,7 +1125,7 @@ def cli(argv: list[str] | None = None) -> None:
         return
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)
-    print(f"study '{spec.study}': {finished} finished trials in {storage}")
+    print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
 
 
 if __name__ == "__main__":

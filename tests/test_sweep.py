@@ -25,6 +25,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
@@ -543,3 +544,43 @@ def test_extends_names_only_a_spec_in_the_spec_folder(tmp_path, parent):
     assert result.stderr.startswith(f"error: {child}: key 'extends': ")
     assert ":0:0:" not in result.stderr and "hidden-content" not in result.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()
+
+
+def secret_url(database: str) -> str:
+    """The test PostgreSQL (trust authentication: any password is accepted) with a password."""
+    url = sqlalchemy.engine.make_url(POSTGRES_URL).set(password="s3cret-pw", database=database)
+    return url.render_as_string(hide_password=False)
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+@pytest.mark.slow  # the worker retries the connection for ~40 s before it gives up
+def test_a_storage_password_is_masked_in_a_connection_error(tmp_path):
+    spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--storage", secret_url("nonexistent_db"), "--results-dir", str(tmp_path / "results"),
+         "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot open Optuna storage postgresql://postgres:***@" in result.stderr
+    assert "nonexistent_db" in result.stderr  # the real error, told
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    assert not files_holding(tmp_path, "s3cret-pw")
+
+
+def test_a_storage_password_is_masked_in_the_workers_closing_line(tmp_path):
+    spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    url = secret_url(sqlalchemy.engine.make_url(POSTGRES_URL).database)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0", "--storage", url,
+         "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "0 finished trials in postgresql://postgres:***@127.0.0.1" in result.stdout
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    assert not files_holding(tmp_path, "s3cret-pw")
