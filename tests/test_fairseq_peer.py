@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -394,6 +395,7 @@ def test_averaging_loads_fairseq_state_weights_only(tmp_path, malicious_checkpoi
         [sys.executable, "-m", "benchmarks.fairseq_peer", "average", "--inputs", str(evil),
          "--num-epoch-checkpoints", "1", "--output", str(evil / "avg.pt")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},  # as tool_env runs it
     )  # fmt: skip
     assert not malicious_checkpoint.marker.exists(), "loading the checkpoint ran its code"
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
