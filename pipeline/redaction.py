@@ -17,9 +17,12 @@ def hide_password(url: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except (ArgumentError, ValueError, TypeError):
         return hide_passwords(url)
+    # Rendered only to hide a password: rendering escapes characters ("sqlite:///:memory:"
+    # would read "sqlite:///%3Amemory%3A"), so a URL without one is shown as given.
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
 
 
 def hide_passwords(text: str) -> str:

@@ -15,6 +15,7 @@ from pipeline.redaction import hide_password, hide_passwords
         ("postgresql//me:pw@db/studies", "postgresql//me:***@db/studies"),  # not parseable
         ("postgresql://me@db/studies", "postgresql://me@db/studies"),
         ("sqlite:////tmp/a b/study.db", "sqlite:////tmp/a b/study.db"),
+        ("sqlite:///:memory:", "sqlite:///:memory:"),  # shown as given: no password
     ],
 )
 def test_a_url_is_shown_without_its_password(url, shown):
