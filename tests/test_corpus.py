@@ -332,7 +332,16 @@ def test_download_without_known_checksum_needs_its_name_in_allow_unverified(
 
 
 class RecordingHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves its folder and records every path asked for."""
+    """Serves its folder and records every path asked for; `/moved/<name>` redirects to
+    `server.moved_to/<name>`."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/moved/"):
+            self.send_response(302)
+            self.send_header("Location", f"{self.server.moved_to}/{self.path.split('/')[-1]}")
+            self.end_headers()
+            return
+        super().do_GET()
 
     def log_message(self, format, *args) -> None:  # noqa: A002 (http.server's name)
         self.server.requests.append(self.path)
@@ -348,10 +357,11 @@ def http_mirror(tmp_path, multi30k_dir):
         shutil.copy(path, folder)
     handler = functools.partial(RecordingHandler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), handler)
-    server.requests = []
+    server.requests, server.moved_to = [], ""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield SimpleNamespace(folder=folder, port=server.server_address[1], requests=server.requests)
+    yield SimpleNamespace(folder=folder, port=server.server_address[1], requests=server.requests,
+                          server=server)  # fmt: skip
     server.shutdown()
     server.server_close()
 
@@ -413,20 +423,36 @@ def test_a_tampered_download_is_refused_and_the_previous_output_kept(
     assert not (tmp_path / "cache" / "multi30k" / "val.de.gz").exists()
 
 
-def test_plain_http_is_refused_before_any_request(make_config, http_mirror, tmp_path):
-    """The same server, reached over the network instead of the loopback interface."""
+def network_address() -> str:
+    """This machine's address on its outgoing network interface (not loopback)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.connect(("192.0.2.1", 9))  # UDP: picks the outgoing interface, sends nothing
     address = probe.getsockname()[0]
     probe.close()
     if ipaddress.ip_address(address).is_loopback:
         pytest.skip("this machine has no network interface besides loopback")
-    url = f"http://{address}:{http_mirror.port}"
+    return address
+
+
+def test_plain_http_is_refused_before_any_request(make_config, http_mirror, tmp_path):
+    """The same server, reached over the network instead of the loopback interface."""
+    url = f"http://{network_address()}:{http_mirror.port}"
     cfg = make_config(f"data.raw_dir={tmp_path / 'no_copy'}", f"data.url={url}")
     before = previous_output(cfg)
     with pytest.raises(ConfigError, match=rf"'data\.url': {re.escape(url)} is not an https://"):
         prepare(cfg, cache_dir=tmp_path / "cache")
     assert http_mirror.requests == []
+    assert snapshot(Path(cfg.paths.prepared)) == before
+
+
+def test_a_redirect_to_plain_http_is_refused(make_config, http_mirror, tmp_path):
+    http_mirror.server.moved_to = f"http://{network_address()}:{http_mirror.port}"
+    cfg = make_config(f"data.raw_dir={tmp_path / 'no_copy'}",
+                      f"data.url=http://127.0.0.1:{http_mirror.port}/moved")  # fmt: skip
+    before = previous_output(cfg)
+    with pytest.raises(ConfigError, match=rf"redirects to {http_mirror.server.moved_to}/"):
+        prepare(cfg, cache_dir=tmp_path / "cache")
+    assert [path for path in http_mirror.requests if not path.startswith("/moved/")] == []
     assert snapshot(Path(cfg.paths.prepared)) == before
 
 

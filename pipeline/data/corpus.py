@@ -201,18 +201,32 @@ def verify_checksum(path: Path, name: str, expected: str | None, origin: str) ->
         )
 
 
-def check_download_url(url: str) -> None:
+def check_download_url(url: str, redirected_from: str | None = None) -> None:
     """Refuse a download URL that a network could tamper with: `https://`, a local `file://`
-    copy, or plain `http://` to this machine (loopback: no network in between) only."""
+    copy, or plain `http://` to this machine (loopback: no network in between) only. The
+    same holds for every redirect a download follows."""
     parsed = urllib.parse.urlsplit(url)
     scheme, host = parsed.scheme.lower(), parsed.hostname or ""
     if scheme in ("https", "file") or (scheme == "http" and _is_loopback(host)):
         return
+    what = f"{redirected_from} redirects to {url}, which" if redirected_from else url
     raise ConfigError(
-        f"config key 'data.url': {url} is not an https:// URL; files fetched over plain HTTP "
+        f"config key 'data.url': {what} is not an https:// URL; files fetched over plain HTTP "
         "(or another scheme) can be altered on the way. Use the https:// address, or put the "
         f"files in data.raw_dir (or set {RAW_DIR_ENV})"
     )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL `check_download_url` accepts: https cannot hand the
+    download over to plain http."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_download_url(newurl, redirected_from=req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_CheckedRedirects)
 
 
 def _is_loopback(host: str) -> bool:
@@ -246,7 +260,7 @@ def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
     try:
         with (
             os.fdopen(fd, "wb") as out,
-            urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+            _OPENER.open(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
         ):
             total = response.headers.get("Content-Length")
             with tqdm(
