@@ -33,7 +33,10 @@ def val_loss(checkpoint: Path, tokenized: Path) -> float:
     from pipeline.data.datamodule import TranslationDataModule
     from pipeline.training.module import TranslationModule
 
-    module = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu")
+    # Explicit: an unset weights_only is what TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD overrides.
+    module = TranslationModule.load_from_checkpoint(
+        checkpoint, map_location="cpu", weights_only=True
+    )
     module.cfg.train.val_bleu = False  # the loss alone
     module.cfg.paths.tokenized = str(tokenized)
     data = TranslationDataModule(module.cfg)

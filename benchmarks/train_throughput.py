@@ -225,7 +225,7 @@ def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, devic
 
 def fairseq_flags(cfg: Config) -> list[str]:
     """fairseq-train's flags for our model and step: the sizes and dropouts of `cfg.model`
-    (`benchmarks.fairseq_peer.model_flags`), label smoothing and Adam of `cfg.train`."""
+    (`benchmarks.fairseq.train_peer.model_flags`), label smoothing and Adam of `cfg.train`."""
     m, t = cfg.model, cfg.train
     sizes = SimpleNamespace(
         layers=m.encoder_layers, embed_dim=m.d_model, ffn_dim=m.d_ff, heads=m.heads,

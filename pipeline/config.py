@@ -79,6 +79,9 @@ class DataConfig:
     download: bool = True  # fetch from `url` when raw_dir has no copy
     url: str = ""
     sha256: dict[str, str] = field(default_factory=dict)  # file name -> checksum
+    # Downloaded file names ({split}.{lang}.gz) accepted without a checksum in `sha256`, each
+    # named on purpose; any other file without one is refused.
+    allow_unverified: list[str] = field(default_factory=list)
     train_split: str = "train"
     val_split: str = "val"
     test_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr"])
@@ -306,6 +309,14 @@ def validate(cfg: Config) -> Config:
     )
     _check(d.source in ("multi30k", "text", "hf"), "data.source", "must be multi30k, text or hf")
     _check(d.src_lang != d.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+    for name in d.allow_unverified:
+        _check(
+            isinstance(name, str) and name.endswith(".gz") and name.count(".") >= 2
+            and "/" not in name,
+            "data.allow_unverified",
+            f"names downloaded files as {{split}}.{{lang}}.gz (e.g. test_2016_flickr.cs.gz), "
+            f"got {name!r}",
+        )  # fmt: skip
     _check(
         d.tokenizer.model_type in TOKENIZER_MODEL_TYPES,
         "data.tokenizer.model_type",

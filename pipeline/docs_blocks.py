@@ -13,9 +13,8 @@ Every producer writes through this module:
 
 from __future__ import annotations
 
-import itertools
-
 import argparse
+import itertools
 import os
 from pathlib import Path
 

@@ -29,6 +29,7 @@ from pipeline.cli import main
 from pipeline.environment import provenance
 from pipeline.errors import DataError
 from pipeline.evaluation.scoring import LITERATURE_METRIC
+from pipeline.redaction import hide_passwords
 
 RESULTS_ROOT = Path("results")
 METRICS_FILES = ("prepare.json", "tokenize.json", "train.json", "eval.json")
@@ -71,7 +72,7 @@ def record(
         for hypotheses in sorted(eval_dir.glob("*.hyp")):
             shutil.copyfile(hypotheses, row / hypotheses.name)
     run = {
-        "command": command,
+        "command": hide_passwords(command),  # a storage URL in it keeps its password out
         **(json.loads(made_on.read_text()) if made_on is not None else provenance()),
         "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         **run_totals(metrics_dir),

@@ -67,6 +67,7 @@ from pipeline import config as config_lib
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import main
 from pipeline.errors import ConfigError, PipelineError, Preempted
+from pipeline.redaction import hide_password, hide_passwords
 from pipeline.training.preemption import PreemptionCallback
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,12 @@ def load_spec(path: str | Path) -> StudySpec:
     for key in ("study", "kind", "base_experiment", "objective"):
         if key not in raw:
             raise ConfigError(f"{path}: missing key '{key}'")
+    # Names become folders (<results-dir>/<study>/, <work-dir>/<study>/<variant>-seed<n>/):
+    # checked before anything is composed, opened or written.
+    _check_folder_name(path, "study", raw["study"])
+    if isinstance(raw.get("variants"), dict):
+        for name in raw["variants"]:
+            _check_folder_name(path, f"variants.{name}", name)
     settings = SweepSettings(**(raw.pop("settings", None) or {}))
     spec = StudySpec(**raw, settings=settings)
     if spec.kind not in ("grid", "search"):
@@ -205,20 +212,74 @@ def load_spec(path: str | Path) -> StudySpec:
     return spec
 
 
-def _read_spec(path: Path) -> dict[str, Any]:
-    """The spec's keys, over those of the spec it `extends` (a path beside it), if any. There,
-    `variants` may be a list: those of the parent's variants (and their `paper` entries) to run
-    again, e.g. a re-run of some rows under another measure, in a study of its own."""
-    raw = yaml.safe_load(path.read_text()) or {}
+def _check_folder_name(path: Path, key: str, name: Any) -> None:
+    """Refuse a study or variant name that is not one folder name: empty, `.` or `..`, or
+    holding a path separator (an absolute path included), which would put the study's files
+    outside --results-dir and --work-dir."""
+    if isinstance(name, int) and not isinstance(name, bool):
+        name = str(name)  # `variants: {1: ...}` in YAML
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or any(sep in name for sep in ("/", "\\", "\0"))
+    ):
+        raise ConfigError(
+            f"{path}: key '{key}': {name!r} is not a folder name (it names the study's or the "
+            "variant's folder); use letters, digits, '_', '-' and '.', without '/' or '..'"
+        )
+
+
+def _read_mapping(path: Path, named_by: str) -> dict[str, Any]:
+    """The YAML mapping in `path`; anything else is a ConfigError that says so without
+    echoing the file's content (`named_by`: the spec and key that named the file, or "")."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{named_by}{path} is not a readable YAML file{line}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{named_by}{path} is not a study spec (a YAML mapping of keys)")
+    return raw
+
+
+def _parent_spec_path(path: Path, parent_name: Any) -> Path:
+    """The spec that `path` extends: a relative path to a file in `path`'s folder or below
+    (a spec that could name any file would read, and report on, files that are no specs)."""
+    parent_path = path.parent / str(parent_name)
+    folder = path.parent.resolve()
+    if (
+        not isinstance(parent_name, str)
+        or Path(parent_name).is_absolute()
+        or not parent_path.resolve().is_relative_to(folder)
+    ):
+        raise ConfigError(
+            f"{path}: key 'extends': {parent_name!r} is not a spec in {path.parent} or below; "
+            "name another study spec by its path relative to this one (e.g. table3.yaml)"
+        )
+    if not parent_path.is_file():
+        raise ConfigError(f"{path}: extends: {parent_path} not found")
+    return parent_path
+
+
+def _read_spec(path: Path, extended_by: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The spec's keys, over those of the spec it `extends` (a path beside it or below), if
+    any. There, `variants` may be a list: those of the parent's variants (and their `paper`
+    entries) to run again, e.g. a re-run of some rows under another measure, in a study of its
+    own."""
+    raw = _read_mapping(path, f"{extended_by[-1]}: key 'extends': " if extended_by else "")
     parent_name = raw.pop("extends", None)
     if parent_name is None:
         if isinstance(raw.get("variants"), list):
             raise ConfigError(f"{path}: 'variants' is a list of names only under 'extends'")
         return raw
-    parent_path = path.parent / parent_name
-    if not parent_path.is_file():
-        raise ConfigError(f"{path}: extends: {parent_path} not found")
-    parent = _read_spec(parent_path)
+    parent_path = _parent_spec_path(path, parent_name)
+    chain = (*extended_by, path)
+    if parent_path.resolve() in {p.resolve() for p in chain}:
+        raise ConfigError(f"{path}: key 'extends': {parent_path} extends this spec in turn")
+    parent = _read_spec(parent_path, chain)
     if raw.get("study", parent.get("study")) == parent.get("study"):
         raise ConfigError(
             f"{path}: key 'study' must name a study of its own, not {parent_path}'s "
@@ -299,18 +360,18 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
         # Workers, heartbeats and DDP ranks share trials through one relational database;
         # Optuna's in-memory and journal storages cannot serve them.
         raise ConfigError(
-            f"--storage {url!r} is not an SQLAlchemy URL: use sqlite:///path/study.db (one "
-            "machine) or postgresql://user@host/db (many). Sweeps, their heartbeats and DDP "
-            "trials need an RDB storage."
+            f"--storage {hide_password(url)!r} is not an SQLAlchemy URL: use "
+            "sqlite:///path/study.db (one machine) or postgresql://user@host/db (many). "
+            "Sweeps, their heartbeats and DDP trials need an RDB storage."
         )
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path in ("", ":memory:"):
             raise ConfigError(
-                f"--storage {url!r} is an in-memory SQLite database, which lives and dies with "
-                "one connection: no other worker, and no later run, could read the study. Use "
-                "a file, sqlite:///path/study.db."
+                f"--storage {hide_password(url)!r} is an in-memory SQLite database, which "
+                "lives and dies with one connection: no other worker, and no later run, could "
+                "read the study. Use a file, sqlite:///path/study.db."
             )
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Wait on SQLite's write lock instead of failing with "database is locked". No pool:
@@ -336,7 +397,9 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
             return storage
         except Exception as err:  # concurrent CREATE TABLE / version row races
             if attempt == attempts - 1:
-                raise PipelineError(f"cannot open Optuna storage {url}: {err}") from err
+                raise PipelineError(
+                    f"cannot open Optuna storage {hide_password(url)}: {hide_passwords(str(err))}"
+                ) from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
 
@@ -1062,7 +1125,7 @@ def cli(argv: list[str] | None = None) -> None:
         return
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)
-    print(f"study '{spec.study}': {finished} finished trials in {storage}")
+    print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
 
 
 if __name__ == "__main__":

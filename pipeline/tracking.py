@@ -38,9 +38,11 @@ protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +55,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from pipeline.config import Config, to_dict
+from pipeline.redaction import hide_passwords
 
 MODE_ENV = "WANDB_MODE"
 TELEMETRY_ENV = "WANDB_ERROR_REPORTING"
@@ -96,7 +99,8 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
         if failure is None:
             wandb.setup(bounded)
             try:
-                return wandb.init(mode="online", settings=bounded, **init_args)
+                with _passwords_hidden_from_argv():
+                    return wandb.init(mode="online", settings=bounded, **init_args)
             except Exception as err:  # no API key, no network, timeout: W&B raises several
                 failure = f"{type(err).__name__}: {err}"
         warnings.warn(
@@ -110,7 +114,22 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     # An offline run waits on no server: its finish is unbounded again (finish_timeout 0, W&B's
     # default), so that it writes everything.
     wandb.setup(wandb.Settings(mode=mode, finish_timeout=0.0))
-    return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
+    with _passwords_hidden_from_argv():
+        return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
+
+
+@contextlib.contextmanager
+def _passwords_hidden_from_argv():
+    """W&B records the command line (`sys.argv[1:]`) in the run's metadata when it starts: a
+    sweep's `--storage postgresql://user:password@...` would land in the run's files and on
+    the server. It reads the masked copy; the process keeps the real one (DDP ranks re-run
+    it)."""
+    real = sys.argv
+    sys.argv = [hide_passwords(arg) for arg in real]
+    try:
+        yield
+    finally:
+        sys.argv = real
 
 
 def no_answer(url: str, timeout: float) -> str | None:

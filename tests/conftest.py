@@ -108,6 +108,33 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
+class RunsCommand:
+    """Unpickling this runs a shell command: the payload of a malicious checkpoint."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.fixture
+def malicious_checkpoint(tmp_path):
+    """A checkpoint whose pickled `hyper_parameters` runs `touch <marker>` when unpickled
+    (`torch.load(weights_only=False)` would run it), shaped like ours otherwise."""
+    import shlex
+    from types import SimpleNamespace
+
+    import torch
+
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "evil.ckpt"
+    payload = RunsCommand(f"touch {shlex.quote(str(marker))}")
+    torch.save({"state_dict": {}, "global_step": 0, "pytorch-lightning_version": "2.6.6",
+                "hyper_parameters": {"config": payload, "vocab_size": 8}}, path)  # fmt: skip
+    return SimpleNamespace(path=path, marker=marker)
+
+
 @pytest.fixture
 def make_config(tmp_path, multi30k_dir):
     """Compose conf/ with Hydra overrides, outputs under tmp_path, data from the real corpus."""

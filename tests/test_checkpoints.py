@@ -327,3 +327,12 @@ def test_averaging_refuses_different_models(tmp_path):
     AtomicCheckpointIO().save_checkpoint(other, tmp_path / "b.ckpt")
     with pytest.raises(DataError, match="b.ckpt: its parameters differ .*model.extra"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_naming_what_it_holds(malicious_checkpoint):
+    """What resume discovery, averaging and the evaluate stage's eval.checkpoint read."""
+    with pytest.raises(
+        DataError, match=r"evil\.ckpt: refused: loading it would build posix\.system"
+    ):
+        read_checkpoint(malicious_checkpoint.path)
+    assert not malicious_checkpoint.marker.exists()

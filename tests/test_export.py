@@ -196,6 +196,17 @@ def test_bad_arguments_are_refused_naming_them_before_any_work(tokenized_smoke, 
     assert result.stderr.startswith(f"error: checkpoint {absent} not found")
 
 
+def test_a_checkpoint_that_would_run_code_is_refused(malicious_checkpoint, tmp_path):
+    spm, out = tmp_path / "spm.model", tmp_path / "ct2"
+    spm.write_bytes(b"not read: the checkpoint is refused first")
+    result = run_export("--checkpoint", str(malicious_checkpoint.path), "--tokenizer", str(spm),
+                        "--out", str(out))  # fmt: skip
+    assert not malicious_checkpoint.marker.exists(), "loading the checkpoint ran its code"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {malicious_checkpoint.path}: refused")
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- the smoke model
 
 

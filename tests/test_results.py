@@ -104,6 +104,14 @@ def test_a_run_made_on_another_machine_keeps_that_machines_provenance(tmp_path):
     assert json.loads((here / "run.json").read_text())["hardware"] != there["hardware"]
 
 
+def test_a_password_in_the_recorded_command_is_masked(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.0)
+    command = "python -m pipeline.sweep s.yaml --storage postgresql://me:s3cret-pw@db/studies"
+    row = results.record("pw.en-de", command, metrics, params, tmp_path / "results")
+    run = json.loads((row / "run.json").read_text())
+    assert run["command"] == command.replace("s3cret-pw", "***")
+
+
 def test_the_docs_results_table_and_readme_headline_are_the_committed_runs_tables():
     rows = results.load_rows(REPO_ROOT / "results")
     hint = "run `python -m pipeline.results table --update-docs`"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
@@ -475,3 +477,110 @@ def test_preempted_trial_is_queued_again_at_once(tmp_path):
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") is not None]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
     assert retried[0].params == {"variant": "heads_1", "seed": 1}
+
+
+def refused_by_the_cli(spec: Path, root: Path) -> subprocess.CompletedProcess:
+    """`python -m pipeline.sweep spec` (results and work dirs under `root`), asserting that it
+    exits 2 with a message and no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--results-dir", str(root / "results"), "--work-dir", str(root / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def confined_spec(root: Path, key: str, name: str) -> Path:
+    """A valid spec but for `name` as its study (key 'study') or as its one variant."""
+    spec = yaml.safe_load(write_spec(root, "confined", variants=1, seeds=1).read_text())
+    if key == "study":
+        spec["study"] = name
+    else:
+        spec["variants"] = {name: spec["variants"]["heads_1"]}
+    path = root / "confined.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("study", "../../../escaped_study"),
+     ("variants.../../../../escaped_variant", "../../../../escaped_variant")],
+)  # fmt: skip
+def test_names_that_would_escape_their_folders_are_refused_before_any_write(tmp_path, key, name):
+    root = tmp_path / "a" / "b" / "c" / "d"  # deep enough for every '..' to stay in tmp_path
+    root.mkdir(parents=True)
+    path = confined_spec(root, key, name)
+    before = sorted(tmp_path.rglob("*"))
+    result = refused_by_the_cli(path, root)
+    assert result.stderr.startswith(f"error: {path}: key '{key}': {name!r} is not a folder name")
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, inside or out
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("study", "/tmp/absolute_study"), ("study", ".."), ("study", ""), ("study", None),
+     ("variants.a\\b", "a\\b"), ("variants.nested/name", "nested/name")],
+)  # fmt: skip
+def test_a_study_or_variant_name_must_be_one_folder_name(tmp_path, key, name):
+    path = confined_spec(tmp_path, key, name)
+    with pytest.raises(ConfigError, match=re.escape(f"key '{key}': {name!r} is not a folder")):
+        sweep.load_spec(path)
+
+
+@pytest.mark.parametrize(
+    "parent", ["/etc/passwd", "../../../../etc/passwd", "notes.txt", "list.yaml"]
+)
+def test_extends_names_only_a_spec_in_the_spec_folder(tmp_path, parent):
+    folder = tmp_path / "a" / "b" / "c" / "d" / "specs"
+    folder.mkdir(parents=True)
+    write_spec(folder, "parent")
+    (folder / "notes.txt").write_text("root:x:0:0:hidden-content:/root:/bin/bash\n")
+    (folder / "list.yaml").write_text("- hidden-content\n")
+    child = folder / "child.yaml"
+    child.write_text(yaml.safe_dump({"extends": parent, "study": "child"}))
+    result = refused_by_the_cli(child, tmp_path)
+    assert result.stderr.startswith(f"error: {child}: key 'extends': ")
+    assert ":0:0:" not in result.stderr and "hidden-content" not in result.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()
+
+
+def secret_url(database: str) -> str:
+    """The test PostgreSQL (trust authentication: any password is accepted) with a password."""
+    url = sqlalchemy.engine.make_url(POSTGRES_URL).set(password="s3cret-pw", database=database)
+    return url.render_as_string(hide_password=False)
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+@pytest.mark.slow  # the worker retries the connection for ~40 s before it gives up
+def test_a_storage_password_is_masked_in_a_connection_error(tmp_path):
+    spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--storage", secret_url("nonexistent_db"), "--results-dir", str(tmp_path / "results"),
+         "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot open Optuna storage postgresql://postgres:***@" in result.stderr
+    assert "nonexistent_db" in result.stderr  # the real error, told
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    assert not files_holding(tmp_path, "s3cret-pw")
+
+
+def test_a_storage_password_is_masked_in_the_workers_closing_line(tmp_path):
+    spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    url = secret_url(sqlalchemy.engine.make_url(POSTGRES_URL).database)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0", "--storage", url,
+         "--results-dir", str(tmp_path / "results"), "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "0 finished trials in postgresql://postgres:***@127.0.0.1" in result.stdout
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    assert not files_holding(tmp_path, "s3cret-pw")

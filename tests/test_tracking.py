@@ -58,6 +58,20 @@ def test_offline_run_holds_config_labels_and_history(make_config):
     assert saved["summary"]["num_parameters"] == 1234
 
 
+def test_a_password_on_the_command_line_stays_out_of_the_run(make_config, monkeypatch):
+    """W&B records the command line in the run: a sweep's storage URL goes in masked."""
+    url = "postgresql://postgres:s3cret-pw@127.0.0.1:5432/test"
+    argv = ["pipeline/sweep.py", "ablations/smoke.yaml", "--storage", url]
+    monkeypatch.setattr(sys, "argv", argv)
+    cfg = make_config("experiment=smoke")
+    run = start_wandb_run(cfg, job_type="trial", name="masked")
+    assert sys.argv == argv  # the process keeps its real command line
+    run.finish()
+    files = [p for p in Path(cfg.paths.wandb_dir).rglob("*") if p.is_file()]
+    assert any(b"postgres:***@127.0.0.1" in p.read_bytes() for p in files)
+    assert not [p for p in files if b"s3cret-pw" in p.read_bytes()]
+
+
 def test_environment_mode_wins_over_the_config(make_config, monkeypatch, no_wandb_account):
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = make_config("logger.wandb.mode=online")

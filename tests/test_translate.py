@@ -178,3 +178,17 @@ def test_translate_files_with_beam_one_is_greedy(trained_smoke, smoke_model, tmp
         )[0]
         greedy.append(tokenizer.decode(ids))
     assert translated == greedy
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(make_config, malicious_checkpoint, tmp_path):
+    params = write_params(make_config(), tmp_path / "params.yaml")
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"not read: the checkpoint is refused first")
+    result = run_translate(
+        "--params", str(params), "--checkpoint", str(malicious_checkpoint.path),
+        "--tokenizer", str(spm), stdin="A dog.\n",
+    )  # fmt: skip
+    assert not malicious_checkpoint.marker.exists(), "loading the checkpoint ran its code"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {malicious_checkpoint.path}: refused")
+    assert "posix.system" in result.stderr

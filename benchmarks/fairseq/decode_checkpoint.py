@@ -447,12 +447,13 @@ def run_model(cfg, given: Path | None, scratch: Path) -> tuple[Path, list[str]]:
         source_checkpoints,
         write_model_checkpoint,
     )
+    from pipeline.training.checkpoints import load_weights_only
 
     if given is not None and not Path(given).is_file():
         raise SystemExit(f"--checkpoint {given}: no such file")
     path = Path(given) if given is not None else model_checkpoint_path(cfg)
     if path.is_file():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = load_weights_only(path)
         return path, list(saved.get("averaged_from", [str(path)]))
     target = scratch / "model.ckpt"
     return target, write_model_checkpoint(source_checkpoints(cfg), target)["averaged_from"]

@@ -724,6 +724,37 @@ def last_epoch_checkpoints(directory: Path, count: int) -> list[Path]:
     return [Path(directory) / name for _, name in found[:count]]
 
 
+def fairseq_checkpoint_globals() -> list:
+    """What fairseq 0.12's checkpoints pickle beyond tensors and plain containers, allowed
+    when `average` loads them weights-only: the legacy `args` (argparse.Namespace) and numpy
+    arrays, scalars and dtypes in its training state. None of these runs code when built."""
+    import numpy as np
+
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    dtypes = {type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFD"}
+    return [argparse.Namespace, multiarray._reconstruct, multiarray.scalar, np.ndarray,
+            np.dtype, *dtypes]  # fmt: skip
+
+
+def load_fairseq_checkpoint(path: Path) -> dict:
+    """torch.load, weights-only with `fairseq_checkpoint_globals`: a file that would build
+    anything else (and so might run code) is refused, naming it and what it holds."""
+    import pickle
+
+    import torch
+
+    with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            raise SystemExit(
+                f"{path}: refused: loading it would build {', '.join(unsafe) or 'objects'}, "
+                "which can run code; fairseq checkpoints hold only tensors, plain containers, "
+                "argparse.Namespace and numpy values"
+            ) from None
+
+
 def average_checkpoints(paths: Sequence[Path]) -> dict:
     """The element-wise mean of the checkpoints' model parameters, in the first one's state
     (fairseq's scripts/average_checkpoints.py: fp16 read as fp32, integers floor-divided)."""
@@ -732,7 +763,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
     sums: dict = collections.OrderedDict()
     keys, state = None, None
     for path in paths:
-        loaded = torch.load(path, map_location="cpu", weights_only=False)
+        loaded = load_fairseq_checkpoint(path)
         if state is None:  # the other entries (cfg, optimizer state...) of the first one
             state = loaded
         params = loaded["model"]

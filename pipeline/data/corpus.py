@@ -5,7 +5,10 @@ Sources (`data.source`):
             (the environment variable MULTI30K_DIR overrides it, see `pipeline.config`). With no
             local copy and `data.download`, `{data.url}/{split}.{lang}.gz` is fetched into a cache
             folder and checked against `data.sha256`. A local folder is trusted as it is (it may
-            hold plain text); downloads and cached downloads are always checked.
+            hold plain text); downloads and cached downloads are always checked. Refused before
+            the first request: a URL other than https:// (a file:// copy, or http:// to this
+            machine's loopback, where no network can alter it, excepted) and a file with no
+            SHA-256 unless `data.allow_unverified` names it.
   text      any aligned pair of plain (or .gz) text files per split: `data.text_files`.
   hf        a Hugging Face dataset with a `translation` column ({lang: sentence} per row):
             `datasets.load_dataset(data.hf_path, data.hf_name)`; a hub name or a local folder.
@@ -31,11 +34,13 @@ import codecs
 import contextlib
 import gzip
 import hashlib
+import ipaddress
 import os
 import shutil
 import tempfile
 import unicodedata
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterator, Sequence
@@ -179,10 +184,12 @@ def sha256_of(path: Path) -> str:
 
 
 def verify_checksum(path: Path, name: str, expected: str | None, origin: str) -> None:
-    """Compare `path` with its known SHA-256; no known checksum is a warning (unverified)."""
+    """Compare `path` with its known SHA-256; no known checksum (a file the user accepted
+    unverified, see `check_verifiable`) is a warning."""
     if not expected:
         warnings.warn(
-            f"{name} (from {origin}): no SHA-256 in data.sha256, the file is unverified",
+            f"{name} (from {origin}): no SHA-256 in data.sha256, the file is unverified "
+            "(accepted: data.allow_unverified names it)",
             stacklevel=2,
         )
         return
@@ -194,6 +201,57 @@ def verify_checksum(path: Path, name: str, expected: str | None, origin: str) ->
         )
 
 
+def check_download_url(url: str, redirected_from: str | None = None) -> None:
+    """Refuse a download URL that a network could tamper with: `https://`, a local `file://`
+    copy, or plain `http://` to this machine (loopback: no network in between) only. The
+    same holds for every redirect a download follows."""
+    parsed = urllib.parse.urlsplit(url)
+    scheme, host = parsed.scheme.lower(), parsed.hostname or ""
+    if scheme in ("https", "file") or (scheme == "http" and _is_loopback(host)):
+        return
+    what = f"{redirected_from} redirects to {url}, which" if redirected_from else url
+    raise ConfigError(
+        f"config key 'data.url': {what} is not an https:// URL; files fetched over plain HTTP "
+        "(or another scheme) can be altered on the way. Use the https:// address, or put the "
+        f"files in data.raw_dir (or set {RAW_DIR_ENV})"
+    )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL `check_download_url` accepts: https cannot hand the
+    download over to plain http."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_download_url(newurl, redirected_from=req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_CheckedRedirects)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def check_verifiable(data: DataConfig, names: Sequence[str]) -> None:
+    """Refuse to download files with no SHA-256 in `data.sha256` unless `data.allow_unverified`
+    names each of them: what arrives could be anything."""
+    unverified = [n for n in names if not data.sha256.get(n) and n not in data.allow_unverified]
+    if unverified:
+        listed = ", ".join(unverified)
+        raise DataError(
+            f"no SHA-256 in data.sha256 for {listed}: a download cannot be verified, so it is "
+            f"refused. Add their checksums to data.sha256, put the files in data.raw_dir (or "
+            f"set {RAW_DIR_ENV}), or accept them unverified by name: "
+            f"data.allow_unverified=[{','.join(unverified)}]"
+        )
+
+
 def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
     """Fetch `url` into `dest` (atomically, with a progress bar) and verify its SHA-256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -202,7 +260,7 @@ def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
     try:
         with (
             os.fdopen(fd, "wb") as out,
-            urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+            _OPENER.open(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
         ):
             total = response.headers.get("Content-Length")
             with tqdm(
@@ -227,15 +285,25 @@ def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
     return dest
 
 
-def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> Path | None:
-    """The file for (split, lang): the local copy, else a verified download; None if absent."""
+def local_multi30k_file(data: DataConfig, split: str, lang: str) -> Path | None:
+    """The local copy of (split, lang) in `data.raw_dir` (gzip or plain text), if any."""
     raw_dir = Path(data.raw_dir)
     for name in (f"{split}.{lang}.gz", f"{split}.{lang}"):
         if (raw_dir / name).is_file():
             return raw_dir / name
+    return None
+
+
+def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> Path | None:
+    """The file for (split, lang): the local copy, else a verified download; None if absent."""
+    local = local_multi30k_file(data, split, lang)
+    if local is not None:
+        return local
     if not (data.download and data.url):
         return None
     name = f"{split}.{lang}.gz"
+    check_download_url(data.url)
+    check_verifiable(data, [name])
     cached = cache_dir / name
     expected = data.sha256.get(name)
     if cached.is_file():
@@ -263,6 +331,12 @@ def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
 
 def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
     langs = (data.src_lang, data.tgt_lang)
+    if data.download and data.url:  # every download allowed before the first one starts
+        to_fetch = [f"{split}.{lang}.gz" for split in splits for lang in langs
+                    if local_multi30k_file(data, split, lang) is None]  # fmt: skip
+        if to_fetch:
+            check_download_url(data.url)
+            check_verifiable(data, to_fetch)
     paths, missing = {}, []
     for split in splits:  # locate everything first: one error lists every missing file
         for lang in langs:

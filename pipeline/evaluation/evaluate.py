@@ -113,20 +113,19 @@ def write_model_checkpoint(sources: Sequence[Path], target: Path) -> dict:
 
 def load_model(checkpoint: str | Path) -> torch.nn.Module:
     """The Transformer of a training (or `model.ckpt`) checkpoint, in eval mode on the CPU."""
+    from pipeline.training.checkpoints import load_error
     from pipeline.training.module import TranslationModule
 
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise DataError(f"{checkpoint}: checkpoint not found; {TRAIN_HINT}")
     try:
-        # weights_only=False: training checkpoints also pickle RNG states (numpy arrays).
+        # Weights only: a checkpoint is user input, and unpickling anything else can run code.
         module = TranslationModule.load_from_checkpoint(
-            checkpoint, map_location="cpu", weights_only=False
+            checkpoint, map_location="cpu", weights_only=True
         )
     except Exception as err:  # torch/pickle/Lightning raise many types for a foreign file
-        raise DataError(
-            f"{checkpoint}: cannot load the model ({type(err).__name__}: {err}); {TRAIN_HINT}"
-        ) from None
+        raise load_error(checkpoint, err, "cannot load the model", TRAIN_HINT) from None
     return module.model.float().eval()
 
 

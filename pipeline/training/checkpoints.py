@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -83,15 +84,51 @@ def verify_archive(path: str | os.PathLike) -> None:
         raise DataError(f"{path}: corrupt checkpoint (CRC mismatch in its record {damaged})")
 
 
+def unsafe_globals(path: Path) -> list[str]:
+    """The classes and functions a checkpoint's pickle names beyond what `torch.load(
+    weights_only=True)` rebuilds (tensors, plain containers and numbers), read from its
+    opcodes without running them ([] for a file torch cannot parse)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # a truncated or foreign file: not the question asked here
+        return []
+
+
+def load_error(
+    path: Path, err: BaseException, failed: str = "unreadable checkpoint", hint: str = ""
+) -> DataError:
+    """The DataError for a checkpoint `torch.load(weights_only=True)` failed on: refused,
+    naming what it would build, when its pickle holds objects (building them can run code);
+    else `failed` with torch's reason."""
+    unsafe = unsafe_globals(path) if isinstance(err, pickle.UnpicklingError) else []
+    if unsafe:
+        message = (
+            f"{path}: refused: loading it would build {', '.join(unsafe)}, which can run code; "
+            "checkpoints are loaded weights-only (tensors, plain containers and numbers). "
+            "Use a checkpoint this pipeline wrote"
+        )
+    else:
+        message = f"{path}: {failed} ({type(err).__name__}: {err})"
+    return DataError(f"{message}; {hint}" if hint else message)
+
+
+def load_weights_only(path: str | os.PathLike) -> Any:
+    """`torch.load` on the CPU that never runs code from the file: weights-only, with no
+    global allowed beyond torch's own (the module saves its RNG states and hyperparameters
+    as plain types, so the pipeline's checkpoints need none). DataError naming the file."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise load_error(path, err) from None
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint on the CPU after verifying its checksums; a corrupt, truncated or
-    foreign file raises DataError naming it."""
+    """Load a checkpoint on the CPU (weights only) after verifying its checksums; a corrupt,
+    truncated, foreign or code-carrying file raises DataError naming it."""
     path = Path(path)
     verify_archive(path)
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
-        raise DataError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err})") from None
+    checkpoint = load_weights_only(path)
     missing = [
         key for key in _REQUIRED_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint
     ]

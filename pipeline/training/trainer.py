@@ -475,7 +475,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     )
     _stop_if_signalled(ckpt_path)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        # weights_only: the resumed file loads as every checkpoint does (no code in it runs).
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:  # Lightning's handler, in the moment before ours took over
         raise _stopped_before_training(signal.SIGTERM, ckpt_path) from None
     except Preempted:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from benchmarks.common import bench_config
 from benchmarks.fairseq import decode_checkpoint, train_peer
 from pipeline.model.positional import sinusoid_table
 from pipeline.model.transformer import Transformer
+from tests.conftest import REPO_ROOT, write_params
 
 SPECIAL = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 VOCAB = 50
@@ -169,3 +173,17 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     )
     assert 0.0 < entry["paired_bootstrap_bleu_lc"]["p_value"] <= 1.0
     assert entry["probe_max_abs_logit_difference"] <= decode_checkpoint.PROBE_TOLERANCE
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(malicious_checkpoint, tmp_path):
+    write_params(tmp_path)  # the command reads ./params.yaml
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fairseq.decode_checkpoint", "--checkpoint",
+         str(malicious_checkpoint.path), "--out", str(tmp_path / "out.json")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert not malicious_checkpoint.marker.exists(), "loading the checkpoint ran its code"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {malicious_checkpoint.path}: refused")
+    assert not (tmp_path / "out.json").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 from benchmarks import train_throughput
 from benchmarks.common import pad_batch
 from benchmarks.fairseq import step_speed, train_peer
+from tests.conftest import REPO_ROOT
 from tests.test_moses import OFFICIAL_TOK_DE
 
 BLEU_LINE = (
@@ -367,6 +369,39 @@ def test_average_last_epoch_checkpoints_is_the_elementwise_mean(tmp_path):
     torch.testing.assert_close(averaged["model"]["decoder.half"], half_mean)
     assert averaged["model"]["version"].item() == (31 + 28 + 7) // 3  # integers floor-divided
     assert averaged["cfg"] == {"epoch": 10}  # the rest is the newest checkpoint's
+
+
+def test_averaging_loads_fairseq_state_weights_only(tmp_path, malicious_checkpoint):
+    """fairseq's own state (argparse.Namespace, numpy values) loads; a checkpoint whose
+    pickle would run code is refused by the command line, and the code never runs."""
+    import numpy as np
+
+    for epoch in (1, 2):
+        state = fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
+        state["args"] = argparse.Namespace(arch="transformer", lr=[5e-4])
+        state["extra_state"] = {"best": np.float64(3.5), "meters": np.arange(3)}
+        torch.save(state, tmp_path / f"checkpoint{epoch}.pt")
+    output = tmp_path / "avg.pt"
+    train_peer.main(["average", "--inputs", str(tmp_path), "--num-epoch-checkpoints", "2",
+                       "--output", str(output)])  # fmt: skip
+    averaged = torch.load(output, weights_only=False)
+    assert averaged["args"].arch == "transformer" and averaged["extra_state"]["best"] == 3.5
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    malicious_checkpoint.path.rename(evil / "checkpoint3.pt")
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fairseq.train_peer", "average", "--inputs", str(evil),
+         "--num-epoch-checkpoints", "1", "--output", str(evil / "avg.pt")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},  # as tool_env runs it
+    )  # fmt: skip
+    assert not malicious_checkpoint.marker.exists(), "loading the checkpoint ran its code"
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{evil / 'checkpoint3.pt'}: refused: loading it would build posix.system" in (
+        result.stderr
+    )
+    assert not (evil / "avg.pt").exists()
 
 
 def test_averaging_refuses_too_few_checkpoints(tmp_path):
