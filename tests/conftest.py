@@ -53,11 +53,12 @@ def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
 
 
 def write_params(directory: Path, *overrides: str) -> None:
-    """`python -m pipeline.config <overrides> > directory/params.yaml`, as `make params` does."""
-    params = subprocess.run(
-        [sys.executable, "-m", "pipeline.config", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    """conf/ composed with `overrides` into directory/params.yaml, as DVC writes it for `dvc
+    exp run -S`: composed, not validated (the stages validate; `python -m pipeline.config`
+    refuses a bad value before writing anything)."""
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.to_yaml(config_lib.compose_dict(list(overrides)))
     (Path(directory) / "params.yaml").write_text(params)
 
 

@@ -392,6 +392,40 @@ def run(cfg: Config, wandb_run=None) -> dict:
     return results
 
 
+def results_table(results: dict, cfg: Config) -> str:
+    """The scores of every split as a plain-text table, with the hypotheses' files and how
+    many of them differ (a model that repeats one sentence scores near zero for a reason).
+
+        split             sentences  BLEU  BLEU lc (95% CI)  chrF   TER  distinct  hypotheses
+        test_2016_flickr       1000  35.1   35.6 ± 1.3       61.2  47.9      989  eval/test_2016_flickr.hyp
+    """
+    header = ["split", "sentences", "BLEU", "BLEU lc (95% CI)", "chrF", "TER", "distinct",
+              "hypotheses"]  # fmt: skip
+    rows = [header]
+    for split in cfg.eval.splits:
+        scores = results[split]
+        lowercased = f"{scores['bleu_lc']:.1f}"
+        if scores.get("bleu_lc_ci") is not None:
+            lowercased += f" ± {scores['bleu_lc_ci']:.1f}"
+        hypotheses = Path(cfg.paths.eval_dir) / f"{split}.hyp"
+        distinct = len(set(hypotheses.read_text(encoding="utf-8").splitlines()))
+        rows.append([
+            split, str(scores["sentences"]), f"{scores['bleu']:.1f}", lowercased,
+            f"{scores['chrf']:.1f}", f"{scores['ter']:.1f}", str(distinct), str(hypotheses),
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    left = {0, len(header) - 1}  # names left-aligned, numbers right-aligned
+    lines = [
+        "  ".join(cell.ljust(w) if i in left else cell.rjust(w)
+                  for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    ]  # fmt: skip
+    signature = results.get("signatures", {}).get("bleu")
+    if signature:
+        lines.append(f"BLEU signature: {signature}")
+    return "\n".join(lines)
+
+
 def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
     """Scores, a table of sample translations and the heatmaps, as one W&B step."""
     import wandb
