@@ -195,6 +195,7 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
     mode: str = "offline"  # offline | online | disabled; env WANDB_MODE wins (wandb's own rule)
     init_timeout: float = 30.0  # seconds before an online init falls back to offline
+    log_model: bool = True  # the evaluate stage's model.ckpt + spm.model as a `model` artifact
 
 
 @dataclass
@@ -466,7 +467,12 @@ def cli(argv: list[str] | None = None) -> None:
         write_text_atomic(args.output, OmegaConf.to_yaml(raw))
 
 
-if __name__ == "__main__":  # python -m pipeline.config [overrides...] -o params.yaml
+def console() -> None:
+    """The `transformer-config` command (pyproject.toml)."""
     from pipeline.cli import main
 
     main(cli)
+
+
+if __name__ == "__main__":  # python -m pipeline.config [overrides...] -o params.yaml
+    console()

@@ -1193,5 +1193,10 @@ def cli(argv: list[str] | None = None) -> None:
     print(f"study '{spec.study}': {finished} finished trials in {storage}")
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `transformer-sweep` command (pyproject.toml)."""
     main(cli)
+
+
+if __name__ == "__main__":
+    console()

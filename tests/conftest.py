@@ -176,6 +176,23 @@ def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_lib.Config:
     return cfg
 
 
+@pytest.fixture(scope="session")
+def smoke_stage_run(tmp_path_factory, multi30k_dir):
+    """`experiment=smoke` through the four stage commands, as `make repro > log` runs them
+    (stdout a pipe, not a terminal), once per session in a tmp folder: `.root` (params.yaml and
+    every output) and `.results` ({stage: CompletedProcess}, text captured). Read-only."""
+    from types import SimpleNamespace
+
+    root = tmp_path_factory.mktemp("smoke_stages")
+    write_params(root, "experiment=smoke")
+    env = {**os.environ, config_lib.RAW_DIR_ENV: str(multi30k_dir), "WANDB_MODE": "offline"}
+    results = {}
+    for stage in ("prepare", "tokenize", "train", "evaluate"):
+        results[stage] = run_stage(stage, root, env=env, timeout=900)
+        assert results[stage].returncode == 0, results[stage].stderr[-3000:]
+    return SimpleNamespace(root=root, results=results)
+
+
 def split_loss(module, loader) -> tuple[float, float]:
     """The label-smoothed loss of `module` (eval mode) over `loader`'s batches: per target token
     of the whole split, and the plain mean of the batches' per-token means."""

@@ -39,3 +39,19 @@ def test_stage_refuses_an_unknown_argument_with_exit_2(stage, tmp_path):
     assert "unrecognized arguments: model.heads=4" in result.stderr
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_console_scripts_exist_and_answer_help():
+    """[project.scripts] in pyproject.toml: each target is a function that runs its command."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"transformer-translate", "transformer-sweep"} <= set(scripts)
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        code = (f"import sys; sys.argv = [{name!r}, '--help']; "
+                f"from {module} import {function}; {function}()")  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, (name, result.stderr[-2000:])
+        assert result.stdout.startswith("usage: "), name

@@ -244,3 +244,16 @@ def test_config_cli_output_keeps_the_old_file_when_it_refuses(tmp_path):
     refused = _config_cli("model.heads=3", "-o", str(target))
     assert refused.returncode == 2 and "model.heads" in refused.stderr
     assert target.read_text() == before
+
+
+# The smoke preset's translations must differ from sentence to sentence: a learning rate that
+# collapses the model onto one output for every input (2 distinct of 1000) fails it.
+SMOKE_MIN_DISTINCT_RATIO = 0.5
+
+
+@pytest.mark.slow
+def test_smoke_preset_translates_rather_than_repeating_one_sentence(smoke_stage_run):
+    hypotheses = (smoke_stage_run.root / "eval" / "test_2016_flickr.hyp").read_text().splitlines()
+    assert len(hypotheses) == 1000
+    ratio = len(set(hypotheses)) / len(hypotheses)
+    assert ratio > SMOKE_MIN_DISTINCT_RATIO, f"{ratio:.3f} of the translations differ"

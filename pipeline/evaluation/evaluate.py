@@ -40,7 +40,7 @@ from pipeline.data.corpus import (
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import DataError
 from pipeline.evaluation import MODEL_CHECKPOINT, plots
-from pipeline.evaluation.scoring import METRICS, score
+from pipeline.evaluation.scoring import LITERATURE_METRIC, METRICS, score
 
 log = logging.getLogger(__name__)
 
@@ -293,16 +293,44 @@ def benchmark_split(cfg: Config) -> str | None:
     return next((s for s in cfg.data.test_splits if s in cfg.eval.splits), None)
 
 
+# Besides METRICS, what W&B gets of each split's scores where they were computed.
+EXTRA_WANDB_KEYS = ("bleu_lc_ci", LITERATURE_METRIC)
+
+
 def wandb_metrics(results: dict, cfg: Config) -> dict[str, float]:
     """`eval/{split}/{metric}` for every split (beam search, averaged weights: kept apart from
-    training's greedy `val/bleu`), plus `test/{metric}` for the benchmark split."""
-    flat = {
-        f"eval/{split}/{key}": results[split][key] for split in cfg.eval.splits for key in METRICS
-    }
+    training's greedy `val/bleu`), plus `test/{metric}` for the benchmark split; metrics are
+    METRICS and, where computed, the 95% half-width of lowercased BLEU (`bleu_lc_ci`) and
+    the literature's tokenized BLEU."""
+
+    def of(split: str) -> dict[str, float]:
+        keys = [*METRICS, *(k for k in EXTRA_WANDB_KEYS if results[split].get(k) is not None)]
+        return {key: results[split][key] for key in keys}
+
+    flat = {f"eval/{split}/{key}": value for split in cfg.eval.splits
+            for key, value in of(split).items()}  # fmt: skip
     test = benchmark_split(cfg)
     if test is not None:
-        flat.update({f"test/{key}": results[test][key] for key in METRICS})
+        flat.update({f"test/{key}": value for key, value in of(test).items()})
     return flat
+
+
+def model_artifact(cfg: Config, results: dict, sources: Sequence[Path]):
+    """The scored model as a W&B `model` artifact: the averaged checkpoint and the subword
+    model it reads and writes with, its scores and what it was averaged from as metadata."""
+    import wandb
+
+    metadata = {
+        "experiment": cfg.experiment_name,
+        "averaged_from": [str(path) for path in sources],
+        "signatures": results["signatures"],
+        **{k: v for k, v in wandb_metrics(results, cfg).items() if k.startswith("test/")},
+    }
+    name = f"model-{cfg.experiment_name}".replace("/", "-")
+    artifact = wandb.Artifact(name, type="model", metadata=metadata)
+    artifact.add_file(str(model_checkpoint_path(cfg)), name=MODEL_CHECKPOINT)
+    artifact.add_file(str(tokenizer_path(cfg)), name=MODEL_FILE)
+    return artifact
 
 
 def read_references(cfg: Config) -> dict[str, ParallelText]:
@@ -430,7 +458,7 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
     """Scores, a table of sample translations and the heatmaps, as one W&B step."""
     import wandb
 
-    from pipeline.tracking import start_wandb_run
+    from pipeline.tracking import start_wandb_run, write_config_file
 
     own_run = wandb_run is None
     run = start_wandb_run(cfg, job_type="eval") if own_run else wandb_run
@@ -441,6 +469,9 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
             {"eval_checkpoints": [str(p) for p in sources], "signatures": results["signatures"]},
             allow_val_change=True,
         )
+        write_config_file(run)
+        if own_run and cfg.logger.wandb.log_model:  # a sweep trial's model stays in its work dir
+            run.log_artifact(model_artifact(cfg, results, sources), aliases=["latest"])
         table = wandb.Table(columns=["split", "index", "source", "reference", "hypothesis"])
         for row in samples:
             table.add_data(*row)
