@@ -1191,6 +1191,9 @@ def cli(argv: list[str] | None = None) -> None:
     finished = _count(study, FINISHED)
     print(study_summary(study, spec))
     print(f"study '{spec.study}': {finished} finished trials in {storage}")
+    from pipeline.clean import leftovers_message
+
+    print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
 
 
 def console() -> None:

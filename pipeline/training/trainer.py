@@ -376,10 +376,12 @@ def _move_aside(train_dir: Path, why: str) -> None:
     destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
     moved = move_checkpoints(train_dir, destination)
     if moved:
+        from pipeline.clean import leftovers_message
+
         warnings.warn(
             f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "
-            f"{len(moved)} checkpoint files to {destination} (delete it when you no longer "
-            "need it)",
+            f"{len(moved)} checkpoint files to {destination}. Runs moved aside: "
+            f"{leftovers_message([destination.parent])}",
             stacklevel=3,
         )
 
