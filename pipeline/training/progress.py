@@ -1,14 +1,14 @@
 """What a training run says on the console: where it is of `train.max_steps`, its loss, learning
 rate, tokens per second, the last validation's BLEU, and when it will end.
 
-In a terminal one bar, counting optimizer steps (not batches of an epoch):
+In a terminal one bar, counting optimizer steps (not batches of an epoch), elapsed<ETA:
 
-    train  42%|████▏     | 84/200 [00:12<00:16, 7.1step/s, loss 5.812, lr 8.40e-03, 11,312 tok/s, val/bleu 1.9]
+    step 84/200  42%|████████▍           | 00:12<00:16, loss 5.812, lr 8.40e-03, 11,312 tok/s, val/bleu 1.92
 
 Without one (`make repro > log`, nohup, CI) a plain line every `train.progress_every` steps and
 after every validation, which a log keeps readable:
 
-    step 100/200 (50%)  loss 5.101  lr 6.25e-03  11,205 tok/s  val/bleu 3.4  elapsed 0:00:14  eta 0:00:14
+    step 150/200 (75%)  loss 4.912  lr 5.10e-03  11,205 tok/s  val/bleu 3.41  elapsed 0:00:21  eta 0:00:07
 
 Lightning's own chatter that tells a user nothing about the run (its litlogger advertisement, a
 deprecation warning from inside it, a model summary with a column of zero FLOPs, `v_num`) is
@@ -32,8 +32,10 @@ SHOWN = (
     ("train/loss", "loss", "{:.3f}"),
     ("lr", "lr", "{:.2e}"),
     ("train/tokens_per_sec", "tok/s", "{:,.0f}"),
-    ("val/bleu", "val/bleu", "{:.1f}"),
+    ("val/bleu", "val/bleu", "{:.2f}"),
 )
+# A short bar, so that the metrics fit beside it; `remaining` is the run's ETA.
+BAR_FORMAT = "step {n_fmt}/{total_fmt} {percentage:3.0f}%|{bar:20}| {elapsed}<{remaining}{postfix}"
 VALIDATION_SHOWN = (("val/bleu", "{:.2f}"), ("val/loss", "{:.3f}"), ("val/ppl", "{:.2f}"))
 # Messages of Lightning (and of torch inside it) that say nothing about the run.
 _NOISE_LOGS = ("litlogger",)
@@ -130,8 +132,8 @@ class StepProgress(ProgressBar):
         )
         if self.interactive:
             self._bar = tqdm(
-                total=total, initial=trainer.global_step, desc="train", unit="step",
-                dynamic_ncols=True, file=self.stream, leave=True,
+                total=total, initial=trainer.global_step, unit="step", file=self.stream,
+                dynamic_ncols=True, leave=True, bar_format=BAR_FORMAT,
             )  # fmt: skip
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
