@@ -72,7 +72,6 @@ from pipeline.training.preemption import PreemptionCallback
 
 log = logging.getLogger(__name__)
 
-
 RESULTS_ROOT = Path("ablations/results")
 # Checkpoints and other bulky trial outputs live outside the repository (never in git).
 WORK_ROOT = (

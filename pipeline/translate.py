@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline import config as config_lib
 from pipeline.cli import main
+from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
 from pipeline.errors import ConfigError, DataError
@@ -127,12 +128,7 @@ def resolve_device(name: str):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.translate",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli_parser("pipeline.translate", __doc__)
     parser.add_argument("--params", default="params.yaml", help="config (default: params.yaml)")
     parser.add_argument(
         "--checkpoint", type=Path, help="model checkpoint (default: <paths.eval_dir>/model.ckpt)"
