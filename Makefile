@@ -45,7 +45,7 @@ docs: setup
 
 # Recompose params.yaml from conf/ (DVC does this itself on `dvc exp run`).
 params: setup
-	$(BIN)/python -m pipeline.config > params.yaml
+	$(BIN)/python -m pipeline.config -o params.yaml
 
 # Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
 # dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the

@@ -1,8 +1,10 @@
 """Entry-point helper: user errors print their message, not a traceback; a DVC stage refuses
-to finish when params.yaml changed under it."""
+to finish when params.yaml changed under it; every command answers `--help` and refuses
+arguments it does not know (argparse: usage on stderr, exit 2) before it spends compute."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,25 @@ from pipeline.errors import ConfigError, PipelineError
 EXIT_USER_ERROR = 2
 PARAMS_FILE = "params.yaml"  # what every stage reads (pipeline.config.load), in its cwd
 PIPELINE_FILE = "dvc.yaml"
+
+
+def parser(prog: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
+    """An ArgumentParser for `python -m <prog>` whose description is the module docstring's
+    first paragraph and whose epilog is the rest (its usage lines, what it reads and writes)."""
+    first, _, rest = (doc or "").strip().partition("\n\n")
+    kwargs.setdefault("epilog", rest or None)
+    return argparse.ArgumentParser(
+        prog=f"python -m {prog}",
+        description=first,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+
+
+def stage_args(prog: str, doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of a DVC stage: it takes no arguments (its settings come from
+    params.yaml), so `--help` describes it and anything else is a usage error (exit 2)."""
+    return parser(prog, doc).parse_args(argv)
 
 
 def _stage_params(stage: str) -> list[str] | None:

@@ -165,7 +165,8 @@ class TrainConfig:
     cpu_mmap_threshold_mb: Optional[int] = 32
     onednn_primitive_cache: Optional[int] = 16384
     log_every_n_steps: int = 50
-    progress_bar: bool = True
+    progress_bar: bool = True  # the console's progress (pipeline.training.progress)
+    progress_every: int = 100  # without a terminal: a progress line every this many steps
     deterministic: bool = False
 
 
@@ -197,6 +198,7 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
     mode: str = "offline"  # offline | online | disabled; env WANDB_MODE wins (wandb's own rule)
     init_timeout: float = 30.0  # seconds before an online init falls back to offline
+    log_model: bool = True  # the evaluate stage's model.ckpt + spm.model as a `model` artifact
 
 
 @dataclass
@@ -285,6 +287,9 @@ def validate(cfg: Config) -> Config:
     _check_one_of(t.loss_normalization, LOSS_NORMALIZATIONS, "train.loss_normalization")
     _check(t.max_steps > 0 or t.max_epochs > 0, "train.max_steps", "set max_steps or max_epochs")
     _check(t.val_check_interval > 0, "train.val_check_interval", "must be positive")
+    _check(
+        t.progress_every > 0, "train.progress_every", f"must be positive, got {t.progress_every}"
+    )
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
     _check(
@@ -441,7 +446,44 @@ def from_dict(raw: dict) -> Config:
     return validate(_to_config(OmegaConf.create(raw), "saved config"))
 
 
-if __name__ == "__main__":  # python -m pipeline.config [overrides...] > params.yaml
+def cli(argv: list[str] | None = None) -> None:
+    """Print the composed config as YAML (what `make params` writes to params.yaml), after
+    validating it as the stages will: a bad value exits 2 naming the key, printing nothing."""
     import sys
 
-    print(OmegaConf.to_yaml(compose_dict(sys.argv[1:])), end="")
+    from pipeline.cli import parser
+
+    cli_parser = parser(
+        "pipeline.config",
+        "Compose conf/ with Hydra overrides, validate it, and print it as YAML.",
+        epilog="example: python -m pipeline.config experiment=smoke model.heads=4 -o params.yaml",
+    )
+    cli_parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help="Hydra overrides: model.heads=4, experiment=smoke, ~experiment",
+    )  # fmt: skip
+    cli_parser.add_argument(
+        "-o", "--output", type=Path,
+        help="write the YAML there (atomically: a refused config leaves the old file as it "
+        "was, which `> params.yaml` would empty) instead of to stdout",
+    )  # fmt: skip
+    args = cli_parser.parse_args(argv)
+    raw = compose_dict(args.overrides)
+    finalize(_to_config(raw, f"{CONF_DIR} with {' '.join(args.overrides) or 'no overrides'}"))
+    if args.output is None:
+        sys.stdout.write(OmegaConf.to_yaml(raw))
+    else:
+        from pipeline.atomic import write_text_atomic
+
+        write_text_atomic(args.output, OmegaConf.to_yaml(raw))
+
+
+def console() -> None:
+    """The `transformer-config` command (pyproject.toml)."""
+    from pipeline.cli import main
+
+    main(cli)
+
+
+if __name__ == "__main__":  # python -m pipeline.config [overrides...] -o params.yaml
+    console()

@@ -493,5 +493,10 @@ def export(argv: list[str] | None = None) -> Path:
     return out
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `transformer-export` command (pyproject.toml)."""
     main(lambda: export(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    console()

@@ -889,5 +889,10 @@ def cli(argv: list[str] | None = None) -> None:
     print(report.read_text(encoding="utf-8"))
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `transformer-report` command (pyproject.toml)."""
     main(cli)
+
+
+if __name__ == "__main__":
+    console()

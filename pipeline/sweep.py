@@ -48,6 +48,7 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,6 +83,7 @@ ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attem
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
+GRID_POINT = ("variant", "seed")  # the params that name a grid point
 TRIAL_ENV = "PIPELINE_SWEEP_TRIAL"  # set for the DDP ranks Lightning launches: the trial number
 TrialFn = Callable[["StudySpec", optuna.Trial, Path], float]
 
@@ -385,13 +387,14 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
     retry = RetryInterruptedTrial(max_retries=settings.max_retries)
     for attempt in range(attempts):
         try:
-            storage = RDBStorage(
-                url,
-                engine_kwargs=engine_kwargs,
-                heartbeat_interval=settings.heartbeat_interval,
-                grace_period=settings.grace_period,
-                heartbeat_stale_trial_callback=retry,
-            )
+            with _experimental_ok():
+                storage = RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=settings.heartbeat_interval,
+                    grace_period=settings.grace_period,
+                    heartbeat_stale_trial_callback=retry,
+                )
             if url.startswith("sqlite"):
                 _begin_sqlite_transactions_immediately(storage.engine)
             return storage
@@ -490,9 +493,14 @@ def open_study(spec: StudySpec, storage: RDBStorage) -> optuna.Study:
         study = optuna.create_study(direction=spec.direction, **kwargs)
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
+        if study.metric_names is None:  # a study created before its objective was named
+            with _experimental_ok():
+                study.set_metric_names([spec.metric])
         if spec.kind == "grid":
             _wait_for_grid(study, spec)
         return study
+    with _experimental_ok():
+        study.set_metric_names([spec.metric])  # the dashboard's name for the objective
     if spec.kind == "grid":
         for point in spec.grid():
             study.enqueue_trial(point, skip_if_exists=False)
@@ -661,7 +669,8 @@ def retry_failed(study: optuna.Study) -> list[dict[str, Any]]:
     for trial in study.get_trials(deepcopy=False):
         # a trial still WAITING has its point only as the params it was enqueued with
         params = trial.params or trial.system_attrs.get("fixed_params", {})
-        attempts.setdefault(tuple(sorted(params.items())), []).append(trial)
+        point = {key: params[key] for key in GRID_POINT if key in params}  # not the keys it sets
+        attempts.setdefault(tuple(sorted(point.items())), []).append(trial)
     queued = []
     for point, trials in attempts.items():
         if any(t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
@@ -674,6 +683,15 @@ def retry_failed(study: optuna.Study) -> list[dict[str, Any]]:
         RetryInterruptedTrial(max_retries=None)(study, newest, preempted=True)
         queued.append(dict(point))
     return queued
+
+
+@contextlib.contextmanager
+def _experimental_ok():
+    """The heartbeat, stale-trial and metric-name APIs a sweep relies on are marked
+    experimental; the warning on each use tells a sweep's user nothing they can act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
 
 
 def _count(study: optuna.Study, states: tuple[TrialState, ...]) -> int:
@@ -703,7 +721,8 @@ def run_worker(
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
     ran = 0
     while n_trials is None or ran < n_trials:
-        optuna.storages.fail_stale_trials(study)  # re-enqueues the trials of dead workers
+        with _experimental_ok():
+            optuna.storages.fail_stale_trials(study)  # re-enqueues the trials of dead workers
         fail_trials_without_heartbeat(study, storage, spec.settings.grace_period)
         if _count(study, FINISHED) >= target:
             break
@@ -716,9 +735,62 @@ def run_worker(
                 continue
         else:
             trial = study.ask()
+        started = time.perf_counter()
         _run_and_tell(study, spec, trial, storage, results_root, trial_fn)
         ran += 1
+        print(trial_line(study, spec, storage.get_trial(trial._trial_id), target,
+                         time.perf_counter() - started), flush=True)  # fmt: skip
     return study
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
+
+
+def _value_text(trial: optuna.trial.FrozenTrial) -> str:
+    return f"{trial.value:.2f}" if trial.value is not None else "-"
+
+
+def trial_line(
+    study: optuna.Study,
+    spec: StudySpec,
+    trial: optuna.trial.FrozenTrial,
+    target: int | None,
+    seconds: float,
+) -> str:
+    """`trial 3/22 heads_2-seed1: val/bleu 35.21 (complete) in 14 min 03 s`: k counts the
+    study's finished trials, this one included (other workers' too), of the study's N."""
+    finished = _count(study, FINISHED)
+    of = f"{finished}/{target}" if target else str(finished)
+    state = trial.state.name.lower()
+    return (f"trial {of} {point_name(spec, trial)}: {spec.metric} {_value_text(trial)} "
+            f"({state}) in {_duration(seconds)}")  # fmt: skip
+
+
+def study_summary(study: optuna.Study, spec: StudySpec) -> str:
+    """The finished trials best first (objective, test BLEU, state) and the best one."""
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    if not trials:
+        return f"study '{spec.study}': no finished trial yet"
+    sign = -1 if spec.direction == "maximize" else 1
+    trials = sorted(trials, key=lambda t: (t.value is None, sign * (t.value or 0.0), t.number))
+    header = ["trial", "point", spec.metric, "test BLEU", "state"]
+    rows = [header] + [
+        [str(t.number), point_name(spec, t), _value_text(t),
+         f"{t.user_attrs['test_bleu']:.2f}" if t.user_attrs.get("test_bleu") is not None else "-",
+         t.state.name.lower()]
+        for t in trials
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if complete:
+        best = study.best_trial
+        lines.append(f"best: trial {best.number} ({point_name(spec, best)}), {spec.metric} "
+                     f"{_value_text(best)}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _run_and_tell(
@@ -760,7 +832,9 @@ def suggest_params(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
     if spec.kind == "grid":
         variant = trial.suggest_categorical("variant", list(spec.variants))
         seed = trial.suggest_categorical("seed", list(spec.seeds))
-        return {**spec.variants[variant], "seed": seed}
+        point = {**spec.variants[variant], "seed": seed}
+        _record_grid_params(spec, trial)
+        return point
     params: dict[str, Any] = {}
     for key, dist in spec.space.items():
         kind = dist["type"]
@@ -778,6 +852,60 @@ def suggest_params(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
             raise ConfigError(f"study '{spec.study}': space.{key}.type '{kind}' is not supported")
     params.setdefault("seed", spec.sampler_seed + trial.number)
     return params
+
+
+def grid_values(spec: StudySpec) -> dict[str, list[Any]]:
+    """Every config key a grid's variants change, with the value it takes in each variant (in
+    spec order; a variant that leaves the key alone has the base experiment's value)."""
+    keys = list(dict.fromkeys(key for overrides in spec.variants.values() for key in overrides))
+    if not keys:
+        return {}
+    base = config_lib.to_dict(point_config(spec, {}))
+    return {
+        key: [
+            overrides.get(key, config_lib.subtree(base, key))
+            for overrides in spec.variants.values()
+        ]
+        for key in keys
+    }
+
+
+def _distribution(values: list[Any]) -> optuna.distributions.BaseDistribution:
+    """Numbers as a range (the dashboard plots them on an axis, and a study extended by a new
+    value keeps its distribution compatible); anything else as the grid's choices."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) == len(values):
+        if all(isinstance(v, int) for v in values):
+            return optuna.distributions.IntDistribution(min(values), max(values))
+        return optuna.distributions.FloatDistribution(float(min(values)), float(max(values)))
+    return optuna.distributions.CategoricalDistribution(list(dict.fromkeys(map(_choice, values))))
+
+
+def _choice(value: Any) -> Any:
+    """A categorical choice: Optuna keeps None, bool, int, float and str."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _as_override("", value)[1:]
+
+
+def _record_grid_params(spec: StudySpec, trial: optuna.Trial) -> None:
+    """Record the config keys this grid point sets (model.heads=2, ...) as the trial's params,
+    beside `variant` and `seed`, so that the dashboard's parameter views (slice, parallel
+    coordinates, importance) speak of settings rather than variant names. Written to the
+    storage directly: a claimed trial's sampler must not draw them."""
+    storage = trial.study._storage
+    recorded = storage.get_trial(trial._trial_id).params
+    variant = list(spec.variants).index(trial.params["variant"])
+    for key, values in grid_values(spec).items():
+        if key in recorded:  # a DDP rank > 0, or a retry enqueued with them
+            continue
+        distribution = _distribution(values)
+        value = values[variant]
+        if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+            value = _choice(value)
+        storage.set_trial_param(
+            trial._trial_id, key, distribution.to_internal_repr(value), distribution
+        )
 
 
 def point_name(spec: StudySpec, trial: optuna.Trial) -> str:
@@ -811,7 +939,6 @@ def run_trial(
     run = start_wandb_run(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
-    started = time.perf_counter()
     try:
         with _attempt_logged(paths.work, trial):
             train_metrics = _train(spec, trial, cfg, wandb_run=run)
@@ -822,8 +949,6 @@ def run_trial(
         run.finish()
     _ensure_still_running(trial)
     _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
-    log.info("trial %d (%s) done in %.0f s", trial.number, paths.record.name,
-             time.perf_counter() - started)  # fmt: skip
     return train_metrics.get(spec.metric)
 
 
@@ -880,7 +1005,8 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_r
     stopped on the pruner's word (on every rank: the others stop at the same step)."""
     from pipeline.training import trainer
 
-    pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
+    # Every validation is reported (the dashboard's intermediate values); only a pruner acts.
+    pruning = StepPruningCallback(trial, monitor=spec.metric)
     beat = CURRENT_HEARTBEAT.get()
     watchdog = HeartbeatWatchdog(beat, spec.settings) if beat is not None else None
     callbacks = [callback for callback in (pruning, watchdog) if callback is not None]
@@ -1125,8 +1251,17 @@ def cli(argv: list[str] | None = None) -> None:
         return
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)
+    print(study_summary(study, spec))
     print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
+    from pipeline.clean import leftovers_message
+
+    print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
+
+
+def console() -> None:
+    """The `transformer-sweep` command (pyproject.toml)."""
+    main(cli)
 
 
 if __name__ == "__main__":
-    main(cli)
+    console()

@@ -32,6 +32,12 @@ A run that is not online (offline, disabled, or fallen back) sets W&B's process-
 its own too: `offline` connects only to the local socket of W&B's own service process,
 `disabled` to nothing at all.
 
+Under `dvc exp run`, DVC names the experiment in the environment (`DVC_EXP_NAME`): a run
+started without an explicit name is called `<experiment>-<job type>` and carries the name in
+its config (`dvc_exp_name`), so that `dvc exp show` and the W&B runs point at each other. An
+offline run's folder also gets `files/config.yaml` (W&B's own layout of it, which only an
+online run writes by itself), so its config is readable without W&B's tools.
+
 `read_offline_run` reads a run's `.wandb` file back (config, history, summary) with W&B's own
 protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
 """
@@ -58,6 +64,8 @@ from pipeline.config import Config, to_dict
 from pipeline.redaction import hide_passwords
 
 MODE_ENV = "WANDB_MODE"
+DVC_EXP_ENV = "DVC_EXP_NAME"  # set by `dvc exp run` for the stages it runs
+CONFIG_FILE = "config.yaml"  # in a run's files/ folder
 TELEMETRY_ENV = "WANDB_ERROR_REPORTING"
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 
@@ -77,6 +85,11 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     settings = cfg.logger.wandb
     directory = Path(cfg.paths.wandb_dir)
     directory.mkdir(parents=True, exist_ok=True)
+    config = to_dict(cfg)
+    dvc_experiment = os.environ.get(DVC_EXP_ENV)
+    if dvc_experiment:
+        config["dvc_exp_name"] = dvc_experiment
+        name = name or f"{dvc_experiment}-{job_type}"
     init_args: dict[str, Any] = {
         "project": settings.project,
         "entity": settings.entity,
@@ -84,7 +97,7 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
         "job_type": job_type,
         "name": name,
         "tags": list(settings.tags),
-        "config": to_dict(cfg),
+        "config": config,
         "dir": str(directory),
     }
     timeout = settings.init_timeout
@@ -115,7 +128,9 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     # default), so that it writes everything.
     wandb.setup(wandb.Settings(mode=mode, finish_timeout=0.0))
     with _passwords_hidden_from_argv():
-        return wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
+        run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
+    write_config_file(run)
+    return run
 
 
 @contextlib.contextmanager
@@ -130,6 +145,20 @@ def _passwords_hidden_from_argv():
         yield
     finally:
         sys.argv = real
+
+
+def write_config_file(run) -> None:
+    """`files/config.yaml` of an offline run, as an online run's (`key: {value: ...}`): the
+    config is otherwise only inside the `.wandb` file. Call again after `run.config.update`."""
+    import yaml
+
+    if not getattr(run, "offline", False) or getattr(run, "disabled", False):
+        return  # online: W&B writes it; disabled: no folder
+    config = {key: {"value": value} for key, value in dict(run.config).items()}
+    text = "wandb_version: 1\n\n" + yaml.safe_dump(config, sort_keys=False)
+    from pipeline.atomic import write_text_atomic
+
+    write_text_atomic(Path(run.dir) / CONFIG_FILE, text)
 
 
 def no_answer(url: str, timeout: float) -> str | None:
@@ -248,7 +277,8 @@ def _set_item(target: dict, item) -> None:
 
 def read_offline_run(run_dir: str | os.PathLike, wait_s: float = 30.0) -> dict:
     """An offline run's `run` info (project, group, job_type, tags), `config`, `history`
-    (one dict per logged step) and `summary`, read from its `run-<id>.wandb` file.
+    (one dict per logged step), `summary` and `artifacts` (name, type, aliases, metadata,
+    files), read from its `run-<id>.wandb` file.
 
     W&B's service writes the file asynchronously, also after `run.finish()` has returned, so
     this waits up to `wait_s` seconds for the run's exit record; `complete` says if it came.
@@ -268,7 +298,8 @@ def read_offline_run(run_dir: str | os.PathLike, wait_s: float = 30.0) -> dict:
 def _parse_run_file(path: Path) -> dict:
     from wandb.proto import wandb_internal_pb2
 
-    result: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
+    result: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {},
+                              "artifacts": []}  # fmt: skip
     result["complete"] = False
     for payload in _records(path):
         record = wandb_internal_pb2.Record()
@@ -292,6 +323,13 @@ def _parse_run_file(path: Path) -> dict:
         elif kind == "summary":
             for item in record.summary.update:
                 _set_item(result["summary"], item)
+        elif kind == "artifact":
+            artifact = record.artifact
+            result["artifacts"].append({
+                "name": artifact.name, "type": artifact.type, "aliases": list(artifact.aliases),
+                "metadata": json.loads(artifact.metadata) if artifact.metadata else {},
+                "files": sorted(entry.path for entry in artifact.manifest.contents),
+            })  # fmt: skip
         elif kind == "exit":
             result["complete"] = True
     result["config"].pop("_wandb", None)  # W&B's own bookkeeping

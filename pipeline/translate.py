@@ -2,6 +2,14 @@
 
     echo "A man is riding a bike." | python -m pipeline.translate
     python -m pipeline.translate --input news.en --output news.de --beam 5
+    python -m pipeline.translate --nbest 3 --length-penalty 0.6 --device cuda < news.en
+
+From Python (CTranslate2's and fairseq's naming: beam_size, num_hypotheses, length_penalty):
+
+    from pipeline.translate import Translator
+    translator = Translator.from_checkpoint("eval/model.ckpt", device="cpu")
+    translator.translate(["A man is riding a bike."])             # ["Ein Mann fährt ..."]
+    translator.translate_batch(["..."], num_hypotheses=3)         # texts and scores, best first
 
 Input is normalised exactly as `prepare` normalises the corpus (NFC, whitespace collapsed),
 encoded with the joint subword model (Moses-tokenized first where the model was trained so,
@@ -16,20 +24,111 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import config as config_lib
 from pipeline.cli import main
+from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import MODEL_CHECKPOINT
 
 
+class Translator:
+    """A trained model with its subword model, ready to translate sentences.
+
+    Sentences are normalised as `prepare` normalises the corpus and read and written as the
+    model was trained (source eos, Moses pre-tokenization); decoding settings default to the
+    `eval` section of the config the model was trained with.
+    """
+
+    def __init__(self, model, tokenizer, eval_cfg: config_lib.EvalConfig):
+        self.model, self.tokenizer, self.eval_cfg = model, tokenizer, eval_cfg
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: str | Path,
+        tokenizer: str | Path | None = None,
+        device: str = "cpu",
+        config: config_lib.Config | None = None,
+    ) -> Translator:
+        """`checkpoint`: a training checkpoint or the evaluate stage's `model.ckpt`;
+        `tokenizer`: its spm.model (default: `paths.tokenized/spm.model` of `config`, which
+        defaults to the config saved in the checkpoint); `device`: "cpu", "cuda", "cuda:1"."""
+        # torch and the model code load only now: `--help` and usage errors answer at once.
+        from pipeline.evaluation.evaluate import load_model, load_tokenizer
+        from pipeline.training.checkpoints import read_checkpoint
+
+        checkpoint = Path(checkpoint)
+        torch_device = resolve_device(device)
+        if config is None:
+            saved = read_checkpoint(checkpoint)["hyper_parameters"]["config"]
+            config = config_lib.from_dict(saved)
+        spm_model = Path(tokenizer) if tokenizer else Path(config.paths.tokenized) / MODEL_FILE
+        if not spm_model.is_file():
+            raise DataError(
+                f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
+                "or pass the spm.model the model was trained with"
+            )
+        model = load_model(checkpoint).to(torch_device)
+        return cls(model, load_tokenizer(spm_model, model, config.data), config.eval)
+
+    def translate_batch(
+        self,
+        sources: Sequence[str],
+        beam_size: int | None = None,
+        num_hypotheses: int = 1,
+        length_penalty: float | None = None,
+    ) -> list:
+        """One `Translation` (its `texts`, `scores` and subword `tokens`, best first) per
+        source; an empty source gives an empty list of hypotheses."""
+        from pipeline.evaluation.evaluate import translate_ids
+
+        beam = beam_size or self.eval_cfg.beam_size
+        if not 1 <= num_hypotheses <= beam:
+            raise ConfigError(
+                f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam}]: a beam "
+                "of k keeps k hypotheses"
+            )
+        settings = dataclasses.replace(
+            self.eval_cfg,
+            beam_size=beam,
+            nbest=num_hypotheses,
+            length_penalty=self.eval_cfg.length_penalty if length_penalty is None
+            else length_penalty,
+        )  # fmt: skip
+        src_ids = self.tokenizer.encode_sources([normalize(line) for line in sources])
+        return translate_ids(self.model, self.tokenizer, src_ids, settings, desc="translate")
+
+    def translate(self, sources: Sequence[str], **options) -> list[str]:
+        """The best translation of each source (options as `translate_batch`'s)."""
+        return [t.best for t in self.translate_batch(sources, **options)]
+
+
+def resolve_device(name: str):
+    """`--device`: a torch device that exists here, or a ConfigError saying why not."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(f"device '{name}': {err} (use cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index or 0) >= count:
+            raise ConfigError(
+                f"device '{name}': this machine has {count} CUDA device(s); use --device cpu"
+            )
+    elif device.type != "cpu":
+        raise ConfigError(f"device '{name}': use cpu, cuda or cuda:N")
+    return device
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.translate", description=__doc__.split("\n\n")[0]
-    )
+    parser = cli_parser("pipeline.translate", __doc__)
     parser.add_argument("--params", default="params.yaml", help="config (default: params.yaml)")
     parser.add_argument(
         "--checkpoint", type=Path, help="model checkpoint (default: <paths.eval_dir>/model.ckpt)"
@@ -38,6 +137,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tokenizer", type=Path, help="sentencepiece model (default: <paths.tokenized>/spm.model)"
     )
     parser.add_argument("--beam", type=_positive_int, help="beam size (default: eval.beam_size)")
+    parser.add_argument(
+        "--nbest",
+        type=_positive_int,
+        default=1,
+        help="translations per sentence, best first, as `index<TAB>score<TAB>text` lines "
+        "(at most the beam size; default: 1, plain lines)",
+    )
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        help="alpha of eval.length_normalization (default: eval.length_penalty)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument(
         "--input", type=Path, help="source text, one sentence a line (default: stdin)"
     )
@@ -54,6 +166,9 @@ def _positive_int(text: str) -> int:
 
 def translate(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    resolve_device(args.device)  # before anything is read
+    if args.beam and args.nbest > args.beam:
+        raise ConfigError(f"--nbest {args.nbest} is more than --beam {args.beam}: raise --beam")
     cfg = config_lib.load(args.params)
     default_checkpoint = Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
     checkpoint = args.checkpoint or default_checkpoint
@@ -69,20 +184,21 @@ def translate(argv: list[str] | None = None) -> None:
             f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
             "or pass --tokenizer PATH/spm.model"
         )
-    eval_cfg = dataclasses.replace(cfg.eval, nbest=1, beam_size=args.beam or cfg.eval.beam_size)
+    beam = args.beam or cfg.eval.beam_size
+    if args.nbest > beam:
+        raise ConfigError(f"--nbest {args.nbest} is more than the beam size {beam}: raise --beam")
 
     lines = read_lines(args.input) if args.input is not None else read_stdin_lines()
-    sources = [normalize(line) for line in lines]
-
-    # torch and the model code load only now: a usage error above answers at once.
-    from pipeline.evaluation.evaluate import load_model, load_tokenizer, translate_ids
-
-    model = load_model(checkpoint)
-    tokenizer = load_tokenizer(spm_model, model, cfg.data)
-    translations = translate_ids(
-        model, tokenizer, tokenizer.encode_sources(sources), eval_cfg, desc="translate"
+    translator = Translator.from_checkpoint(checkpoint, spm_model, args.device, config=cfg)
+    translations = translator.translate_batch(
+        lines, beam_size=beam, num_hypotheses=args.nbest, length_penalty=args.length_penalty
     )
-    text = "".join(f"{t.best}\n" for t in translations)
+    if args.nbest == 1:
+        text = "".join(f"{t.best}\n" for t in translations)
+    else:
+        from pipeline.evaluation.evaluate import nbest_lines
+
+        text = "".join(f"{line}\n" for line in nbest_lines(translations))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
@@ -107,5 +223,10 @@ def read_stdin_lines() -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `transformer-translate` command (pyproject.toml)."""
     main(lambda: translate(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    console()

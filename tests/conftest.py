@@ -53,11 +53,12 @@ def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
 
 
 def write_params(directory: Path, *overrides: str) -> None:
-    """`python -m pipeline.config <overrides> > directory/params.yaml`, as `make params` does."""
-    params = subprocess.run(
-        [sys.executable, "-m", "pipeline.config", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    """conf/ composed with `overrides` into directory/params.yaml, as DVC writes it for `dvc
+    exp run -S`: composed, not validated (the stages validate; `python -m pipeline.config`
+    refuses a bad value before writing anything)."""
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.to_yaml(config_lib.compose_dict(list(overrides)))
     (Path(directory) / "params.yaml").write_text(params)
 
 
@@ -200,6 +201,23 @@ def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_lib.Config:
     cfg.train.progress_bar = False
     run(cfg)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def smoke_stage_run(tmp_path_factory, multi30k_dir):
+    """`experiment=smoke` through the four stage commands, as `make repro > log` runs them
+    (stdout a pipe, not a terminal), once per session in a tmp folder: `.root` (params.yaml and
+    every output) and `.results` ({stage: CompletedProcess}, text captured). Read-only."""
+    from types import SimpleNamespace
+
+    root = tmp_path_factory.mktemp("smoke_stages")
+    write_params(root, "experiment=smoke")
+    env = {**os.environ, config_lib.RAW_DIR_ENV: str(multi30k_dir), "WANDB_MODE": "offline"}
+    results = {}
+    for stage in ("prepare", "tokenize", "train", "evaluate"):
+        results[stage] = run_stage(stage, root, env=env, timeout=900)
+        assert results[stage].returncode == 0, results[stage].stderr[-3000:]
+    return SimpleNamespace(root=root, results=results)
 
 
 def split_loss(module, loader) -> tuple[float, float]:

@@ -197,3 +197,63 @@ def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
     batches = len(datamodule.train_dataloader())
     updates = -(-batches // cfg.train.accumulate_grad_batches)  # a last odd batch: an update
     assert cfg.train.val_check_interval == updates
+
+
+def _config_cli(*args: str, cwd=REPO_ROOT):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pipeline.config", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.heads=3", "model.heads"),  # does not divide d_model
+        ("model.dropout=1.5", "model.dropout"),
+        ("model.hedas=4", "model.hedas"),  # no such key
+        ("train.max_steps=many", "train.max_steps"),  # wrong type
+    ],
+)
+def test_config_cli_validates_as_the_stages_do(override, key):
+    """`python -m pipeline.config <bad override> > params.yaml` prints no config: exit 2, the
+    key named, no traceback."""
+    result = _config_cli(override)
+    assert result.returncode == 2, result.stdout[:500]
+    assert result.stdout == ""
+    assert key in result.stderr and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_config_cli_help_and_a_good_override():
+    helped = _config_cli("--help")
+    assert helped.returncode == 0 and "usage: python -m pipeline.config" in helped.stdout
+    assert "Traceback" not in helped.stderr
+    printed = _config_cli("experiment=smoke", "model.heads=2")
+    assert printed.returncode == 0, printed.stderr
+    assert OmegaConf.create(printed.stdout).model.heads == 2
+
+
+def test_config_cli_output_keeps_the_old_file_when_it_refuses(tmp_path):
+    target = tmp_path / "params.yaml"
+    written = _config_cli("experiment=smoke", "-o", str(target))
+    assert written.returncode == 0, written.stderr
+    before = target.read_text()
+    assert OmegaConf.create(before).experiment_name == "smoke"
+    refused = _config_cli("model.heads=3", "-o", str(target))
+    assert refused.returncode == 2 and "model.heads" in refused.stderr
+    assert target.read_text() == before
+
+
+# The smoke preset's translations must differ from sentence to sentence: a learning rate that
+# collapses the model onto one output for every input (2 distinct of 1000) fails it.
+SMOKE_MIN_DISTINCT_RATIO = 0.5
+
+
+@pytest.mark.slow
+def test_smoke_preset_translates_rather_than_repeating_one_sentence(smoke_stage_run):
+    hypotheses = (smoke_stage_run.root / "eval" / "test_2016_flickr.hyp").read_text().splitlines()
+    assert len(hypotheses) == 1000
+    ratio = len(set(hypotheses)) / len(hypotheses)
+    assert ratio > SMOKE_MIN_DISTINCT_RATIO, f"{ratio:.3f} of the translations differ"

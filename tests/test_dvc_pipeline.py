@@ -191,11 +191,11 @@ def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
     while not (checkpoints / "progress.json").exists():  # training is under way
         assert dvc.poll() is None and time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.2)
-    compose_params(repo, *overrides, "train.lr_factor=0.5")
+    compose_params(repo, *overrides, "train.lr_factor=0.25")
     output, _ = dvc.communicate(timeout=600)
     assert dvc.returncode != 0, output[-3000:]
     assert (
-        "error: params.yaml changed while the train stage ran: 'train.lr_factor' was 2.0, now 0.5"
+        "error: params.yaml changed while the train stage ran: 'train.lr_factor' was 0.5, now 0.25"
         in output
     )
     assert "train" not in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]

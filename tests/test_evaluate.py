@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 import torch
+import yaml
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
@@ -235,6 +236,19 @@ def test_evaluate_end_to_end(trained_smoke, tmp_path):
     summary = run["summary"]
     assert summary["test/bleu"] == pytest.approx(written["test_2016_flickr"]["bleu"])
     assert summary["eval/val/chrf"] == pytest.approx(written["val"]["chrf"])
+    for split in cfg.eval.splits:  # the 95% interval beside the score it bounds
+        ci = written[split]["bleu_lc_ci"]
+        assert summary[f"eval/{split}/bleu_lc_ci"] == pytest.approx(ci)
+    assert summary["test/bleu_lc_ci"] == pytest.approx(written["test_2016_flickr"]["bleu_lc_ci"])
+    # The scored model, with the subword model it needs, as a `model` artifact.
+    (artifact,) = [a for a in run["artifacts"] if a["type"] == "model"]
+    assert artifact["type"] == "model" and artifact["name"] == f"model-{cfg.experiment_name}"
+    assert artifact["files"] == ["model.ckpt", "spm.model"]
+    assert artifact["metadata"]["test/bleu"] == pytest.approx(summary["test/bleu"])
+    # The config, readable beside the run without W&B's tools.
+    config = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
+    assert config["eval"]["value"]["beam_size"] == 1
+    assert sorted(config["eval_checkpoints"]["value"]) == sorted(str(p) for p in newest)
     (logged,) = [row for row in run["history"] if "eval/samples" in row]
     assert logged["eval/samples"]["nrows"] == min(cfg.eval.samples, 1000)
     for png in pngs:
@@ -397,3 +411,25 @@ def test_checkpoints_of_another_config_are_refused_naming_the_key(trained_smoke,
     cfg = eval_config(trained_smoke, tmp_path)
     cfg.train.progress_bar = not cfg.train.progress_bar  # cannot change the weights: accepted
     evaluate.check_trained_with(evaluate.source_checkpoints(cfg), cfg)
+
+
+@pytest.mark.slow
+def test_evaluate_stage_ends_with_a_table_of_every_split(smoke_stage_run):
+    """BLEU, lowercased BLEU with its 95% interval, chrF, TER, how many translations differ and
+    where they are, per split of eval.splits, as the last lines the stage prints."""
+    out = smoke_stage_run.results["evaluate"].stdout.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("split "))
+    assert out[header].split() == ["split", "sentences", "BLEU", "BLEU", "lc", "(95%", "CI)",
+                                   "chrF", "TER", "distinct", "hypotheses"]  # fmt: skip
+    scores = json.loads((smoke_stage_run.root / "metrics" / "eval.json").read_text())
+    for row, split in zip(out[header + 1 : header + 3], ("val", "test_2016_flickr")):
+        cells = row.split()
+        hypotheses = (smoke_stage_run.root / "eval" / f"{split}.hyp").read_text().splitlines()
+        assert cells[0] == split and int(cells[1]) == scores[split]["sentences"]
+        assert float(cells[2]) == pytest.approx(scores[split]["bleu"], abs=0.05)
+        assert cells[4] == "±" and float(cells[5]) == pytest.approx(scores[split]["bleu_lc_ci"],
+                                                                     abs=0.05)  # fmt: skip
+        assert float(cells[6]) == pytest.approx(scores[split]["chrf"], abs=0.05)
+        assert int(cells[8]) == len(set(hypotheses))
+        assert cells[9] == f"eval/{split}.hyp"
+    assert out[header + 3].startswith("BLEU signature: nrefs:1|")

@@ -344,7 +344,8 @@ def test_a_one_point_grid_runs_and_finishes(tmp_path):
     spec_path = write_spec(tmp_path, f"one-{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
     wait_all([start_worker(tmp_path, spec_path, url)], timeout=120)
     (trial,) = load(spec_path, url).trials
-    assert trial.state == TrialState.COMPLETE and trial.params == {"variant": "heads_1", "seed": 1}
+    assert trial.state == TrialState.COMPLETE
+    assert trial.params == {"variant": "heads_1", "seed": 1, "model.heads": 1}
 
 
 @pytest.mark.slow
@@ -584,3 +585,49 @@ def test_a_storage_password_is_masked_in_the_workers_closing_line(tmp_path):
     assert "0 finished trials in postgresql://postgres:***@127.0.0.1" in result.stdout
     assert "s3cret-pw" not in result.stdout + result.stderr
     assert not files_holding(tmp_path, "s3cret-pw")
+
+
+def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(tmp_path, capsys):
+    """What optuna-dashboard reads: the objective's name, and per trial the config keys the
+    grid changes (base experiment's value where a variant leaves a key alone) as params with
+    a distribution over the grid's values; the worker says `trial k/N` and ends with the best.
+    No ExperimentalWarning on the way."""
+    spec_path = tmp_path / "dash.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "study": "dash", "kind": "grid", "base_experiment": "smoke",
+        "objective": {"metric": "val/bleu", "direction": "maximize"}, "seeds": [1],
+        "variants": {"base": {}, "heads_2": {"model.heads": 2},
+                     "learned": {"model.positional": "learned", "model.dropout": 0.3}},
+    }))  # fmt: skip
+    spec = sweep.load_spec(spec_path)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    objective = {"base": 3.0, "heads_2": 5.0, "learned": 4.0}
+
+    def trial_fn(spec, trial, root):
+        sweep.suggest_params(spec, trial)
+        return objective[trial.params["variant"]]
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
+        study = sweep.run_worker(spec, url, tmp_path / "results", trial_fn=trial_fn)
+    assert optuna.load_study(study_name="dash", storage=url).metric_names == ["val/bleu"]
+    params = {t.params["variant"]: t.params for t in study.trials}
+    assert params["base"] == {"variant": "base", "seed": 1, "model.heads": 4,
+                              "model.positional": "sinusoidal", "model.dropout": 0.1}  # fmt: skip
+    assert params["heads_2"]["model.heads"] == 2
+    assert params["learned"]["model.positional"] == "learned"
+    assert params["learned"]["model.dropout"] == 0.3
+    distributions = study.trials[0].distributions
+    assert distributions["model.heads"] == optuna.distributions.IntDistribution(2, 4)
+    assert distributions["model.dropout"] == optuna.distributions.FloatDistribution(0.1, 0.3)
+    assert distributions["model.positional"].choices == ("sinusoidal", "learned")
+
+    out = capsys.readouterr().out
+    for k in (1, 2, 3):
+        assert f"trial {k}/3 " in out
+    assert "trial 3/3 learned-seed1: val/bleu 4.00 (complete) in " in out
+    summary = sweep.study_summary(study, spec)
+    assert summary.splitlines()[1].split()[:3] == ["1", "heads_2-seed1", "5.00"]
+    assert summary.splitlines()[-1] == "best: trial 1 (heads_2-seed1), val/bleu 5.00"

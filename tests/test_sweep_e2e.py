@@ -31,6 +31,7 @@ def run_cli(*args: str) -> str:
         [sys.executable, "-m", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "ExperimentalWarning" not in result.stderr
     return result.stdout
 
 
@@ -48,12 +49,24 @@ def run_study(spec: dict, tmp_path) -> tuple[optuna.Study, object]:
 def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     results, work = tmp_path / "results", tmp_path / "work"
-    run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results),
-            "--work-dir", str(work))  # fmt: skip
+    out = run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results),
+                  "--work-dir", str(work))  # fmt: skip
 
     storage = f"sqlite:///{results / 'smoke' / 'study.db'}"
     study = optuna.load_study(study_name="smoke", storage=storage)
     assert len(study.trials) == 4
+    # What the worker said, and what optuna-dashboard reads: the objective's name, the key
+    # each variant sets, every validation (steps 10 and 20) as an intermediate value.
+    for k in range(1, 5):
+        assert f"trial {k}/4 " in out, out
+    best = study.best_trial
+    assert f"best: trial {best.number} ({best.params['variant']}-seed{best.params['seed']})" in out
+    assert "trial work folders: " in out and "python -m pipeline.clean" in out
+    assert study.metric_names == ["val/bleu"]
+    for trial in study.trials:
+        heads = {"base": 4, "heads_1": 1}[trial.params["variant"]]
+        assert trial.params["model.heads"] == heads
+        assert sorted(trial.intermediate_values) == [10, 20]
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     for trial in study.trials:
         attrs = trial.user_attrs

@@ -72,6 +72,32 @@ def test_a_password_on_the_command_line_stays_out_of_the_run(make_config, monkey
     assert not [p for p in files if b"s3cret-pw" in p.read_bytes()]
 
 
+def test_a_run_under_dvc_exp_run_is_named_after_the_experiment_and_its_config_is_a_file(
+    make_config, monkeypatch
+):
+    """`dvc exp run` sets DVC_EXP_NAME for the stages it runs (dvc/repo/experiments/queue/
+    base.py): a run without a name of its own takes it; an explicit name stays. The offline
+    run's files/config.yaml holds the config as an online run's does."""
+    import yaml
+
+    cfg = make_config("experiment=smoke")
+    monkeypatch.setenv("DVC_EXP_NAME", "tawny-sash")
+    for job_type, name in (("train", None), ("trial", "smoke-base-seed1")):
+        run = start_wandb_run(cfg, job_type=job_type, name=name)
+        run.finish()
+    runs = {(run := read_offline_run(d))["run"]["job_type"]: (d, run)
+            for d in offline_run_dirs(cfg.paths.wandb_dir)}  # fmt: skip
+    (run_dir, first), (_, second) = runs["train"], runs["trial"]
+    assert first["run"]["name"] == "tawny-sash-train"
+    assert second["run"]["name"] == "smoke-base-seed1"
+    assert first["config"]["dvc_exp_name"] == "tawny-sash"
+    written = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
+    assert written.pop("wandb_version") == 1
+    assert set(written) == set(first["config"])
+    for section in ("seed", "model", "train", "eval", "dvc_exp_name"):
+        assert written[section]["value"] == first["config"][section]
+
+
 def test_environment_mode_wins_over_the_config(make_config, monkeypatch, no_wandb_account):
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = make_config("logger.wandb.mode=online")

@@ -192,3 +192,53 @@ def test_a_checkpoint_that_would_run_code_is_refused(make_config, malicious_chec
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith(f"error: {malicious_checkpoint.path}: refused")
     assert "posix.system" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "cuda:7"], "device 'cuda:7': this machine has"),
+        (["--device", "toaster"], "device 'toaster'"),
+        (["--beam", "2", "--nbest", "3"], "--nbest 3 is more than --beam 2"),
+    ],
+)
+def test_bad_device_or_nbest_is_refused_before_anything_is_read(tmp_path, args, message):
+    result = run_translate(*args, cwd=tmp_path)  # no params.yaml there: refused before
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_nbest_length_penalty_and_device_match_the_python_api(trained_smoke, smoke_model):
+    """`--nbest 3 --beam 3 --length-penalty 0.6 --device cpu`: three `index<TAB>score<TAB>text`
+    lines per sentence, best first, as `Translator.translate_batch` gives them in-process."""
+    from pipeline.translate import Translator
+
+    params, checkpoint = smoke_model
+    val = (Path(trained_smoke.paths.prepared) / "val.en").read_text(encoding="utf-8")
+    sentences = val.split("\n")[:3]
+    result = run_translate(
+        "--params", str(params), "--checkpoint", str(checkpoint), "--beam", "3", "--nbest", "3",
+        "--length-penalty", "0.6", "--device", "cpu", stdin="\n".join(sentences) + "\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for i in range(3):
+        scores = [float(r[1]) for r in rows if int(r[0]) == i]
+        assert scores == sorted(scores, reverse=True)
+
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")  # tokenizer: the saved one
+    batch = translator.translate_batch(sentences, beam_size=3, num_hypotheses=3, length_penalty=0.6)
+    assert [r[2] for r in rows] == [text for t in batch for text in t.texts]
+    assert [float(r[1]) for r in rows] == pytest.approx([s for t in batch for s in t.scores],
+                                                        abs=1e-4)  # fmt: skip
+    # The 1-best of the API is what the evaluate stage's decoding gives.
+    assert translator.translate(sentences, beam_size=1) == in_process_translations(
+        trained_smoke, checkpoint, sentences, beam=1
+    )
+    # Another length penalty changes the scores it ranks by.
+    other = translator.translate_batch(sentences, beam_size=3, num_hypotheses=3,
+                                       length_penalty=0.0)  # fmt: skip
+    assert [t.scores for t in other] != [t.scores for t in batch]

@@ -40,7 +40,7 @@ from pipeline.data.corpus import (
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import DataError
 from pipeline.evaluation import MODEL_CHECKPOINT, plots
-from pipeline.evaluation.scoring import METRICS, score
+from pipeline.evaluation.scoring import LITERATURE_METRIC, METRICS, score
 
 log = logging.getLogger(__name__)
 
@@ -292,16 +292,44 @@ def benchmark_split(cfg: Config) -> str | None:
     return next((s for s in cfg.data.test_splits if s in cfg.eval.splits), None)
 
 
+# Besides METRICS, what W&B gets of each split's scores where they were computed.
+EXTRA_WANDB_KEYS = ("bleu_lc_ci", LITERATURE_METRIC)
+
+
 def wandb_metrics(results: dict, cfg: Config) -> dict[str, float]:
     """`eval/{split}/{metric}` for every split (beam search, averaged weights: kept apart from
-    training's greedy `val/bleu`), plus `test/{metric}` for the benchmark split."""
-    flat = {
-        f"eval/{split}/{key}": results[split][key] for split in cfg.eval.splits for key in METRICS
-    }
+    training's greedy `val/bleu`), plus `test/{metric}` for the benchmark split; metrics are
+    METRICS and, where computed, the 95% half-width of lowercased BLEU (`bleu_lc_ci`) and
+    the literature's tokenized BLEU."""
+
+    def of(split: str) -> dict[str, float]:
+        keys = [*METRICS, *(k for k in EXTRA_WANDB_KEYS if results[split].get(k) is not None)]
+        return {key: results[split][key] for key in keys}
+
+    flat = {f"eval/{split}/{key}": value for split in cfg.eval.splits
+            for key, value in of(split).items()}  # fmt: skip
     test = benchmark_split(cfg)
     if test is not None:
-        flat.update({f"test/{key}": results[test][key] for key in METRICS})
+        flat.update({f"test/{key}": value for key, value in of(test).items()})
     return flat
+
+
+def model_artifact(cfg: Config, results: dict, sources: Sequence[Path]):
+    """The scored model as a W&B `model` artifact: the averaged checkpoint and the subword
+    model it reads and writes with, its scores and what it was averaged from as metadata."""
+    import wandb
+
+    metadata = {
+        "experiment": cfg.experiment_name,
+        "averaged_from": [str(path) for path in sources],
+        "signatures": results["signatures"],
+        **{k: v for k, v in wandb_metrics(results, cfg).items() if k.startswith("test/")},
+    }
+    name = f"model-{cfg.experiment_name}".replace("/", "-")
+    artifact = wandb.Artifact(name, type="model", metadata=metadata)
+    artifact.add_file(str(model_checkpoint_path(cfg)), name=MODEL_CHECKPOINT)
+    artifact.add_file(str(tokenizer_path(cfg)), name=MODEL_FILE)
+    return artifact
 
 
 def read_references(cfg: Config) -> dict[str, ParallelText]:
@@ -391,11 +419,45 @@ def run(cfg: Config, wandb_run=None) -> dict:
     return results
 
 
+def results_table(results: dict, cfg: Config) -> str:
+    """The scores of every split as a plain-text table, with the hypotheses' files and how
+    many of them differ (a model that repeats one sentence scores near zero for a reason).
+
+        split             sentences  BLEU  BLEU lc (95% CI)  chrF   TER  distinct  hypotheses
+        test_2016_flickr       1000  35.1   35.6 ± 1.3       61.2  47.9      989  eval/test_2016_flickr.hyp
+    """
+    header = ["split", "sentences", "BLEU", "BLEU lc (95% CI)", "chrF", "TER", "distinct",
+              "hypotheses"]  # fmt: skip
+    rows = [header]
+    for split in cfg.eval.splits:
+        scores = results[split]
+        lowercased = f"{scores['bleu_lc']:.1f}"
+        if scores.get("bleu_lc_ci") is not None:
+            lowercased += f" ± {scores['bleu_lc_ci']:.1f}"
+        hypotheses = Path(cfg.paths.eval_dir) / f"{split}.hyp"
+        distinct = len(set(hypotheses.read_text(encoding="utf-8").splitlines()))
+        rows.append([
+            split, str(scores["sentences"]), f"{scores['bleu']:.1f}", lowercased,
+            f"{scores['chrf']:.1f}", f"{scores['ter']:.1f}", str(distinct), str(hypotheses),
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    left = {0, len(header) - 1}  # names left-aligned, numbers right-aligned
+    lines = [
+        "  ".join(cell.ljust(w) if i in left else cell.rjust(w)
+                  for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    ]  # fmt: skip
+    signature = results.get("signatures", {}).get("bleu")
+    if signature:
+        lines.append(f"BLEU signature: {signature}")
+    return "\n".join(lines)
+
+
 def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
     """Scores, a table of sample translations and the heatmaps, as one W&B step."""
     import wandb
 
-    from pipeline.tracking import start_wandb_run
+    from pipeline.tracking import start_wandb_run, write_config_file
 
     own_run = wandb_run is None
     run = start_wandb_run(cfg, job_type="eval") if own_run else wandb_run
@@ -406,6 +468,9 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
             {"eval_checkpoints": [str(p) for p in sources], "signatures": results["signatures"]},
             allow_val_change=True,
         )
+        write_config_file(run)
+        if own_run and cfg.logger.wandb.log_model:  # a sweep trial's model stays in its work dir
+            run.log_artifact(model_artifact(cfg, results, sources), aliases=["latest"])
         table = wandb.Table(columns=["split", "index", "source", "reference", "hypothesis"])
         for row in samples:
             table.add_data(*row)

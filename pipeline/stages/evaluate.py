@@ -6,13 +6,17 @@ python -m pipeline.stages.evaluate     (reads params.yaml; see pipeline.evaluati
 from __future__ import annotations
 
 from pipeline import config
-from pipeline.cli import main
+from pipeline.cli import main, stage_args
 from pipeline.evaluation import evaluate
 
 
 def run() -> dict:
-    return evaluate.run(config.load())
+    cfg = config.load()
+    results = evaluate.run(cfg)
+    print(evaluate.results_table(results, cfg), flush=True)
+    return results
 
 
 if __name__ == "__main__":
+    stage_args(__spec__.name, __doc__)
     main(run, stage="evaluate")

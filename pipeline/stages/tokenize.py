@@ -6,7 +6,7 @@ python -m pipeline.stages.tokenize     (reads params.yaml; see pipeline.data.tok
 from __future__ import annotations
 
 from pipeline import config
-from pipeline.cli import main
+from pipeline.cli import main, stage_args
 from pipeline.data.tokenizer import tokenize
 
 
@@ -15,4 +15,5 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
+    stage_args(__spec__.name, __doc__)
     main(run, stage="tokenize")

@@ -8,7 +8,7 @@ once training has started); running it again resumes.
 
 from __future__ import annotations
 
-from pipeline.cli import main
+from pipeline.cli import main, stage_args
 from pipeline.training import early_signals
 
 
@@ -22,4 +22,5 @@ def run() -> dict:
 
 if __name__ == "__main__":
     early_signals.defer()
+    stage_args(__spec__.name, __doc__)
     main(run, stage="train")

@@ -56,6 +56,7 @@ from pipeline.training.live import SafeDVCLiveLogger
 from pipeline.training.module import PRECISION_KEY, TranslationModule
 from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
+from pipeline.training.progress import StepProgress, silence_lightning_noise
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ RESUME_FREE_KEYS = (
     "train.onednn_primitive_cache",
     "train.log_every_n_steps",
     "train.progress_bar",
+    "train.progress_every",
     "train.deterministic",
 )
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -209,6 +211,8 @@ def build_trainer(
             min_speedup=t.bf16_min_speedup,
         )  # fmt: skip
     strategy = build_strategy(cfg, accelerator)
+    silence_lightning_noise()
+    progress = [StepProgress(t.progress_every)] if t.progress_bar else []
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=t.devices,
@@ -226,11 +230,13 @@ def build_trainer(
         gradient_clip_val=t.gradient_clip_val or None,
         log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.progress_bar,
+        # StepProgress says the model's size; Lightning's table adds a column of zero FLOPs
+        enable_model_summary=False,
         deterministic=t.deterministic,
         # The token batch sampler shards by rank itself.
         use_distributed_sampler=False,
         logger=list(loggers),
-        callbacks=[*build_callbacks(cfg), *callbacks],
+        callbacks=[*build_callbacks(cfg), *callbacks, *progress],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.paths.train_dir,
     )
@@ -370,10 +376,12 @@ def _move_aside(train_dir: Path, why: str) -> None:
     destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
     moved = move_checkpoints(train_dir, destination)
     if moved:
+        from pipeline.clean import leftovers_message
+
         warnings.warn(
             f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "
-            f"{len(moved)} checkpoint files to {destination} (delete it when you no longer "
-            "need it)",
+            f"{len(moved)} checkpoint files to {destination}. Runs moved aside: "
+            f"{leftovers_message([destination.parent])}",
             stacklevel=3,
         )
 

@@ -1,0 +1,152 @@
+"""List, and with --yes remove, what training leaves behind outside DVC's outputs.
+
+    python -m pipeline.clean            # what there is, its size, and whether it may go
+    python -m pipeline.clean --yes      # remove what may go
+
+Two kinds of folders grow with every run and are never removed by the pipeline itself:
+- `<paths.train_dir>.replaced/<time>/`: a finished run that a new experiment moved aside
+  (`dvc exp run -S ...`, `train.resume=false`); DVC's cache holds what `dvc exp apply` needs.
+  Removable. `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is
+  kept.
+- sweep trials' work folders (`<work-dir>/<study>/<point>/`: checkpoints, averaged model):
+  removable once the point is finished and recorded (its `run.json` is in the study's
+  results, `<results-dir>/<study>/trials/<point>/`), which the study never trains again.
+  A point without a record (running, interrupted, failed) resumes from its folder: kept, and
+  so is the study's prepared data (`<work-dir>/<study>/data/`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.cli import main, parser
+
+STUDY_DATA = "data"  # <work-dir>/<study>/data: prepared once per study (pipeline.sweep)
+
+
+@dataclass
+class Leftover:
+    path: Path
+    size: int
+    removable: bool
+    why: str
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of the files under `path` (links not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
+
+
+def human_size(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def train_leftovers(train_dir: Path) -> list[Leftover]:
+    """The runs moved aside beside `train_dir`, and a stopped run waiting there."""
+    from pipeline.training.trainer import PREEMPTED_SUFFIX, REPLACED_SUFFIX
+
+    found = []
+    replaced = train_dir.with_name(train_dir.name + REPLACED_SUFFIX)
+    if replaced.is_dir():
+        for run in sorted(p for p in replaced.iterdir() if p.is_dir()):
+            found.append(Leftover(run, folder_size(run), True, "a run replaced by a newer one"))
+    preempted = train_dir.with_name(train_dir.name + PREEMPTED_SUFFIX)
+    if preempted.is_dir():
+        found.append(Leftover(preempted, folder_size(preempted), False,
+                              "a stopped run that the next `dvc exp run` resumes"))  # fmt: skip
+    return found
+
+
+def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
+    """Every study's point folders in `work_root`, removable where the point is recorded."""
+    from pipeline.sweep import RUN_FILE
+
+    found = []
+    if not work_root.is_dir():
+        return found
+    for study in sorted(p for p in work_root.iterdir() if p.is_dir()):
+        for point in sorted(p for p in study.iterdir() if p.is_dir()):
+            size = folder_size(point)
+            if point.name == STUDY_DATA:
+                found.append(Leftover(point, size, False, "the study's prepared data"))
+                continue
+            record = results_root / study.name / "trials" / point.name / RUN_FILE
+            if record.is_file():
+                found.append(Leftover(point, size, True, f"finished, recorded in {record.parent}"))
+            else:
+                found.append(Leftover(point, size, False, "not recorded in "
+                                      f"{results_root / study.name} (running, interrupted or "
+                                      "failed: it resumes from here)"))  # fmt: skip
+    return found
+
+
+def leftovers_message(folders: list[Path]) -> str:
+    """One line on how much the given folders hold, and how to clean them."""
+    total = sum(folder_size(p) for p in folders if p.is_dir())
+    return (f"{human_size(total)} in {', '.join(map(str, folders))}; `python -m pipeline.clean` "
+            "lists what may go, `--yes` removes it")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None):
+    from pipeline.sweep import RESULTS_ROOT, WORK_ROOT
+
+    cli = parser("pipeline.clean", __doc__)
+    cli.add_argument("--params", type=Path, default=Path("params.yaml"),
+                     help="where paths.train_dir is read (default: params.yaml)")  # fmt: skip
+    cli.add_argument("--results-dir", type=Path, default=RESULTS_ROOT,
+                     help=f"the studies' records (default: {RESULTS_ROOT})")  # fmt: skip
+    cli.add_argument("--work-dir", type=Path, default=WORK_ROOT,
+                     help=f"the sweep trials' work folders (default: {WORK_ROOT})")  # fmt: skip
+    cli.add_argument("--yes", action="store_true", help="remove what is listed as removable")
+    return cli.parse_args(argv)
+
+
+def clean(argv: list[str] | None = None) -> list[Leftover]:
+    args = parse_args(argv)
+    from pipeline import config as config_lib
+
+    paths = config_lib.load(args.params).paths if args.params.exists() else config_lib.PathsConfig()
+    found = train_leftovers(Path(paths.train_dir))
+    found += trial_leftovers(args.work_dir, args.results_dir)
+    if not found:
+        print("nothing to clean")
+        return found
+    width = max(len(str(item.path)) for item in found)
+    for item in found:
+        status = "removable" if item.removable else "kept"
+        print(f"{str(item.path).ljust(width)}  {human_size(item.size):>9}  {status}: {item.why}")
+    removable = [item for item in found if item.removable]
+    total = human_size(sum(item.size for item in removable))
+    if not removable:
+        print("nothing removable")
+    elif args.yes:
+        for item in removable:
+            shutil.rmtree(item.path)
+        print(f"removed {total} in {len(removable)} folder(s)")
+    else:
+        print(f"removable: {total} in {len(removable)} folder(s); run again with --yes to remove")
+    return found
+
+
+def console() -> None:
+    """The `transformer-clean` command (pyproject.toml)."""
+    main(lambda: clean(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    console()

@@ -1,0 +1,57 @@
+"""pipeline.cli: every stage answers --help and refuses unknown arguments before any compute."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+STAGES = ("prepare", "tokenize", "train", "evaluate")
+
+
+def _stage(stage: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"pipeline.stages.{stage}", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_help_describes_it_and_runs_nothing(stage, tmp_path):
+    """In a folder with a valid params.yaml: --help must not start the stage (no output
+    folder, no W&B run), only print its usage and what it reads."""
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    result = _stage(stage, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(f"usage: python -m pipeline.stages.{stage}")
+    assert "params.yaml" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_refuses_an_unknown_argument_with_exit_2(stage, tmp_path):
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    result = _stage(stage, "model.heads=4", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unrecognized arguments: model.heads=4" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_console_scripts_exist_and_answer_help():
+    """[project.scripts] in pyproject.toml: each target is a function that runs its command."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"transformer-translate", "transformer-sweep"} <= set(scripts)
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        code = (f"import sys; sys.argv = [{name!r}, '--help']; "
+                f"from {module} import {function}; {function}()")  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, (name, result.stderr[-2000:])
+        assert result.stdout.startswith("usage: "), name
