@@ -12,8 +12,8 @@ Sharing the machine:
   otherwise give each of them in full.
 - GPU: the workers share the one visible device. Where NVIDIA's Multi-Process Service is
   installed (`nvidia-cuda-mps-control` on PATH), the launcher starts a private MPS daemon for
-  its workers (its pipe and log folders in a temporary folder, so it neither needs nor touches
-  a system-wide one) and stops it at the end: the small kernels of several processes then run
+  its workers (its pipe and log folders in a temporary folder) and stops it at the end, or
+  lets the workers use a daemon that already serves (its control pipe exists): the small kernels of several processes then run
   side by side instead of taking turns. Without it, the driver time-slices the processes.
 - SIGTERM/SIGUSR1 to the launcher is passed on to every worker: each saves its trial's
   checkpoint and queues the point again, as a single worker does. Ctrl-C reaches the workers
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"  # where a system-wide daemon listens unless told otherwise
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 WORKER_ENV = "PIPELINE_SWEEP_WORKER"  # "i/N": which of the launcher's workers a process is
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -67,6 +68,11 @@ def mps_daemon(enabled: bool) -> Iterator[dict[str, str]]:
     """A private MPS control daemon while the workers run; yields the environment that points
     the workers' CUDA at it (empty where MPS is off or not installed)."""
     control = shutil.which(MPS_CONTROL) if enabled else None
+    serving = Path(os.environ.get(MPS_PIPE_ENV, DEFAULT_MPS_PIPE)) / "control"
+    if control is not None and serving.exists():
+        log.info("an MPS daemon already serves this GPU (%s): the workers use it", serving)
+        yield {}
+        return
     if control is None:
         if enabled:
             log.info("%s not found: the workers time-share the GPU", MPS_CONTROL)

@@ -96,6 +96,23 @@ def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monk
     assert not Path(pipe).exists()  # its folder is removed afterwards
 
 
+def test_a_running_mps_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
+    control = tmp_path / "bin" / sweep_launch.MPS_CONTROL
+    control.parent.mkdir()
+    control.write_text(f"#!/bin/sh\necho called >>{tmp_path}/mps\n")
+    control.chmod(control.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{control.parent}{os.pathsep}{os.environ['PATH']}")
+    pipe = tmp_path / "system-mps"
+    pipe.mkdir()
+    (pipe / "control").touch()  # where a running daemon listens
+    monkeypatch.setenv(sweep_launch.MPS_PIPE_ENV, str(pipe))
+    assert sweep_launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
+    assert not (tmp_path / "mps").exists()  # neither started nor stopped
+    assert {json.loads(t)["CUDA_MPS_PIPE_DIRECTORY"] for t in recorded(tmp_path, "json")} == {
+        str(pipe)
+    }
+
+
 def test_without_mps_installed_the_workers_time_share(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     assert sweep_launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
