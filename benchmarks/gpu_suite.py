@@ -232,9 +232,18 @@ def train_size(args, size: str, device: torch.device, peak: float, skipped: dict
                      for name, (module, loss_fn) in systems.items()}  # fmt: skip
             memory = {name: step_peak_bytes(device, steps[name], systems[name][0])
                       for name in steps}  # fmt: skip
-            seconds = time_interleaved({**steps, **fairseq}, repeats=args.repeats,
-                                       warmup=args.warmup, device=device,
-                                       progress=f"train {size} {dtype_name}")  # fmt: skip
+            try:
+                seconds = time_interleaved({**steps, **fairseq}, repeats=args.repeats,
+                                           warmup=args.warmup, device=device,
+                                           progress=f"train {size} {dtype_name}")  # fmt: skip
+            except RuntimeError as error:  # a fairseq worker that ended: the others still count
+                if not fairseq:
+                    raise
+                for name in fairseq:
+                    skipped[f"train/{size}/{name}"] = f"a worker ended while timed: {error}"
+                fairseq = {}
+                seconds = time_interleaved(steps, repeats=args.repeats, warmup=args.warmup,
+                                           device=device, progress=f"train {size} {dtype_name}")  # fmt: skip
             memory.update({name: worker.peak_memory_bytes for name, worker in fairseq.items()})
             per_system = {}
             for name, times in seconds.items():
