@@ -1,5 +1,5 @@
 """The GPU suite: one run, one JSON of training and decoding speed against fairseq, torch and
-CTranslate2 on the card at hand (about 5 minutes on an H100 at the defaults).
+CTranslate2 on the card at hand (the defaults are sized for about 5 minutes of an H100).
 
     python -m benchmarks.gpu_suite --out results/gpu/NAME.json [--device cuda]
         [--sizes tiny base] [--dtype float32 bfloat16] [--repeats 10]
