@@ -69,9 +69,9 @@ BANNED_LOGIT = -1e9  # eos logit before the length limit: never among the top 2k
 class EosBanned(nn.Module):
     """Our model with the eos logit pushed to BANNED_LOGIT (the peer's min_new_tokens)."""
 
-    def __init__(self, model: Transformer, eos_id: int) -> None:
+    def __init__(self, model: Transformer, eos_id: int, bos_id: int | None = None) -> None:
         super().__init__()
-        self.model, self.eos_id = model, eos_id
+        self.model, self.eos_id, self.bos_id = model, eos_id, bos_id
         self.pad_id, self.cfg = model.pad_id, model.cfg
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -81,6 +81,33 @@ class EosBanned(nn.Module):
         logits = self.model.decode(tgt_in, memory, src_pad_mask, cache)
         logits[..., self.eos_id] = BANNED_LOGIT
         return logits
+
+
+def ours_decoder(model: EosBanned, batches: list[tuple[Tensor, int]], e, use_cache: bool = True):
+    """Decodes every (padded source batch, L) with our beam search, L + 1 steps each (`e`:
+    the config's eval block: beam size, length penalty)."""
+
+    def decode_all() -> None:
+        for src, steps in batches:
+            beam_search(model, src, bos_id=model.bos_id, eos_id=model.eos_id,
+                        beam_size=e.beam_size, length_penalty=e.length_penalty, max_len_a=0.0,
+                        max_len_b=steps, use_cache=use_cache)  # fmt: skip
+
+    return decode_all
+
+
+def ctranslate2_decoder(translator, pieces: list[tuple[list[list[str]], int]], e):
+    """Decodes every (batch of source pieces, L) with a CTranslate2 translator, L + 1 steps
+    each: eos disabled until the last, which ends every hypothesis."""
+
+    def decode_all() -> None:
+        for rows, steps in pieces:
+            translator.translate_batch(
+                rows, beam_size=e.beam_size, length_penalty=e.length_penalty,
+                min_decoding_length=steps + 1, max_decoding_length=steps + 1, max_input_length=0,
+            )  # fmt: skip
+
+    return decode_all
 
 
 def decode_steps(src_lens: list[int], a: float, b: int, max_positions: int) -> int:
@@ -124,18 +151,9 @@ def run(args: argparse.Namespace) -> dict:
         pieces.append(([[tokenizer.piece(t) for t in row] for row in rows], steps))
 
     torch.manual_seed(cfg.seed)
-    ours = EosBanned(Transformer(cfg.model, vocab, pad), eos).to(device).eval()
+    ours = EosBanned(Transformer(cfg.model, vocab, pad), eos, bos).to(device).eval()
     marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
     marian = marian.to(device).eval()
-
-    def ours_fn(use_cache: bool):
-        def decode_all() -> None:
-            for src, steps in batches:
-                beam_search(ours, src, bos_id=bos, eos_id=eos, beam_size=e.beam_size,
-                            length_penalty=e.length_penalty, max_len_a=0.0, max_len_b=steps,
-                            use_cache=use_cache)  # fmt: skip
-
-        return decode_all
 
     @torch.no_grad()
     def marian_fn() -> None:
@@ -146,18 +164,10 @@ def run(args: argparse.Namespace) -> dict:
 
     def ctranslate2_fn(folder: Path):
         exported = load_exported(folder, device=device.type, threads=torch.get_num_threads())
+        return ctranslate2_decoder(exported.translator, pieces, e)
 
-        def decode_all() -> None:
-            for rows, steps in pieces:
-                exported.translator.translate_batch(
-                    rows, beam_size=e.beam_size, length_penalty=e.length_penalty,
-                    min_decoding_length=steps + 1, max_decoding_length=steps + 1,
-                    max_input_length=0,
-                )  # fmt: skip
-
-        return decode_all
-
-    every = {"cached": ours_fn(True), "uncached": ours_fn(False), "marian": marian_fn}
+    every = {"cached": ours_decoder(ours, batches, e, use_cache=True),
+             "uncached": ours_decoder(ours, batches, e, use_cache=False), "marian": marian_fn}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-ctranslate2-") as scratch:  # loaded, removed
         for name, quantization in CTRANSLATE2.items():
             if name in args.systems:

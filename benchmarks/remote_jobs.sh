@@ -23,7 +23,7 @@
 #   benchmarks/remote_jobs.sh collect [models]          # $OUT/results.tgz.part-* (15 MB parts)
 # <commit> is recorded as each run's commit (the copy has no .git to tell it).
 # Jobs:
-#   study:<spec>                  one `python -m pipeline.sweep <spec>` worker per point left
+#   study:<spec>                  `python -m pipeline.sweep <spec> --workers <points left>`
 #   dvc:<name>:<overrides>        the stages of dvc.yaml in their order, in a folder of their
 #                                 own, on the params.yaml `dvc exp run -S <override>...` writes
 #   wu:<name>:<overrides>         dvc:<name>:experiment=multi30k_wu2021 <overrides>
@@ -70,12 +70,11 @@ start_study() {
     [[ -d ablations/results/$study ]] && cp -r "ablations/results/$study" "$RUNS/results/"
     local left
     left=$(points_left "$spec" "$RUNS/results/$study/study.db") || return 1
+    ((left > 0)) || { echo "study $study: every point is complete" && return 0; }
     echo "study $study: starting $left workers"
-    for i in $(seq 1 "$left"); do
-        setsid nohup nice -n 5 "$PYTHON" -m pipeline.sweep "$spec" --results-dir "$RUNS/results" \
-            --work-dir "$RUNS/sweeps" >"$LOGS/$study-worker-$i.log" 2>&1 &
-        sleep 3  # the first creates the study and enqueues its grid
-    done
+    # one launcher, `left` workers sharing the GPU (the MPS daemon started above)
+    setsid nohup nice -n 5 "$PYTHON" -m pipeline.sweep "$spec" --workers "$left" \
+        --results-dir "$RUNS/results" --work-dir "$RUNS/sweeps" >"$LOGS/$study-workers.log" 2>&1 &
 }
 
 start_dvc() {

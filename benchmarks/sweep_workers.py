@@ -1,7 +1,13 @@
 """Sweep worker layout: on a small CPU machine, do N workers of one thread each finish trials
-faster than one worker with N threads?
+faster than one worker with N threads? And trials per hour of the product's own launcher.
 
     python -m benchmarks.sweep_workers [--cores 2] [--steps 200] [overrides]
+    python -m benchmarks.sweep_workers --through-sweep 1 2 4 [--spec ablations/smoke.yaml]
+
+`--through-sweep N...` runs the whole study of `--spec` once per N with
+`python -m pipeline.sweep SPEC --workers N` (fresh SQLite storage, results and work folders
+in a temp dir; each worker gets cores / N threads, CUDA MPS on a GPU where installed) and
+reports its wall time and finished trials per hour: the number that picks `--workers`.
 
 Each layout trains `--cores` identical short runs with the real training loop
 (`pipeline.training.trainer.run`, the code path of a sweep trial: data loading, bf16/fp32 as
@@ -27,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.common import base_parser, print_json, print_table
 from pipeline import config as config_lib
+from pipeline.environment import provenance
 
 CHILD_FLAG = "--child"
 
@@ -71,14 +78,50 @@ def _finish(process: subprocess.Popen) -> float:
     return json.loads(out.strip().splitlines()[-1])["tokens_per_sec"]
 
 
+def trials_per_hour(spec: str, workers: list[int]) -> list[dict]:
+    """The study of `spec` run to its end once per number of workers, through the sweep CLI."""
+    import optuna
+
+    from pipeline.sweep import FINISHED, load_spec
+
+    study = load_spec(spec).study
+    rows = []
+    for n in workers:
+        with tempfile.TemporaryDirectory(prefix=f"sweep-{n}-workers-") as tmp:
+            results, work = Path(tmp) / "results", Path(tmp) / "work"
+            command = [sys.executable, "-m", "pipeline.sweep", spec, "--workers", str(n),
+                       "--results-dir", str(results), "--work-dir", str(work)]  # fmt: skip
+            env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
+            started = time.perf_counter()
+            subprocess.run(command, env=env, check=True)
+            seconds = time.perf_counter() - started
+            storage = f"sqlite:///{results / study / 'study.db'}"
+            trials = optuna.load_study(study_name=study, storage=storage).get_trials(
+                deepcopy=False, states=FINISHED
+            )
+        rows.append({"workers": n, "trials": len(trials), "wall_s": seconds,
+                     "trials_per_hour": 3600 * len(trials) / seconds})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = base_parser(__doc__.split("\n")[0])
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
+    parser.add_argument("--through-sweep", type=int, nargs="+", metavar="N", default=None,
+                        help="trials/hour of `pipeline.sweep --spec --workers N` for each N")  # fmt: skip
+    parser.add_argument("--spec", default="ablations/smoke.yaml")
     parser.add_argument(CHILD_FLAG, type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         _child(args.overrides, args.steps, args.child)
+        return
+    if args.through_sweep:
+        rows = trials_per_hour(args.spec, args.through_sweep)
+        print_table(["workers", "trials", "wall time (s)", "trials per hour"],
+                    [[r["workers"], r["trials"], r["wall_s"], r["trials_per_hour"]] for r in rows])  # fmt: skip
+        print_json({"benchmark": "sweep_workers", "spec": args.spec, "through_sweep": rows,
+                    "hardware": provenance()["hardware"]})  # fmt: skip
         return
     from pipeline.data.corpus import prepare
     from pipeline.data.tokenizer import tokenize

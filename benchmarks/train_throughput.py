@@ -223,9 +223,16 @@ def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, devic
     return step
 
 
-def fairseq_flags(cfg: Config) -> list[str]:
+# fairseq-train's precision flags on CUDA, by the name a result reports them under. Its
+# `--bf16` is not among them: fairseq 0.12 turns it into `--tpu` (options.parse_args_and_arch).
+FAIRSEQ_CUDA_PRECISIONS = {"fairseq_float32": [], "fairseq_fp16": ["--fp16"],
+                           "fairseq_amp": ["--amp"]}  # fmt: skip
+
+
+def fairseq_flags(cfg: Config, device: str = "cpu", precision: str = FAIRSEQ_FLOAT32) -> list[str]:
     """fairseq-train's flags for our model and step: the sizes and dropouts of `cfg.model`
-    (`benchmarks.fairseq.train_peer.model_flags`), label smoothing and Adam of `cfg.train`."""
+    (`benchmarks.fairseq.train_peer.model_flags`), label smoothing and Adam of `cfg.train`; `--cpu`
+    on a CPU, on CUDA the precision flags of `precision` (FAIRSEQ_CUDA_PRECISIONS)."""
     m, t = cfg.model, cfg.train
     sizes = SimpleNamespace(
         layers=m.encoder_layers, embed_dim=m.d_model, ffn_dim=m.d_ff, heads=m.heads,
@@ -238,15 +245,19 @@ def fairseq_flags(cfg: Config) -> list[str]:
         "--optimizer": "adam", "--adam-betas": str(tuple(t.adam_betas)), "--adam-eps": t.adam_eps,
         "--lr": LEARNING_RATE, "--seed": cfg.seed,
     }  # fmt: skip
-    return [*train_peer.model_flags(sizes), *pre_norm, *train_peer.flag_list(step), "--cpu"]
+    where = ["--cpu"] if device == "cpu" else FAIRSEQ_CUDA_PRECISIONS[precision]
+    return [*train_peer.model_flags(sizes), *pre_norm, *train_peer.flag_list(step), *where]
 
 
 def write_fairseq_handover(folder: Path, cfg: Config, batch: dict, tokens: dict[str, int],
-                           vocab: int) -> Path:  # fmt: skip
+                           vocab: int, device: str = "cpu",
+                           precision: str = FAIRSEQ_FLOAT32) -> Path:  # fmt: skip
     """What fairseq's worker reads (`benchmarks.fairseq.step_speed`): this run's batch, our sizes
-    and step as fairseq flags, our vocabulary and special ids, threads and host settings."""
+    and step as fairseq flags, our vocabulary and special ids, the device, threads and host
+    settings."""
     spec = {
-        "flags": fairseq_flags(cfg),
+        "flags": fairseq_flags(cfg, device, precision),
+        "device": device,
         "vocab_size": vocab,
         "special_ids": tokens,
         "threads": torch.get_num_threads(),
@@ -258,9 +269,10 @@ def write_fairseq_handover(folder: Path, cfg: Config, batch: dict, tokens: dict[
     return write_handover(folder, batch, spec)
 
 
-def fairseq_unavailable(venv: Path, device: torch.device) -> str | None:
-    """Why the fairseq system cannot run here, or None."""
-    if device.type != "cpu":
+def fairseq_unavailable(venv: Path, device: torch.device, cuda: bool = False) -> str | None:
+    """Why the fairseq system cannot run here, or None. `cuda`: the caller times fairseq on
+    CUDA too (a venv built with `--device cuda --system-site-packages` over a CUDA torch)."""
+    if device.type != "cpu" and not (cuda and device.type == "cuda"):
         return f"its venv has a CPU build of torch: fairseq is timed on a CPU, not {device}"
     if train_peer.built_venv(venv) is None:
         hint = BUILD_FAIRSEQ + ("" if venv == train_peer.DEFAULT_VENV else f" --venv {venv}")
@@ -314,22 +326,35 @@ def main(argv: list[str] | None = None) -> dict:
     return run(args)
 
 
-def run(args: argparse.Namespace) -> dict:
-    cfg = bench_config(args)
-    device = resolve_device(args, cfg)
-    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
-        train = splits[cfg.data.train_split]
-        indices = median_batch(train, args.target_tokens, cfg.seed)
-        rows = train.select(indices)
-        src_rows, tgt_rows = rows["src_ids"], rows["tgt_ids"]
+def special_ids(tokenizer) -> dict[str, int]:
+    return {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id,
+            "eos_id": tokenizer.eos_id, "unk_id": tokenizer.unk_id}  # fmt: skip
+
+
+def training_batch(cfg: Config, tokenizer, splits, target_tokens: int,
+                   device: torch.device) -> dict:  # fmt: skip
+    """The median batch of about `target_tokens` target tokens (`median_batch`) on `device`:
+    src, tgt_in (bos + target), tgt_out (target + eos) and num_tgt_tokens (non-pad tgt_out)."""
+    train = splits[cfg.data.train_split]
+    rows = train.select(median_batch(train, target_tokens, cfg.seed))
+    src_rows, tgt_rows = rows["src_ids"], rows["tgt_ids"]
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    tokens = {"pad_id": pad, "bos_id": bos, "eos_id": eos, "unk_id": tokenizer.unk_id}
     batch = {
         "src": pad_batch(src_rows, pad).to(device),
         "tgt_in": pad_batch(tgt_rows, pad, prefix=bos).to(device),
         "tgt_out": pad_batch(tgt_rows, pad, suffix=eos).to(device),
     }
     batch["num_tgt_tokens"] = int(batch["tgt_out"].ne(pad).sum())
+    return batch
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = bench_config(args)
+    device = resolve_device(args, cfg)
+    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
+        batch = training_batch(cfg, tokenizer, splits, args.target_tokens, device)
+    tokens = special_ids(tokenizer)
+    pad = tokens["pad_id"]
     (num_sentences, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
     vocab = tokenizer.vocab_size
     flops = training_flops(cfg.model, vocab, num_sentences, src_len, tgt_len)

@@ -293,6 +293,11 @@ def validate(cfg: Config) -> Config:
     _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
     _check(
+        isinstance(t.num_nodes, int) and t.num_nodes >= 1,
+        "train.num_nodes",
+        f"must be a whole number >= 1 (machines that train together), got {t.num_nodes!r}",
+    )
+    _check(
         t.float32_matmul_precision in ("highest", "high", "medium"),
         "train.float32_matmul_precision",
         f"must be highest, high or medium (torch.set_float32_matmul_precision), got "

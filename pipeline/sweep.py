@@ -65,6 +65,7 @@ from sqlalchemy import event
 from sqlalchemy.pool import NullPool
 
 from pipeline import config as config_lib
+from pipeline import sweep_launch
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.cli import main
 from pipeline.errors import ConfigError, PipelineError, Preempted
@@ -1225,7 +1226,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where trials keep checkpoints and other bulky outputs (outside the repository); "
         "an interrupted point resumes from its checkpoint here",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="start this many workers on this machine, sharing its device (threads = cores / "
+        "N each; CUDA MPS where installed); see pipeline.sweep_launch",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    return args
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -1249,6 +1260,10 @@ def cli(argv: list[str] | None = None) -> None:
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
         run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir)
         return
+    if args.workers > 1:
+        command = sweep_launch.worker_command(args.spec, storage, args.results_dir,
+                                              args.work_dir, args.n_trials)  # fmt: skip
+        raise SystemExit(sweep_launch.launch_workers(command, args.workers))
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
     finished = _count(study, FINISHED)
     print(study_summary(study, spec))

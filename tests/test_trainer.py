@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -634,6 +635,95 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 8
     assert metrics["val/bleu"] is not None
+
+
+def torchrun_env(node_rank: int, num_nodes: int, port: int) -> dict[str, str]:
+    """What `torchrun --nnodes N --nproc-per-node 1 --node-rank R` gives its one process on
+    machine R: Lightning's TorchElasticEnvironment reads it."""
+    return {
+        **ONE_THREAD_ENV,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": "two-nodes",
+        "WORLD_SIZE": str(num_nodes),
+        "RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        "NODE_RANK": str(node_rank),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+def start_ddp_script(cfg, folder: Path, env: dict) -> subprocess.Popen:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cfg.json").write_text(json.dumps(config_lib.to_dict(cfg)))
+    (folder / "ddp_run.py").write_text(DDP_SCRIPT)
+    return subprocess.Popen([sys.executable, "ddp_run.py", "cfg.json", str(folder)], cwd=folder,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_nodes_under_torchrun_end_with_the_weights_of_one_node_with_the_same_global_batch(
+    train_config, tmp_path
+):
+    # Two machines of one process each, as torchrun starts them; the one-node run takes the
+    # same global batch by accumulating the two batches the two nodes take side by side.
+    same = (*TINY, "train.accelerator=cpu", "train.devices=1", "train.max_steps=6",
+            "train.val_check_interval=6", "train.val_bleu_max_sentences=4",
+            "train.loss_normalization=update", "model.dropout=0.0", "model.attention_dropout=0.0",
+            "model.activation_dropout=0.0", "train.precision=32-true",
+            "train.gradient_clip_val=0")  # fmt: skip
+    two = train_config(*same, "train.num_nodes=2", name="two_nodes")
+    one = train_config(*same, "train.accumulate_grad_batches=2", name="one_node")
+    port = free_port()
+    runs = [start_ddp_script(two, tmp_path / f"node{r}", torchrun_env(r, 2, port)) for r in (0, 1)]
+    runs.append(start_ddp_script(one, tmp_path / "one", ONE_THREAD_ENV))
+    for process in runs:
+        output, _ = process.communicate(timeout=900)
+        assert process.returncode == 0, output[-3000:]
+
+    nodes = [torch.load(tmp_path / f"node{r}" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    alone = torch.load(tmp_path / "one" / "rank0.pt", weights_only=False)
+    assert [n["world_size"] for n in nodes] == [2, 2] and alone["world_size"] == 1
+    # The nodes took disjoint halves of the batches the one node took, in the same updates.
+    taken = [ids for node in nodes for _, ids in node["batches"]]
+    assert sorted(i for ids in taken for i in ids) == sorted(
+        i for _, ids in alone["batches"] for i in ids
+    )
+    for key, tensor in alone["state_dict"].items():
+        assert torch.equal(nodes[0]["state_dict"][key], nodes[1]["state_dict"][key]), key
+        assert not torch.equal(tensor, alone["initial"][key]) or "norm" in key, key
+        assert torch.allclose(nodes[0]["state_dict"][key], tensor, rtol=1e-4, atol=1e-6), key
+    metrics = json.loads((Path(two.paths.metrics_dir) / "train.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 6
+
+
+def test_several_nodes_started_without_a_cluster_launcher_are_refused_before_training(
+    train_config, monkeypatch
+):
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = train_config(*TINY, "train.accelerator=cpu", "train.devices=1", "train.num_nodes=2",
+                       "train.ddp_timeout=5")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"train\.num_nodes.*torchrun.*srun"):
+        run(cfg)
+    assert not Path(cfg.paths.train_dir).exists()  # refused before anything was written
+
+    monkeypatch.setenv("LOCAL_RANK", "0")  # launched, but as 3 processes, not 2 x 1
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match=r"train\.num_nodes.*make 2 processes.*started 3"):
+        run(cfg)
+
+
+def test_num_nodes_is_validated_naming_the_key(make_config):
+    with pytest.raises(ConfigError, match=r"train\.num_nodes.*got 0"):
+        make_config("train.num_nodes=0")
 
 
 def test_max_positions_shorter_than_the_data_is_refused_before_training(tokenized_smoke, tmp_path):

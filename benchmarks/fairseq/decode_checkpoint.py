@@ -16,7 +16,7 @@ averaged as `eval:` says); each search's translations are written beside the JSO
 table (the model trained by ours, decoded by either search).
 
 The weights go into fairseq's `TransformerModel` (built by fairseq from our sizes,
-`benchmarks.fairseq_step.build_task_and_model`) under fairseq's names, and fairseq's
+`benchmarks.fairseq.step_speed.build_task_and_model`) under fairseq's names, and fairseq's
 positional table is given ours (fairseq's own sinusoids put every sine before every cosine
 and start at position pad + 1). Before decoding, both models' logits on a probe batch must agree to float32
 rounding, or nothing is decoded. The hypotheses are scored the way the fairseq harness scores
@@ -38,6 +38,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +50,7 @@ SOURCES_FILE = "sources.json"  # source token ids per sentence, in the split's o
 PROBE_FILE = "probe.pt"  # {"src", "tgt_in"}: the batch both models' logits are compared on
 PROBE_LOGITS_FILE = "probe_logits.pt"
 HYPOTHESES_FILE = "hypotheses.json"  # fairseq's best hypothesis per sentence, eos stripped
+SECONDS_FILE = "seconds.json"  # with spec["timing_repeats"]: seconds of each timed decode
 PROBE_SENTENCES = 16
 # float32 logits of the same weights through two implementations: summation order only
 PROBE_TOLERANCE = 1e-3
@@ -161,9 +163,10 @@ def fairseq_translate(model, task, spec: dict, sources: list[list[int]]) -> list
     order = sorted(range(len(sources)), key=lambda i: (-len(sources[i]), i))
     results: list[dict] = [{} for _ in sources]
     size = generation["batch_size"]
+    device = next(model.parameters()).device
     for start in range(0, len(order), size):
         batch = order[start : start + size]
-        src = left_padded([sources[i] for i in batch], dictionary.pad())
+        src = left_padded([sources[i] for i in batch], dictionary.pad()).to(device)
         sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(dictionary.pad()).sum(1)}}
         with torch.no_grad():
             outputs = generator.generate([model], sample, bos_token=spec["special_ids"]["bos_id"])
@@ -185,15 +188,26 @@ def worker_main(folder: Path) -> None:
     weights = torch.load(folder / WEIGHTS_FILE, weights_only=True)
     _, task, model = build_task_and_model(spec)
     load_into_fairseq(model, weights)
-    model.eval()
-    probe = torch.load(folder / PROBE_FILE, weights_only=True)
+    device = torch.device(spec.get("device", "cpu"))
+    model.to(device).eval()
+    probe = torch.load(folder / PROBE_FILE, weights_only=True, map_location=device)
     pad = task.source_dictionary.pad()
     with torch.no_grad():
         logits, _ = model(probe["src"], probe["src"].ne(pad).sum(1), probe["tgt_in"])
-    torch.save(logits, folder / PROBE_LOGITS_FILE)
+    torch.save(logits.cpu(), folder / PROBE_LOGITS_FILE)
     sources = json.loads((folder / SOURCES_FILE).read_text())
     hypotheses = fairseq_translate(model, task, spec, sources)
     (folder / HYPOTHESES_FILE).write_text(json.dumps(hypotheses) + "\n")
+    seconds = []  # the first decode above was the warm-up
+    for _ in range(spec.get("timing_repeats", 0)):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fairseq_translate(model, task, spec, sources)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    (folder / SECONDS_FILE).write_text(json.dumps(seconds) + "\n")
 
 
 # ---------------------------------------------------------------- the client (our venv)
@@ -274,14 +288,26 @@ def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *,
     """Our model's weights in fairseq, its logits checked against ours on a probe batch, then
     fairseq's beam search over `src_ids` -> (largest probe logit difference, fairseq's best
     hypothesis per source: {"tokens": ids without eos, "score": fairseq's normalised score})."""
+    difference, hypotheses, _ = fairseq_decoding(model, cfg, special, src_ids, generation,
+                                                 venv=venv, threads=threads)  # fmt: skip
+    return difference, hypotheses
+
+
+def fairseq_decoding(model, cfg, special: dict, src_ids, generation: dict, *, venv: Path,
+                     threads: int, device: str = "cpu",
+                     timing_repeats: int = 0) -> tuple[float, list[dict], list[float]]:  # fmt: skip
+    """`decode_with_fairseq` on `device`, and then `timing_repeats` more decodes of all of
+    `src_ids`, timed in the worker (the first decode is their warm-up): (difference,
+    hypotheses, seconds of each timed decode)."""
     from benchmarks.train_throughput import fairseq_flags
 
     pad_id = special["pad_id"]
     probe = probe_batch(src_ids, special["bos_id"], pad_id)
     with tempfile.TemporaryDirectory(prefix="fairseq-decode-") as scratch:
         folder = Path(scratch)
-        spec = {"flags": fairseq_flags(cfg), "vocab_size": model.vocab_size,
-                "special_ids": special, "threads": threads, "generation": generation}  # fmt: skip
+        spec = {"flags": fairseq_flags(cfg, device), "vocab_size": model.vocab_size,
+                "special_ids": special, "threads": threads, "generation": generation,
+                "device": device, "timing_repeats": timing_repeats}  # fmt: skip
         (folder / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
         torch.save({"state_dict": fairseq_state_dict(model),
                     "positions": fairseq_positions(model, pad_id)}, folder / WEIGHTS_FILE)  # fmt: skip
@@ -290,11 +316,12 @@ def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *,
         run_worker(venv, folder)
         fairseq_logits = torch.load(folder / PROBE_LOGITS_FILE, weights_only=True)
         hypotheses = json.loads((folder / HYPOTHESES_FILE).read_text())
+        seconds = json.loads((folder / SECONDS_FILE).read_text())
     difference = probe_difference(model, probe, fairseq_logits, pad_id)
     if difference > PROBE_TOLERANCE:
         raise SystemExit(f"the model in fairseq computes other logits than ours (largest "
                          f"difference {difference:.2e} > {PROBE_TOLERANCE}): not comparing")  # fmt: skip
-    return difference, hypotheses
+    return difference, hypotheses, seconds
 
 
 def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str]:

@@ -119,21 +119,46 @@ def build_task_and_model(spec: dict):
     return cfg, task, task.build_model(cfg.model)
 
 
-def build_step(spec: dict, batch: dict[str, torch.Tensor]):
-    """(step function, model) built as fairseq-train builds them from `spec["flags"]`."""
+def build_optimizer(cfg, params: list):
+    """The optimizer fairseq's Trainer builds (`Trainer._build_optimizer`): its AMP wrapper
+    (autocast + loss scaling) for `--amp`, its FP16 wrapper (fp16 weights, fp32 master copy,
+    loss scaling) for `--fp16`, else the plain optimizer."""
     from fairseq import optim
 
+    if cfg.common.amp:
+        return optim.AMPOptimizer.build_optimizer(cfg, params)
+    if cfg.common.fp16:
+        return optim.FP16Optimizer.build_optimizer(cfg, params)
+    return optim.build_optimizer(cfg.optimizer, params)
+
+
+def build_step(spec: dict, batch: dict[str, torch.Tensor]):
+    """(step function, model) built as fairseq-train builds them from `spec["flags"]`, on
+    `spec["device"]` (cpu, or cuda with fairseq's precision flags)."""
+    from fairseq import utils
+
     cfg, task, model = build_task_and_model(spec)
-    model.train()
+    device = torch.device(spec.get("device", "cpu"))
+    if cfg.common.fp16 and not cfg.common.amp:
+        model = model.half()  # as fairseq's Trainer does for --fp16
+    model.to(device).train()
     dictionary = task.target_dictionary
-    criterion = task.build_criterion(cfg.criterion)
-    optimizer = optim.build_optimizer(cfg.optimizer, list(model.parameters()))
+    criterion = task.build_criterion(cfg.criterion).to(device)
+    optimizer = build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     sample = fairseq_sample(batch, dictionary.pad())
+    if device.type == "cuda":
+        sample = utils.move_to_cuda(sample, device=device)
+    scaled = cfg.common.fp16 or cfg.common.amp
 
     def step() -> None:  # Trainer.train_step without its bookkeeping
         optimizer.zero_grad()
         _, sample_size, _ = task.train_step(sample, model, criterion, optimizer, update_num=0)
         optimizer.multiply_grads(1.0 / sample_size)
+        if scaled:  # fp16 loss scaling: the Trainer's overflow check, then a skipped update
+            try:
+                optimizer.clip_grad_norm(0.0)
+            except OverflowError:
+                return
         optimizer.step()
 
     return step, model
@@ -170,14 +195,18 @@ def worker_main(argv: Sequence[str]) -> None:
         "fairseq": fairseq.__version__,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "precision": PRECISION,
+        "precision": next((f[2:] for f in ("--amp", "--fp16") if f in spec["flags"]), PRECISION),
     })  # fmt: skip
+    cuda = spec.get("device", "cpu").startswith("cuda")
     for request in sys.stdin:
         if request.strip() != STEP:
             raise SystemExit(f"fairseq_step: unknown request {request!r}")
         start = time.perf_counter()
         step()
-        answer({"seconds": time.perf_counter() - start})
+        if cuda:
+            torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        answer({"seconds": time.perf_counter() - start, "peak_memory_bytes": peak})
 
 
 # ---------------------------------------------------------------- the client (our venv)
@@ -192,11 +221,14 @@ class FairseqStepWorker:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=env, cwd=cwd, text=True)  # fmt: skip
         self.info = self._read()
+        self.peak_memory_bytes: int | None = None  # on CUDA: the worker's, after its last step
 
     def __call__(self) -> float:
         self.process.stdin.write(STEP + "\n")
         self.process.stdin.flush()
-        return self._read()["seconds"]
+        answer = self._read()
+        self.peak_memory_bytes = answer.get("peak_memory_bytes")
+        return answer["seconds"]
 
     def _read(self) -> dict:
         line = self.process.stdout.readline()

@@ -19,6 +19,7 @@ collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank en
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import warnings
@@ -28,6 +29,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.environments import (
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, Strategy
@@ -177,6 +183,37 @@ def build_callbacks(cfg: Config) -> list[Callback]:
             )
         )
     return callbacks
+
+
+def check_cluster_launch(num_nodes: int, devices_per_node: int) -> None:
+    """Several machines train together only when a cluster launcher started every process:
+    torchrun (its TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE, ...), SLURM's srun (SLURM_NTASKS,
+    SLURM_PROCID, ...) or hand-set MASTER_ADDR/NODE_RANK/LOCAL_RANK, which Lightning's cluster
+    environments read. Started plainly, rank 0 would wait for the other machines until
+    `train.ddp_timeout`: refused before any compute, naming the key and the launchers."""
+    if num_nodes == 1:
+        return
+    launched = (
+        TorchElasticEnvironment.detect()
+        or SLURMEnvironment.detect()
+        or LightningEnvironment().creates_processes_externally
+    )
+    if not launched:
+        raise ConfigError(
+            f"config key 'train.num_nodes': {num_nodes} machines need a cluster launcher to "
+            "start one process per device on each: `torchrun --nnodes N --nproc-per-node D "
+            "--node-rank R --master-addr HOST --master-port PORT -m pipeline.stages.train` "
+            "on every machine, or `srun` in a SLURM job (see the training docs); or set "
+            "train.num_nodes=1"
+        )
+    expected = num_nodes * devices_per_node
+    world_size = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS")
+    if world_size is not None and int(world_size) != expected:
+        raise ConfigError(
+            f"config key 'train.num_nodes': {num_nodes} machines x {devices_per_node} "
+            f"device(s) (train.devices) make {expected} processes, but the launcher started "
+            f"{world_size}; make train.num_nodes x train.devices equal the launcher's world size"
+        )
 
 
 def build_strategy(cfg: Config, accelerator: str) -> str | Strategy:
@@ -451,6 +488,7 @@ def restore_preempted_run(cfg: Config) -> None:
 def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
     started = time.perf_counter()
     accelerator = resolve_accelerator(cfg.train.accelerator)
+    check_cluster_launch(cfg.train.num_nodes, device_count(cfg.train.devices, accelerator))
     if accelerator == "cpu" and cfg.train.cpu_speed_paths:
         configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
     on_gpu = accelerator in GPU_ACCELERATORS

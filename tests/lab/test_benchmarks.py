@@ -199,3 +199,20 @@ def test_default_tokenized_folder_is_used_only_with_the_asked_vocabulary(tokeniz
 
     with tokenized_corpus(cfg, tokenized_smoke.paths.tokenized) as (tokenizer, _):
         assert tokenizer.vocab_size == vocab
+
+
+@pytest.mark.parametrize(
+    ("device", "precision", "expected", "absent"),
+    [
+        ("cpu", train_throughput.FAIRSEQ_FLOAT32, ["--cpu"], ["--fp16", "--amp", "--bf16"]),
+        ("cuda", "fairseq_float32", [], ["--cpu", "--fp16", "--amp", "--bf16"]),
+        ("cuda", "fairseq_fp16", ["--fp16"], ["--cpu", "--amp", "--bf16"]),
+        ("cuda", "fairseq_amp", ["--amp"], ["--cpu", "--fp16", "--bf16"]),
+    ],
+)
+def test_fairseq_flags_name_the_device_and_precision(make_config, device, precision, expected,
+                                                     absent):  # fmt: skip
+    flags = train_throughput.fairseq_flags(make_config("model=tiny"), device, precision)
+    assert all(flag in flags for flag in expected)
+    assert not any(flag in flags for flag in absent)
+    assert flags[flags.index("--encoder-embed-dim") + 1] == "128"

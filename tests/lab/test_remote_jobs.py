@@ -90,7 +90,7 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     assert yaml.safe_load((run / "params.yaml").read_text())["train"]["max_steps"] == 10
     made_on = json.loads((run / "made_on.json").read_text())
     assert made_on["commit"] == "abc1234" and made_on["hardware"]  # the commit it was told
-    assert (back / "logs" / f"{study}-worker-1.log").exists()
+    assert "starting 2 sweep workers" in (back / "logs" / f"{study}-workers.log").read_text()
     assert not (REPO_ROOT / "ablations" / "results" / study).exists()  # nothing in the tree
 
 
