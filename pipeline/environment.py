@@ -25,9 +25,8 @@ LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 LOCKED_EXTRAS = ("dev", "bench", "export")  # what `make setup` installs
 HASH_CHARS = 16
-# A copy of the work tree on a lent GPU machine names the commit it was copied from here. The
-# variable wins over `git rev-parse` there: the copy's .git can be stale (2026-11-26: the
-# session's first commit, while the files were two commits on).
+# A copy of the work tree on a machine without git history (a remote GPU box) names the commit
+# it was copied from here. The variable wins over `git rev-parse`: a copied .git can be stale.
 COMMIT_ENV = "TRANSFORMER_ABLATIONS_COMMIT"
 
 
@@ -70,7 +69,7 @@ def lock_hash(lock: Path = LOCK_FILE) -> str | None:
 
 def provenance() -> dict:
     """What every results row records about how it was made. Where the installed packages
-    differ from the lock (a lent GPU machine's own image), `environment_differences` counts
+    differ from the lock (a remote machine's own image), `environment_differences` counts
     them: the lock's hash alone would claim an environment the run did not have."""
     recorded = {
         "commit": git_commit(),

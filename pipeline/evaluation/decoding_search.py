@@ -7,7 +7,7 @@ window x beam size x length penalty, each scored with sacreBLEU on `data.val_spl
 Reads the run's params.yaml (as the DVC stages do) and its training checkpoints; prints a
 table and writes every row and the best to `metrics_dir/decoding_search.json`. `--checkpoint`
 searches beam and length penalty for a model averaged already (a run whose training
-checkpoints are elsewhere, e.g. on a lent GPU machine: its `eval/model.ckpt`). Put the best
+checkpoints are on another machine: its `eval/model.ckpt`). Put the best
 into the experiment's `eval:` block and `dvc repro evaluate`. The length ratio (hypothesis /
 reference tokens, sacreBLEU's) is reported beside each score: a setting chosen for a ratio
 far from 1 on val may not transfer to test.

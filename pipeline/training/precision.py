@@ -1,10 +1,10 @@
 """`train.precision: auto`: train in bf16-mixed only where it is faster than 32-bit.
 
 A GPU with bf16 (Ampere and newer) always gains. A CPU is not told by its flags: with AMX,
-bf16 matrix products run ~5x faster than float32; with AVX512-BF16 alone they ran 1.3-1.6x
-faster on one host and 1.4-1.7x *slower* on another (a virtual machine that hides AMX: 122-131
-against 166-212 GFLOP/s, README "CPU threads"); without either, torch emulates them 10-100x
-slower. So on a CPU with the instructions, `auto` times the matrix products of the model's
+bf16 matrix products are much faster than float32; with AVX512-BF16 alone they can be faster
+or slower depending on the machine (docs/training.md has the measured figures); without
+either, torch emulates them far slower. So on a CPU with the instructions, `auto` times the
+matrix products of the model's
 feed-forward layer both ways (interleaved, median) and keeps bf16 only above
 `train.bf16_min_speedup`.
 
