@@ -77,7 +77,9 @@ WORK_ROOT = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
 )
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
-ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attempt of the point
+ATTEMPTS_FILE = (
+    "attempts.jsonl"  # in the work dir: each training attempt at the point (`read_attempts`)
+)
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
@@ -785,9 +787,22 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
 @contextlib.contextmanager
 def _attempt_logged(work: Path, trial: optuna.Trial):
     """Append one line per training attempt at the point (trial, steps, wall time, machine),
-    also for an attempt that was preempted: the record sums them."""
+    also for an attempt that was preempted or killed: the record sums them.
+
+    A line saying the attempt started comes first; its outcome follows when it ends. A SIGKILL
+    leaves only the first: the next attempt at the point counts that one killed, at the step
+    and time of the newest checkpoint it left (work after that was lost)."""
     from pipeline.environment import hardware
 
+    progress = work / "train" / "checkpoints" / "progress.json"
+
+    def step() -> int:
+        return json.loads(progress.read_text())["step"] if progress.exists() else 0
+
+    base = {"hardware": hardware(), "threads": torch.get_num_threads()}
+    _close_killed_attempts(work, progress)
+    _append_attempt(work, {"trial": trial.number, "outcome": STARTED, "step": step(),
+                           "wall_time_s": 0.0, **base, "started_at": time.time()})  # fmt: skip
     started = time.perf_counter()
     outcome = "interrupted"
     try:
@@ -797,19 +812,44 @@ def _attempt_logged(work: Path, trial: optuna.Trial):
         outcome = "preempted"
         raise
     finally:
-        progress = work / "train" / "checkpoints" / "progress.json"
-        step = json.loads(progress.read_text())["step"] if progress.exists() else 0
-        line = {
-            "trial": trial.number,
-            "outcome": outcome,
-            "step": step,
-            "wall_time_s": round(time.perf_counter() - started, 1),
-            "hardware": hardware(),
-            "threads": torch.get_num_threads(),
-        }
-        work.mkdir(parents=True, exist_ok=True)
-        with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
-            attempts.write(json.dumps(line) + "\n")
+        wall = round(time.perf_counter() - started, 1)
+        _append_attempt(work, {"trial": trial.number, "outcome": outcome, "step": step(),
+                               "wall_time_s": wall, **base})  # fmt: skip
+
+
+STARTED = "started"  # an attempt's first line; its last says how it ended
+
+
+def _append_attempt(work: Path, line: dict) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
+        attempts.write(json.dumps(line) + "\n")
+
+
+def read_attempts(work: Path) -> list[dict]:
+    """The point's attempts in the order they started, each as its last line says."""
+    path = work / ATTEMPTS_FILE
+    if not path.exists():
+        return []
+    latest: dict[int, dict] = {}
+    for text in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by a kill
+            line = json.loads(text)
+            latest[line["trial"]] = {**latest.get(line["trial"], {}), **line}
+    return list(latest.values())
+
+
+def _close_killed_attempts(work: Path, progress: Path) -> None:
+    """Record the attempts that started but never ended (their process was killed) as killed,
+    with the step and time of the newest checkpoint they wrote."""
+    saved_at = progress.stat().st_mtime if progress.exists() else 0.0
+    step = json.loads(progress.read_text())["step"] if progress.exists() else 0
+    for attempt in read_attempts(work):
+        if attempt["outcome"] != STARTED:
+            continue
+        wall = max(0.0, saved_at - attempt["started_at"])
+        _append_attempt(work, {**attempt, "outcome": "killed", "step": step if wall else attempt["step"],
+                               "wall_time_s": round(wall, 1)})  # fmt: skip
 
 
 def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
@@ -915,8 +955,8 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
     )
     write_json_atomic(record / "curve.json", validation_curve(cfg))
     attempts = [
-        json.loads(line)
-        for line in (paths.work / ATTEMPTS_FILE).read_text(encoding="utf-8").splitlines()
+        {key: value for key, value in attempt.items() if key != "started_at"}
+        for attempt in read_attempts(paths.work)
     ]
     run = {
         "trial": trial.number,
