@@ -77,9 +77,7 @@ WORK_ROOT = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
 )
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
-ATTEMPTS_FILE = (
-    "attempts.jsonl"  # in the work dir: each training attempt at the point (`read_attempts`)
-)
+ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
@@ -786,23 +784,18 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
 
 @contextlib.contextmanager
 def _attempt_logged(work: Path, trial: optuna.Trial):
-    """Append one line per training attempt at the point (trial, steps, wall time, machine),
+    """Log each training attempt at the point (trial, steps, wall time, machine) in its work dir,
     also for an attempt that was preempted or killed: the record sums them.
 
     A line saying the attempt started comes first; its outcome follows when it ends. A SIGKILL
     leaves only the first: the next attempt at the point counts that one killed, at the step
-    and time of the newest checkpoint it left (work after that was lost)."""
+    of the newest checkpoint it left, for the time until the last file it wrote."""
     from pipeline.environment import hardware
 
-    progress = work / "train" / "checkpoints" / "progress.json"
-
-    def step() -> int:
-        return json.loads(progress.read_text())["step"] if progress.exists() else 0
-
-    base = {"hardware": hardware(), "threads": torch.get_num_threads()}
-    _close_killed_attempts(work, progress)
-    _append_attempt(work, {"trial": trial.number, "outcome": STARTED, "step": step(),
-                           "wall_time_s": 0.0, **base, "started_at": time.time()})  # fmt: skip
+    base = {"trial": trial.number, "hardware": hardware(), "threads": torch.get_num_threads()}
+    _close_killed_attempts(work)
+    start = {"outcome": STARTED, "step": _checkpoint_step(work), "wall_time_s": 0.0}
+    _append_attempt(work, {**base, **start, "started_at": time.time()})
     started = time.perf_counter()
     outcome = "interrupted"
     try:
@@ -813,8 +806,8 @@ def _attempt_logged(work: Path, trial: optuna.Trial):
         raise
     finally:
         wall = round(time.perf_counter() - started, 1)
-        _append_attempt(work, {"trial": trial.number, "outcome": outcome, "step": step(),
-                               "wall_time_s": wall, **base})  # fmt: skip
+        step = _checkpoint_step(work)
+        _append_attempt(work, {**base, "outcome": outcome, "step": step, "wall_time_s": wall})
 
 
 STARTED = "started"  # an attempt's first line; its last says how it ended
@@ -839,17 +832,26 @@ def read_attempts(work: Path) -> list[dict]:
     return list(latest.values())
 
 
-def _close_killed_attempts(work: Path, progress: Path) -> None:
-    """Record the attempts that started but never ended (their process was killed) as killed,
-    with the step and time of the newest checkpoint they wrote."""
-    saved_at = progress.stat().st_mtime if progress.exists() else 0.0
-    step = json.loads(progress.read_text())["step"] if progress.exists() else 0
+def _checkpoint_step(work: Path) -> int:
+    """The step of the point's newest checkpoint (0 for none)."""
+    progress = work / "train" / "checkpoints" / "progress.json"
+    return json.loads(progress.read_text())["step"] if progress.exists() else 0
+
+
+def _close_killed_attempts(work: Path) -> None:
+    """Record the attempts that started but never ended (their process was killed) as killed:
+    at the step of the newest checkpoint (where the next attempt resumes), for the time until
+    the last checkpoint or history row written at the point."""
+    step = _checkpoint_step(work)
+    written = [work / "train" / "checkpoints", work / "plots"]
+    last_write = max((p.stat().st_mtime for d in written if d.is_dir() for p in d.rglob("*")),
+                     default=0.0)  # fmt: skip
     for attempt in read_attempts(work):
         if attempt["outcome"] != STARTED:
             continue
-        wall = max(0.0, saved_at - attempt["started_at"])
-        _append_attempt(work, {**attempt, "outcome": "killed", "step": step if wall else attempt["step"],
-                               "wall_time_s": round(wall, 1)})  # fmt: skip
+        wall = round(max(0.0, last_write - attempt["started_at"]), 1)
+        killed = {"outcome": "killed", "step": max(step, attempt["step"]), "wall_time_s": wall}
+        _append_attempt(work, {**attempt, **killed})
 
 
 def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:

@@ -266,6 +266,9 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     datamodule.setup("fit")
     per_epoch = len(datamodule.train_dataloader())
     assert per_epoch < MAX_STEPS  # the runs cross an epoch boundary
+    # MAX_STEPS is no multiple of val_check_interval: the final step validates and saves all
+    # the same, so a re-run records the finished run instead of training its last steps again
+    assert _last(cfg)["global_step"] == MAX_STEPS and _progress_step(cfg) == MAX_STEPS
     return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch,
             "logged": _logged(cfg), "target_tokens": recorder.target_tokens}  # fmt: skip
 

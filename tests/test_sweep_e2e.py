@@ -142,12 +142,12 @@ def logged_steps(history: Path) -> list[int]:
 
 
 def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_dir, monkeypatch):
-    """The study machinery as a preemptible machine uses it: two workers share a grid; one is
-    stopped by a real SIGTERM mid-training; the same command run again resumes that point
-    from its checkpoint (not from step 0) in the point's own work dir, and is SIGKILLed after
-    logging past its newest checkpoint; the same command once more finishes the point. The
-    records (every attempt, one history row per logged step) and the report come out
-    complete."""
+    """The study machinery as a preemptible machine uses it: a worker is stopped by a real
+    SIGTERM mid-training; the same command run again resumes that point from its checkpoint
+    (not from step 0) in the point's own work dir while a second worker takes the other point,
+    and is SIGKILLed after logging past its newest checkpoint; the same command once more
+    finishes the point. The records (every attempt, one history row per logged step) and the
+    report come out complete."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     steps, interval = 100, 20
     variants = {"base": {}, "heads_1": {"model.heads": 1}}
@@ -157,7 +157,6 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     first = start_worker(spec_path, results, work)
     progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
     wait_for_checkpoint(first, progress, interval)
-    second = start_worker(spec_path, results, work)  # takes the other point
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 3, out
@@ -165,7 +164,13 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     stopped_at = json.loads(progress.read_text())["step"]
     assert interval <= stopped_at < steps
 
-    again = start_worker(spec_path, results, work)
+    again = start_worker(spec_path, results, work)  # retries come first: the base point
+    attempts = progress.parents[2] / "attempts.jsonl"
+    deadline = time.monotonic() + 240
+    while attempts.read_text().count('"started"') < 2:
+        assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
+        time.sleep(0.2)
+    second = start_worker(spec_path, results, work)  # takes the other point
     loss = progress.parents[2] / "plots" / "train" / "plots" / "metrics" / "train" / "loss.tsv"
     deadline = time.monotonic() + 240
     while max(logged_steps(loss), default=0) <= json.loads(progress.read_text())["step"]:
@@ -190,6 +195,7 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     run = json.loads((record / "run.json").read_text())
     assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
         ("preempted", stopped_at), ("killed", killed_at), ("finished", steps)]  # fmt: skip
+    assert run["attempts"][1]["wall_time_s"] > 0  # until the last row it logged
     assert run["train_wall_time_s"] == pytest.approx(sum(a["wall_time_s"] for a in run["attempts"]))
     log_every = 10  # the smoke recipe's train.log_every_n_steps
     assert logged_steps(loss) == list(range(log_every, steps + 1, log_every))  # each row once
