@@ -164,10 +164,11 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     stopped_at = json.loads(progress.read_text())["step"]
     assert interval <= stopped_at < steps
 
+    storage = f"sqlite:///{results / 'resume_smoke' / 'study.db'}"
+    study = optuna.load_study(study_name="resume_smoke", storage=storage)
     again = start_worker(spec_path, results, work)  # retries come first: the base point
-    attempts = progress.parents[2] / "attempts.jsonl"
     deadline = time.monotonic() + 240
-    while attempts.read_text().count('"started"') < 2:
+    while not study.get_trials(states=(TrialState.RUNNING,)):
         assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
         time.sleep(0.2)
     second = start_worker(spec_path, results, work)  # takes the other point
@@ -186,7 +187,6 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
         out, _ = worker.communicate(timeout=600)
         assert worker.returncode == 0, out
 
-    storage = f"sqlite:///{results / 'resume_smoke' / 'study.db'}"
     trials = optuna.load_study(study_name="resume_smoke", storage=storage).trials
     states = sorted((t.params["variant"], t.state.name) for t in trials)
     assert states == [("base", "COMPLETE"), ("base", "FAIL"), ("base", "FAIL"),
