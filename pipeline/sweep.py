@@ -80,7 +80,7 @@ WORK_ROOT = (
     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
 )
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
-ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attempt of the point
+ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_READY_ATTR = "grid_enqueued"
@@ -973,10 +973,18 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
 
 @contextlib.contextmanager
 def _attempt_logged(work: Path, trial: optuna.Trial):
-    """Append one line per training attempt at the point (trial, steps, wall time, machine),
-    also for an attempt that was preempted: the record sums them."""
+    """Log each training attempt at the point (trial, steps, wall time, machine) in its work dir,
+    also for an attempt that was preempted or killed: the record sums them.
+
+    A line saying the attempt started comes first; its outcome follows when it ends. A SIGKILL
+    leaves only the first: the next attempt at the point counts that one killed, at the step
+    of the newest checkpoint it left, for the time until the last file it wrote."""
     from pipeline.environment import hardware
 
+    base = {"trial": trial.number, "hardware": hardware(), "threads": torch.get_num_threads()}
+    _close_killed_attempts(work)
+    start = {"outcome": STARTED, "step": _checkpoint_step(work), "wall_time_s": 0.0}
+    _append_attempt(work, {**base, **start, "started_at": time.time()})
     started = time.perf_counter()
     outcome = "interrupted"
     try:
@@ -986,19 +994,53 @@ def _attempt_logged(work: Path, trial: optuna.Trial):
         outcome = "preempted"
         raise
     finally:
-        progress = work / "train" / "checkpoints" / "progress.json"
-        step = json.loads(progress.read_text())["step"] if progress.exists() else 0
-        line = {
-            "trial": trial.number,
-            "outcome": outcome,
-            "step": step,
-            "wall_time_s": round(time.perf_counter() - started, 1),
-            "hardware": hardware(),
-            "threads": torch.get_num_threads(),
-        }
-        work.mkdir(parents=True, exist_ok=True)
-        with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
-            attempts.write(json.dumps(line) + "\n")
+        wall = round(time.perf_counter() - started, 1)
+        step = _checkpoint_step(work)
+        _append_attempt(work, {**base, "outcome": outcome, "step": step, "wall_time_s": wall})
+
+
+STARTED = "started"  # an attempt's first line; its last says how it ended
+
+
+def _append_attempt(work: Path, line: dict) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
+        attempts.write(json.dumps(line) + "\n")
+
+
+def read_attempts(work: Path) -> list[dict]:
+    """The point's attempts in the order they started, each as its last line says."""
+    path = work / ATTEMPTS_FILE
+    if not path.exists():
+        return []
+    latest: dict[int, dict] = {}
+    for text in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by a kill
+            line = json.loads(text)
+            latest[line["trial"]] = {**latest.get(line["trial"], {}), **line}
+    return list(latest.values())
+
+
+def _checkpoint_step(work: Path) -> int:
+    """The step of the point's newest checkpoint (0 for none)."""
+    progress = work / "train" / "checkpoints" / "progress.json"
+    return json.loads(progress.read_text())["step"] if progress.exists() else 0
+
+
+def _close_killed_attempts(work: Path) -> None:
+    """Record the attempts that started but never ended (their process was killed) as killed:
+    at the step of the newest checkpoint (where the next attempt resumes), for the time until
+    the last checkpoint or history row written at the point."""
+    step = _checkpoint_step(work)
+    written = [work / "train" / "checkpoints", work / "plots"]
+    last_write = max((p.stat().st_mtime for d in written if d.is_dir() for p in d.rglob("*")),
+                     default=0.0)  # fmt: skip
+    for attempt in read_attempts(work):
+        if attempt["outcome"] != STARTED:
+            continue
+        wall = round(max(0.0, last_write - attempt["started_at"]), 1)
+        killed = {"outcome": "killed", "step": max(step, attempt["step"]), "wall_time_s": wall}
+        _append_attempt(work, {**attempt, **killed})
 
 
 def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
@@ -1105,8 +1147,8 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
     )
     write_json_atomic(record / "curve.json", validation_curve(cfg))
     attempts = [
-        json.loads(line)
-        for line in (paths.work / ATTEMPTS_FILE).read_text(encoding="utf-8").splitlines()
+        {key: value for key, value in attempt.items() if key != "started_at"}
+        for attempt in read_attempts(paths.work)
     ]
     run = {
         "trial": trial.number,

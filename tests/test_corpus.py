@@ -188,6 +188,20 @@ def break_utf8(folder: Path) -> tuple[str, ...]:
     return f"{path}:7:", f"byte offset {offset}", "invalid UTF-8"
 
 
+def break_control_bytes(folder: Path) -> tuple[str, ...]:
+    """Valid UTF-8 that is not text: every line of val.de (never filtered) control bytes."""
+    path = folder / "val.de"
+    path.write_text("\x00\x01\x02\x03\x7f\n" * SLICE, encoding="utf-8")
+    return f"{path}:1:", "control character U+0000 at column 1"
+
+
+def break_no_letters(folder: Path) -> tuple[str, ...]:
+    """Lines of digits and punctuation only: text, but in no language."""
+    path = folder / "val.en"
+    path.write_text("".join(f"{n} ... {n * 7} !\n" for n in range(SLICE)), encoding="utf-8")
+    return "split 'val'", str(path), "no letter in any of its"
+
+
 def break_empty(folder: Path) -> tuple[str, ...]:
     (folder / "val.en").write_bytes(b"")
     return f"{folder / 'val.en'}:1", "empty"
@@ -203,9 +217,10 @@ def break_missing_dir(folder: Path) -> tuple[str, ...]:
     return str(folder), "does not exist", RAW_DIR_ENV
 
 
-@pytest.mark.parametrize(
-    "breaker", [break_misaligned, break_utf8, break_empty, break_missing_file, break_missing_dir]
-)
+BREAKERS = [break_misaligned, break_utf8, break_control_bytes, break_no_letters, break_empty]
+
+
+@pytest.mark.parametrize("breaker", [*BREAKERS, break_missing_file, break_missing_dir])
 def test_bad_input_is_named_and_leaves_no_partial_output(breaker, sliced_config, sliced_corpus):
     cfg = sliced_config()
     expected = breaker(sliced_corpus)
@@ -218,7 +233,7 @@ def test_bad_input_is_named_and_leaves_no_partial_output(breaker, sliced_config,
     assert not prepared.parent.exists() or list(prepared.parent.iterdir()) == []
 
 
-@pytest.mark.parametrize("breaker", [break_misaligned, break_utf8, break_empty, break_missing_file])
+@pytest.mark.parametrize("breaker", [*BREAKERS, break_missing_file])
 def test_bad_input_keeps_the_previous_good_output(breaker, sliced_config, sliced_corpus):
     cfg = sliced_config()
     prepare(cfg)
@@ -542,6 +557,18 @@ def test_prepare_stage_cli(tmp_path, multi30k_dir):
         failed.stderr.startswith("error: missing corpus files") and "Traceback" not in failed.stderr
     )
     assert (tmp_path / "data/prepared/train.en").exists()  # the good output survived
+
+
+def test_prepare_stage_refuses_control_bytes_with_exit_2(tmp_path, sliced_corpus):
+    """A corpus of control bytes is valid UTF-8: the stage names the file and line and exits 2
+    before it writes anything (tokenize would fail later, naming no file)."""
+    write_params(tmp_path, "data.download=false")
+    expected = break_control_bytes(sliced_corpus)
+    failed = run_stage("prepare", tmp_path, {**os.environ, RAW_DIR_ENV: str(sliced_corpus)})
+    assert failed.returncode == 2, failed.stderr
+    assert failed.stderr.startswith("error: ") and "Traceback" not in failed.stderr
+    assert all(fragment in failed.stderr for fragment in expected)
+    assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
 
 
 def test_atomic_directory_on_a_full_disk_keeps_the_previous_output(tmp_path):

@@ -177,24 +177,41 @@ def _progress_step(cfg: config_lib.Config) -> int:
 
 
 def _logged(cfg: config_lib.Config) -> dict[str, list[tuple[int, float]]]:
-    """What DVCLive wrote for `dvc plots`: [(step, value)] per training metric."""
-    folder = Path(cfg.paths.plots_dir) / "train" / "plots" / "metrics" / "train"
+    """What DVCLive wrote for `dvc plots`: [(step, value)] per metric ("train/loss", "lr",
+    "val/loss", ...; a row being written is left out)."""
+    folder = Path(cfg.paths.plots_dir) / "train" / "plots" / "metrics"
     logged = {}
-    for path in sorted(folder.glob("*.tsv")):
+    for path in sorted(folder.rglob("*.tsv")):
         rows = [line.split("\t") for line in path.read_text().splitlines()[1:]]
-        logged[path.stem] = [(int(step), float(value)) for step, value, *_ in rows]
+        name = path.relative_to(folder).with_suffix("").as_posix()
+        logged[name] = [(int(row[0]), float(row[1])) for row in rows if len(row) == 2]
     return logged
 
 
 def _assert_same_logs(cfg: config_lib.Config, uninterrupted: dict) -> None:
-    """Every logged training metric of the resumed run equals the uninterrupted run's, one row
-    per step (`tokens_per_sec` measures this process's speed, not the run)."""
+    """Every logged metric of the resumed run equals the uninterrupted run's, one row per step
+    (the value of `train/tokens_per_sec` measures this process's speed, not the run)."""
     logged, expected = _logged(cfg), uninterrupted["logged"]
-    assert logged.keys() == expected.keys() and "loss" in logged and "ppl" in logged
-    for name in logged.keys() - {"tokens_per_sec"}:
+    assert logged.keys() == expected.keys() and {"train/loss", "lr", "val/loss"} <= logged.keys()
+    for name in logged:
         assert [step for step, _ in logged[name]] == [step for step, _ in expected[name]], name
+        if name == "train/tokens_per_sec":
+            continue
         for (step, value), (_, reference) in zip(logged[name], expected[name], strict=True):
             assert value == pytest.approx(reference, rel=1e-5, abs=1e-6), (name, step)
+
+
+def _corrupt_newest(cfg: config_lib.Config) -> int:
+    """Flip a byte in the middle of last.ckpt and of every checkpoint of its step (as a failing
+    disk might): resume must go back to an older one. Returns that step."""
+    directory = checkpoint_dir(cfg.paths.train_dir)
+    newest = _last(cfg)["global_step"]
+    for path in directory.glob("*.ckpt"):
+        if path.name == LAST_NAME or f"step-{newest:07d}" in path.name:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+    return newest
 
 
 def _wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
@@ -249,6 +266,9 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     datamodule.setup("fit")
     per_epoch = len(datamodule.train_dataloader())
     assert per_epoch < MAX_STEPS  # the runs cross an epoch boundary
+    # MAX_STEPS is no multiple of val_check_interval: the final step validates and saves all
+    # the same, so a re-run records the finished run instead of training its last steps again
+    assert _last(cfg)["global_step"] == MAX_STEPS and _progress_step(cfg) == MAX_STEPS
     return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch,
             "logged": _logged(cfg), "target_tokens": recorder.target_tokens}  # fmt: skip
 
@@ -282,26 +302,33 @@ def test_handlers_are_installed_and_restored(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("newest_corrupt", [False, True], ids=["from_last", "newest_corrupt"])
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(
-    tokenized_smoke, tmp_path, uninterrupted
+    tokenized_smoke, tmp_path, uninterrupted, newest_corrupt
 ):
+    """newest_corrupt: last.ckpt (and the step checkpoint beside it) unreadable after the kill,
+    so the run resumes from an older checkpoint, further behind the histories on disk."""
     cfg = _config(tokenized_smoke, tmp_path / "killed")
     process = _start(cfg)
 
     # Kill the whole process group (training, W&B service) once a mid-epoch checkpoint at
-    # step >= 20 exists and training has gone two steps past it (work the kill will lose).
-    def past_a_checkpoint() -> bool:
+    # step >= 20 exists and training has logged a row past it (work the kill will lose, rows
+    # the resumed run must take back).
+    def logged_past_a_checkpoint() -> bool:
         saved = _progress_step(cfg)
-        started = max((step for step, _ in _batches(cfg)), default=0) if saved >= 20 else 0
-        return saved >= 20 and started >= saved + 2
+        logged = [step for step, _ in _logged(cfg).get("train/loss", [])] if saved >= 20 else []
+        return saved >= 20 and max(logged, default=0) > saved
 
-    _wait_for(past_a_checkpoint, process, timeout=120, what="checkpoint at step >= 20")
+    _wait_for(logged_past_a_checkpoint, process, timeout=120, what="row logged past step 20")
     os.killpg(process.pid, signal.SIGKILL)
     returncode, _ = _finish(process)
     assert returncode == -signal.SIGKILL
     resumed_from = _last(cfg)["global_step"]
+    if newest_corrupt:
+        resumed_from = _corrupt_newest(cfg) - cfg.train.val_check_interval
     lost = [step for step, _ in _batches(cfg) if step > resumed_from]
     assert lost and resumed_from % uninterrupted["per_epoch"] != 0  # mid-epoch, work lost
+    assert max(step for step, _ in _logged(cfg)["train/loss"]) > resumed_from
     killed_log = len(_batches(cfg))
 
     returncode, stderr = _finish(_start(cfg))  # the same command again
@@ -314,7 +341,11 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(
     assert _last(cfg)["history"] == uninterrupted["last"]["history"]  # logs, validations
     _assert_same_logs(cfg, uninterrupted)
     summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
-    assert summary["resumed_from"].endswith(LAST_NAME) and summary["steps"] == MAX_STEPS
+    assert summary["steps"] == MAX_STEPS
+    resumed_name = Path(summary["resumed_from"]).name
+    assert (
+        resumed_name == LAST_NAME if not newest_corrupt else f"{resumed_from:07d}" in resumed_name
+    )
     # the tokens the killed process trained on after its checkpoint are not counted twice
     assert summary["train/target_tokens"] == uninterrupted["target_tokens"]
 
@@ -344,8 +375,9 @@ def test_sigkill_between_a_step_checkpoint_and_last_resumes_from_the_newer_one(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("signal_name", "step"),
-    # 17: between validations, inside a logging window (every 5); 20: a validation step
-    [("SIGTERM", 17), ("SIGUSR1", 20)],
+    # 17: between validations, inside a logging window (every 5); 20: a validation step;
+    # 35: a logging step between validations, the last batch of the first epoch
+    [("SIGTERM", 17), ("SIGUSR1", 20), ("SIGTERM", 35)],
 )
 def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
     tokenized_smoke, tmp_path, uninterrupted, signal_name, step
@@ -361,6 +393,9 @@ def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
         assert (checkpoint_dir(cfg.paths.train_dir) / f"step-{step:07d}.ckpt").exists()
     signalled_log = len(_batches(cfg))
     assert max(s for s, _ in _batches(cfg)) == step  # stopped at the end of that step
+    every = cfg.train.log_every_n_steps
+    logged = [s for s, _ in _logged(cfg)["train/loss"]]
+    assert logged == list(range(every, step + 1, every))  # the stopped step's row included
 
     returncode, stderr = _finish(_start(cfg))
     assert returncode == 0, stderr[-3000:]

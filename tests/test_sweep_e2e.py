@@ -111,8 +111,10 @@ def start_worker(spec_path, results, work) -> subprocess.Popen:
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "pipeline.sweep", str(spec_path), "--results-dir",
                str(results), "--work-dir", str(work)]  # fmt: skip
+    # A process group of its own: a SIGKILL to it takes the worker's W&B service too.
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
 
 
 def write_smoke_grid(
@@ -144,10 +146,20 @@ def wait_for_checkpoint(worker: subprocess.Popen, progress: Path, step: int) -> 
         time.sleep(0.2)
 
 
+def logged_steps(history: Path) -> list[int]:
+    """The steps of a DVCLive history's rows (a row being written is left out)."""
+    if not history.exists():
+        return []
+    rows = [line.split("\t") for line in history.read_text().splitlines()[1:]]
+    return [int(row[0]) for row in rows if len(row) == 2]
+
+
 def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_dir, monkeypatch):
-    """The study machinery as a preemptible machine uses it: two workers share a grid; one is
-    stopped by a real SIGTERM mid-training; the same command run again resumes that point
-    from its checkpoint (not from step 0) in the point's own work dir; the records and the
+    """The study machinery as a preemptible machine uses it: a worker is stopped by a real
+    SIGTERM mid-training; the same command run again resumes that point from its checkpoint
+    (not from step 0) in the point's own work dir while a second worker takes the other point,
+    and is SIGKILLed after logging past its newest checkpoint; the same command once more
+    finishes the point. The records (every attempt, one history row per logged step) and the
     report come out complete."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     steps, interval = 100, 20
@@ -158,7 +170,6 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     first = start_worker(spec_path, results, work)
     progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
     wait_for_checkpoint(first, progress, interval)
-    second = start_worker(spec_path, results, work)  # takes the other point
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 3, out
@@ -166,19 +177,41 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     stopped_at = json.loads(progress.read_text())["step"]
     assert interval <= stopped_at < steps
 
-    again = start_worker(spec_path, results, work)
-    for worker in (second, again):
+    storage = f"sqlite:///{results / 'resume_smoke' / 'study.db'}"
+    study = optuna.load_study(study_name="resume_smoke", storage=storage)
+    again = start_worker(spec_path, results, work)  # retries come first: the base point
+    deadline = time.monotonic() + 240
+    while not study.get_trials(states=(TrialState.RUNNING,)):
+        assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
+        time.sleep(0.2)
+    second = start_worker(spec_path, results, work)  # takes the other point
+    loss = progress.parents[2] / "plots" / "train" / "plots" / "metrics" / "train" / "loss.tsv"
+    deadline = time.monotonic() + 240
+    while max(logged_steps(loss), default=0) <= json.loads(progress.read_text())["step"]:
+        assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
+        time.sleep(0.05)
+    os.killpg(again.pid, signal.SIGKILL)  # the worker, its W&B service: no cleanup at all
+    again.communicate(timeout=60)
+    killed_at = json.loads(progress.read_text())["step"]
+    assert stopped_at <= killed_at < max(logged_steps(loss))
+
+    last = start_worker(spec_path, results, work)  # takes the point once its heartbeat is stale
+    for worker in (second, last):
         out, _ = worker.communicate(timeout=600)
         assert worker.returncode == 0, out
 
-    storage = f"sqlite:///{results / 'resume_smoke' / 'study.db'}"
     trials = optuna.load_study(study_name="resume_smoke", storage=storage).trials
     states = sorted((t.params["variant"], t.state.name) for t in trials)
-    assert states == [("base", "COMPLETE"), ("base", "FAIL"), ("heads_1", "COMPLETE")]
+    assert states == [("base", "COMPLETE"), ("base", "FAIL"), ("base", "FAIL"),
+                      ("heads_1", "COMPLETE")]  # fmt: skip
     record = results / "resume_smoke" / "trials" / "base-seed1"
     run = json.loads((record / "run.json").read_text())
     assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
-        ("preempted", stopped_at), ("finished", steps)]  # fmt: skip
+        ("preempted", stopped_at), ("killed", killed_at), ("finished", steps)]  # fmt: skip
+    assert run["attempts"][1]["wall_time_s"] > 0  # until the last row it logged
+    assert run["train_wall_time_s"] == pytest.approx(sum(a["wall_time_s"] for a in run["attempts"]))
+    log_every = 10  # the smoke recipe's train.log_every_n_steps
+    assert logged_steps(loss) == list(range(log_every, steps + 1, log_every))  # each row once
     assert run["loss_average"] == "target_token"  # the report keeps its PPL unmarked
     train = json.loads((record / "train.json").read_text())
     assert train["resumed_from"] and train["steps"] == steps

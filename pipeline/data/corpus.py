@@ -23,7 +23,8 @@ Normalisation, the same for every source and split (what `prepare` writes):
 
 Validation happens on everything before anything is written; each problem is a `DataError`
 naming the file and line: missing files (with the download / MULTI30K_DIR hint), invalid UTF-8
-(line and byte offset), source and target line counts that differ, an empty split.
+(line and byte offset), control characters (valid UTF-8, but not text), source and target line
+counts that differ, an empty split, a side of a split with no letter in any line.
 Empty (after normalisation) pairs are dropped and counted; the length/ratio filter
 `data.filter` drops training pairs (the splits in `filter.apply_to`, never a test split).
 """
@@ -36,6 +37,7 @@ import gzip
 import hashlib
 import ipaddress
 import os
+import re
 import shutil
 import tempfile
 import unicodedata
@@ -67,6 +69,12 @@ EMPTY, TOO_SHORT, TOO_LONG, RATIO, OVER_MAX_PAIRS = (
     "beyond_max_train_pairs",
 )
 DROP_REASONS = (EMPTY, TOO_SHORT, TOO_LONG, RATIO, OVER_MAX_PAIRS)
+
+# Control characters that are not whitespace (C0 and C1, but tab, line ends, FS/GS/RS/US and
+# NEL, which normalisation turns into spaces): no language writes them, and a corpus of them
+# passes every other check only to leave the subword model nothing to learn.
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
+_LETTER = re.compile(r"[^\W\d_]")  # any letter of any script
 
 # tempfile creates private (0700/0600) entries; outputs get the usual umask-based modes.
 _UMASK = os.umask(0)
@@ -456,8 +464,30 @@ def length_summary(sentences: list[str]) -> dict[str, float]:
     return summary
 
 
+def check_text(lines: Sequence[str], origin: str) -> None:
+    """Refuse a line holding a control character (not text), naming file, line and column."""
+    for number, line in enumerate(lines, 1):
+        if found := _CONTROL.search(line):
+            raise DataError(
+                f"{origin}:{number}: control character U+{ord(found.group()):04X} at column "
+                f"{found.start() + 1}: the line is not text; remove the character or the line"
+            )
+
+
+def check_letters(split: str, lines: Sequence[str], origin: str) -> None:
+    """Refuse a side of a split in which no line holds a letter: it is not a language."""
+    if not any(_LETTER.search(line) for line in lines):
+        raise DataError(
+            f"split '{split}': {origin} has no letter in any of its {len(lines)} kept lines; "
+            "it is not text in a language (check that the file is the right one)"
+        )
+
+
 def clean_split(raw: ParallelText, data: DataConfig) -> tuple[ParallelText, dict]:
-    """Normalise, drop empty pairs, filter (train-like splits), cap training pairs; with stats."""
+    """Check, normalise, drop empty pairs, filter (train-like splits), cap training pairs; with
+    stats."""
+    check_text(raw.src, raw.src_origin)
+    check_text(raw.tgt, raw.tgt_origin)
     filtered = raw.split in data.filter.apply_to
     dropped = dict.fromkeys(DROP_REASONS, 0)
     src, tgt = [], []
@@ -479,6 +509,8 @@ def clean_split(raw: ParallelText, data: DataConfig) -> tuple[ParallelText, dict
             f"all {len(raw.src)} pairs were dropped ({ {k: v for k, v in dropped.items() if v} }); "
             "check the files or relax data.filter"
         )
+    check_letters(raw.split, src, raw.src_origin)
+    check_letters(raw.split, tgt, raw.tgt_origin)
     stats = {
         "read": len(raw.src),
         "kept": len(src),

@@ -202,6 +202,10 @@ class TranslationModule(L.LightningModule):
         self._step_lr = 0.0
         # The whole run's `run_totals` once training ends (or a finished run is loaded).
         self.final_totals = {"train_tokens": 0.0, "train_seconds": 0.0, "wall_seconds": 0.0}
+        # (step, run_totals) of the newest checkpoint: every file saved at one step holds the
+        # same totals, and a run that ends with a checkpoint reports that checkpoint's, which a
+        # re-run that only records the finished run reports again.
+        self._saved_totals: tuple[int, dict[str, float]] | None = None
         self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
@@ -382,7 +386,9 @@ class TranslationModule(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.check_finite()
-        self.final_totals = self.run_totals()
+        saved = self._saved_totals
+        ended_saved = saved is not None and saved[0] == self.trainer.global_step
+        self.final_totals = dict(saved[1]) if ended_saved else self.run_totals()
         self._window_start = None
 
     # ------------------------------------------------------------------ validation
@@ -485,7 +491,10 @@ class TranslationModule(L.LightningModule):
         checkpoint["rng_states"] = _rng_states()
         checkpoint["code_version"] = self.code_version
         checkpoint["logging_window"] = self._logging_window()
-        checkpoint["run_totals"] = self.run_totals()
+        step = self.trainer.global_step
+        if self._saved_totals is None or self._saved_totals[0] != step:
+            self._saved_totals = (step, self.run_totals())
+        checkpoint["run_totals"] = dict(self._saved_totals[1])
         checkpoint[PRECISION_KEY] = self.trainer.precision  # what `auto` resolved to
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -6,12 +6,16 @@
       --> at the end of the current optimizer step every rank learns whether any rank was
           signalled (one all-reduce per step under DDP), so all ranks stop at the same step
           and none is left waiting in a collective for a rank that is gone
-      --> the step is finished first (its logging; its validation and step checkpoints when it
-          validates), then `last.ckpt` is saved atomically and `Preempted` is raised
+      --> the step is finished first (its logging, also the rows of a logging step written to
+          the loggers; its validation and step checkpoints when it validates), then
+          `last.ckpt` is saved atomically and `Preempted` is raised
       --> the stage exits with EXIT_PREEMPTED (3); running it again resumes from that
           checkpoint exactly (`train.resume`; see `pipeline.training.trainer`)
 
-A signal in the run's final step lets the run finish: its outputs are then complete.
+A signal in the run's final step lets the run finish: its outputs are then complete. The final
+step always validates and so saves `last.ckpt` (also when `train.max_steps` is not a multiple of
+`train.val_check_interval`): a finished run's newest checkpoint is its end, which a re-run
+records instead of training its last steps again.
 
 Lightning registers its own SIGTERM handler when `fit` starts; it is replaced here while
 training runs, because it exits with status 0 and no checkpoint, and under DDP it broadcasts
@@ -133,7 +137,10 @@ class PreemptionCallback(Callback):
     def at_step_end(self, trainer: L.Trainer) -> None:
         """After an optimizer step: stop here (or after this step's validation) if any rank
         was signalled. Every rank must call this at every step (it may communicate)."""
-        if final_step(trainer) or not self._any_rank_signalled(trainer):
+        if final_step(trainer):
+            trainer.should_stop = True  # Lightning validates (and checkpoints) this step
+            return
+        if not self._any_rank_signalled(trainer):
             return
         self._stopping = True
         if not validation_follows(trainer):
@@ -145,6 +152,11 @@ class PreemptionCallback(Callback):
             self._stop(trainer)
 
     def _stop(self, trainer: L.Trainer) -> None:
+        if not trainer.validating:
+            # Lightning hands a step's logged metrics to the loggers only after the step's
+            # hooks, where this raises: a logging step's row would be lost, and the checkpoint
+            # would not hold it (`pipeline.training.live`).
+            trainer._logger_connector.update_train_step_metrics()
         trainer.save_checkpoint(self.checkpoint_path)  # rank zero writes, all ranks wait
         if self.received:
             got = signal.Signals(self.received).name

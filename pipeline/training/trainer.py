@@ -10,7 +10,8 @@
               <plots_dir>/train/learning_curve.png, <metrics_dir>/train.json.
 
 With `train.resume` a run that finds its own checkpoint continues from it: step, epoch,
-optimizer, schedule, random streams and the position in the epoch's batch order.
+optimizer, schedule, random streams, the position in the epoch's batch order and DVCLive's
+histories as they were at that step (`pipeline.training.live`).
 SIGTERM/SIGUSR1 save `last.ckpt` at the end of the current step and raise `Preempted` (exit
 code 3; `pipeline.training.preemption`); under DDP a failing rank 0 takes its ranks down, and
 collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank ends the job.
@@ -43,7 +44,7 @@ from pipeline import cpu_paths
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import Config, leaves, subtree, to_dict
 from pipeline.data.datamodule import TranslationDataModule
-from pipeline.errors import ConfigError, Preempted
+from pipeline.errors import ConfigError, PipelineError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
 from pipeline.training import early_signals
 from pipeline.training.checkpoints import (
@@ -58,7 +59,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
-from pipeline.training.live import SafeDVCLiveLogger
+from pipeline.training.live import LiveHistory, SafeDVCLiveLogger
 from pipeline.training.module import PRECISION_KEY, TranslationModule
 from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
@@ -446,15 +447,29 @@ def run(
     `resume_checkpoint`). `train.cpu_speed_paths` holds for this run (`pipeline.cpu_paths`).
     """
     with cpu_paths.configured(cfg.train.cpu_speed_paths):
+        restored = restore_preempted_run(cfg)
         try:
             return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
-        except Preempted as stopped:
-            if not under_dvc_exp_run() or not (kept := stash_preempted_run(cfg)):
+        except BaseException as failed:
+            # Under `dvc exp run`, a stopped run's checkpoints left in the stage's output are
+            # deleted by the next run's checkout: any failure after they were put back (a
+            # refused config, say) keeps them out of its reach again.
+            stopped = isinstance(failed, Preempted)
+            if not under_dvc_exp_run() or not (stopped or restored):
                 raise
-            raise Preempted(
-                f"{stopped} (its checkpoints wait in {kept}, where the workspace checkout of the "
-                "next `dvc exp run` does not delete them)"
-            ) from None
+            if not (kept := stash_preempted_run(cfg)):
+                raise
+            where = (
+                f"its checkpoints wait in {kept}, where the workspace checkout of the next "
+                "`dvc exp run` does not delete them"
+            )
+            if stopped:
+                raise Preempted(f"{failed} ({where})") from None
+            if isinstance(failed, PipelineError):
+                failed.args = (f"{failed} (the stopped run is not lost: {where})",)
+            else:
+                log.warning("the stopped run is not lost: %s", where)
+            raise
 
 
 def _beside(train_dir: str | Path, suffix: str) -> Path:
@@ -473,16 +488,18 @@ def stash_preempted_run(cfg: Config) -> Path | None:
     return None
 
 
-def restore_preempted_run(cfg: Config) -> None:
+def restore_preempted_run(cfg: Config) -> bool:
     """Put a run stopped under `dvc exp run` back in place (a run found there instead, which
-    that checkout restored from DVC's cache, is moved aside: nothing is deleted)."""
+    that checkout restored from DVC's cache, is moved aside: nothing is deleted). Returns
+    whether there was one."""
     kept = _beside(cfg.paths.train_dir, PREEMPTED_SUFFIX)
     stash = checkpoint_dir(kept)
     if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
-        return
+        return False
     _move_aside(Path(cfg.paths.train_dir), "the run stopped under `dvc exp run` goes on there")
     moved = move_checkpoints(kept, checkpoint_dir(cfg.paths.train_dir))
     log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
+    return True
 
 
 def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
@@ -517,7 +534,7 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     preemption = PreemptionCallback(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     module.preemption = preemption
     trainer, precision = build_trainer(
-        cfg, [wandb, dvclive], [*callbacks, preemption], trained_in=trained_in
+        cfg, [wandb, dvclive], [*callbacks, preemption, LiveHistory(dvclive)], trained_in=trained_in
     )
     _stop_if_signalled(ckpt_path)
     try:
@@ -584,8 +601,9 @@ def summarize(
         "train/target_tokens": int(module.target_tokens),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
-        # The whole run's, across resumes (work lost to a kill excluded); this process's too.
-        "wall_time_s": module.resumed_totals["wall_seconds"] + wall_time,
+        # The whole run's, across resumes, to its final checkpoint (work lost to a kill
+        # excluded: a finished run that is only recorded keeps its own); this process's too.
+        "wall_time_s": module.final_totals["wall_seconds"],
         "process_wall_time_s": wall_time,
         "precision": precision,
         "world_size": trainer.world_size,
