@@ -32,16 +32,20 @@ lint: setup
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/ruff format --check pipeline tests benchmarks
 
-# The main job: the default experiment, end to end.
+# The main job: the default experiment, end to end. params.yaml is recomposed from conf/
+# first (and says which experiment it holds), so a preset that `dvc exp run -S
+# experiment=...` left there never passes for the default. REPRO_ARGS go to `dvc repro`.
+REPRO_ARGS ?=
 repro: setup
-	. $(BIN)/activate && dvc repro
+	$(BIN)/python -m pipeline.params
+	. $(BIN)/activate && dvc repro $(REPRO_ARGS)
 
 smoke: setup
 	. $(BIN)/activate && dvc exp run -S experiment=smoke
 
 # Recompose params.yaml from conf/ (DVC does this itself on `dvc exp run`).
 params: setup
-	$(BIN)/python -m pipeline.config > params.yaml
+	$(BIN)/python -m pipeline.params
 
 # Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
 # dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the

@@ -247,7 +247,7 @@ def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> P
     return download_file(f"{data.url.rstrip('/')}/{name}", cached, expected)
 
 
-def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
+def missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     raw_dir = Path(data.raw_dir)
     where = "" if raw_dir.is_dir() else f" (the directory {raw_dir} does not exist)"
     how = f"point data.raw_dir or the {RAW_DIR_ENV} environment variable at a Multi30k copy"
@@ -271,33 +271,30 @@ def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[
                 missing.append(f"{split}.{lang}")
             paths[split, lang] = path
     if missing:
-        raise _missing_files_error(data, missing)
+        raise missing_files_error(data, missing)
     return {
         split: read_pair(split, paths[split, langs[0]], paths[split, langs[1]]) for split in splits
     }
 
 
-def read_text_files(data: DataConfig, splits: list[str]) -> dict[str, ParallelText]:
+def text_file_paths(data: DataConfig, splits: list[str]) -> dict[str, dict[str, Path]]:
+    """{split: {src: path, tgt: path}} of `data.text_files`, every file checked to exist."""
     missing = [s for s in splits if set(data.text_files.get(s, {})) != {"src", "tgt"}]
     if missing:
         raise ConfigError(
             f"config key 'data.text_files': splits {missing} need {{src: path, tgt: path}} "
             f"(source=text), got {dict(data.text_files)}"
         )
-    absent = [
-        path
-        for split in splits
-        for path in (data.text_files[split]["src"], data.text_files[split]["tgt"])
-        if not Path(path).is_file()
-    ]
+    paths = {s: {side: Path(data.text_files[s][side]) for side in ("src", "tgt")} for s in splits}
+    absent = [str(p) for pair in paths.values() for p in pair.values() if not p.is_file()]
     if absent:
         raise DataError(f"missing corpus files (data.text_files): {', '.join(absent)}")
-    return {
-        split: read_pair(
-            split, Path(data.text_files[split]["src"]), Path(data.text_files[split]["tgt"])
-        )
-        for split in splits
-    }
+    return paths
+
+
+def read_text_files(data: DataConfig, splits: list[str]) -> dict[str, ParallelText]:
+    paths = text_file_paths(data, splits)
+    return {split: read_pair(split, paths[split]["src"], paths[split]["tgt"]) for split in splits}
 
 
 def read_hf(data: DataConfig, splits: list[str], cache_dir: Path | None) -> dict[str, ParallelText]:

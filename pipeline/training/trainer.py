@@ -70,6 +70,7 @@ RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
 # keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
 RESUME_FREE_KEYS = (
     "data.raw_dir",
+    "data.test_splits",  # never read by training: a new test set costs an evaluation only
     "data.download",
     "data.url",
     "train.max_steps",

@@ -1,0 +1,51 @@
+"""params.yaml composed from conf/: the file every DVC stage reads, said aloud.
+
+    python -m pipeline.params [overrides...]     (`make params`; `make repro` runs it first)
+
+DVC composes params.yaml itself on `dvc exp run -S ...` and leaves it so: after
+`dvc exp run -S experiment=smoke`, a plain `dvc repro` would run (or find up to date) the
+smoke preset. This writes the composition of conf/ with the given overrides (none: the default
+experiment), validated, and says which experiment params.yaml now holds and which it replaced.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from pipeline import config
+from pipeline.cli import PARAMS_FILE, main
+
+
+def _experiment(text: str) -> str:
+    try:
+        return str((yaml.safe_load(text) or {}).get("experiment_name", "?"))
+    except yaml.YAMLError:
+        return "?"
+
+
+def write(overrides: list[str], path: Path = Path(PARAMS_FILE)) -> str:
+    """Compose, validate and write `path`; returns the line that says what happened."""
+    config.compose(overrides)  # validated as every stage will read it
+    text = OmegaConf.to_yaml(config.compose_dict(overrides))
+    name = _experiment(text)
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    source = "conf/" + (f" with {' '.join(overrides)}" if overrides else " (the default)")
+    if before == text:
+        return f"{path}: experiment '{name}', as composed from {source}"
+    path.write_text(text, encoding="utf-8")
+    if before is None:
+        return f"{path}: experiment '{name}', composed from {source}"
+    return (
+        f"{path}: experiment '{name}', recomposed from {source}; it held experiment "
+        f"'{_experiment(before)}'"
+        + (" with other values" if _experiment(before) == name else "")
+        + " (left by `dvc exp run -S ...` or an edit)"
+    )
+
+
+if __name__ == "__main__":
+    main(lambda: print(write(sys.argv[1:]), flush=True))
