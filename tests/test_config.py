@@ -197,3 +197,22 @@ def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
     batches = len(datamodule.train_dataloader())
     updates = -(-batches // cfg.train.accumulate_grad_batches)  # a last odd batch: an update
     assert cfg.train.val_check_interval == updates
+
+
+def test_eval_splits_default_to_val_and_every_test_split():
+    cfg = config_lib.compose(["data.test_splits=[test_2016_flickr,test_2017_flickr]"])
+    assert cfg.eval.splits == ["val", "test_2016_flickr", "test_2017_flickr"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.test_splits=[test_2016_flickr,test_2017_flickr]", "eval.splits=[val,test_2016_flickr]"],
+         r"leaves out \['test_2017_flickr'\] of data.test_splits"),
+        (["eval.splits=[val,test_2017_flickr]"], r"leaves out \['test_2016_flickr'\]"),
+        (["eval.splits=[val,test_2016_flickr,test_2099]"], r"\['test_2099'\] not among"),
+    ],
+)  # fmt: skip
+def test_a_test_split_left_unevaluated_is_an_error(overrides, message):
+    with pytest.raises(ConfigError, match=r"config key 'eval.splits': .*" + message):
+        config_lib.compose(overrides)
