@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 LOCK := requirements.lock
 EXTRAS := dev,bench,export
 
-.PHONY: setup test test-all lint repro smoke params clean lock
+.PHONY: setup test test-all lint repro smoke params plots clean lock
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ smoke: setup
 params: setup
 	$(BIN)/python -m pipeline.params
 
+# DVC's plots as a page that works offline (dvc_plots/index.html): `dvc plots show` alone
+# writes one that loads Vega from a CDN. DVC options go in PLOTS_ARGS (e.g. a revision).
+PLOTS_TEMPLATE := dvc_plots/offline-template.html
+PLOTS_ARGS ?=
+plots: setup
+	$(BIN)/python -m pipeline.dvc_plots $(PLOTS_TEMPLATE)
+	. $(BIN)/activate && dvc plots show --html-template $(PLOTS_TEMPLATE) $(PLOTS_ARGS)
+
 # Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
 # dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the
 # pin, so one lock serves the CPU and the CUDA wheel of the same release.
@@ -61,4 +69,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive
+	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive dvc_plots

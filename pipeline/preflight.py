@@ -6,10 +6,11 @@ config at start-up has already cost the previous run's outputs. The check stage 
 every other stage (the prepare stage depends on its record, every later stage on prepare) and
 fails first: nothing downstream starts, nothing is deleted.
 
-Its record holds the SHA-256 of every raw corpus file the prepare stage will read (or the
-checksum a download is verified against), not where the files are: another copy of the same
-corpus changes nothing, a changed corpus (another `data.raw_dir` or `MULTI30K_DIR`, a file
-replaced in place) changes the record, and DVC runs prepare again.
+Its record holds the SHA-256 of every raw corpus file the prepare stage will read (a file only
+`data.url` has is fetched into the cache here, so a failed download fails first too), not where
+the files are: another copy of the same corpus changes nothing, a changed corpus (another
+`data.raw_dir` or `MULTI30K_DIR`, a file replaced in place) changes the record, and DVC runs
+prepare again.
 """
 
 from __future__ import annotations
@@ -17,30 +18,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import Config, DataConfig
-from pipeline.data.corpus import corpus_splits, missing_files_error, sha256_of, text_file_paths
+from pipeline.data.corpus import (
+    DEFAULT_CACHE_DIR,
+    corpus_splits,
+    locate_multi30k,
+    sha256_of,
+    text_file_paths,
+)
 from pipeline.errors import ConfigError
 
 
-def _multi30k_files(data: DataConfig, splits: list[str]) -> dict[str, str]:
-    """{split.lang: SHA-256} of the local copy; a file only a download provides: the checksum
-    the download is verified against (or its URL where data.sha256 has none)."""
-    record, missing = {}, []
-    raw_dir = Path(data.raw_dir)
-    for split in splits:
-        for lang in (data.src_lang, data.tgt_lang):
-            local = [raw_dir / f"{split}.{lang}.gz", raw_dir / f"{split}.{lang}"]
-            found = next((path for path in local if path.is_file()), None)
-            name = f"{split}.{lang}.gz"
-            if found is not None:
-                record[f"{split}.{lang}"] = sha256_of(found)
-            elif data.download and data.url:
-                url = f"{data.url.rstrip('/')}/{name}"
-                record[f"{split}.{lang}"] = data.sha256.get(name) or f"download {url}"
-            else:
-                missing.append(f"{split}.{lang}")
-    if missing:
-        raise missing_files_error(data, missing)
-    return record
+def _multi30k_files(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, str]:
+    paths = locate_multi30k(data, splits, cache_dir)  # a download, if any, happens here
+    return {f"{split}.{lang}": sha256_of(path) for (split, lang), path in paths.items()}
 
 
 def _text_files(data: DataConfig, splits: list[str]) -> dict[str, str]:
@@ -48,12 +38,12 @@ def _text_files(data: DataConfig, splits: list[str]) -> dict[str, str]:
     return {f"{s}.{side}": sha256_of(path) for s in splits for side, path in paths[s].items()}
 
 
-def corpus_record(data: DataConfig) -> dict:
-    """What identifies the raw corpus the prepare stage reads (raises what prepare would
-    raise for a missing file or an impossible split list, without reading or fetching)."""
+def corpus_record(data: DataConfig, cache_dir: Path | None = None) -> dict:
+    """What identifies the raw corpus the prepare stage reads; raises what prepare would raise
+    for an impossible split list or a file that is missing (locally and from data.url)."""
     splits = corpus_splits(data)
     if data.source == "multi30k":
-        files = _multi30k_files(data, splits)
+        files = _multi30k_files(data, splits, cache_dir or DEFAULT_CACHE_DIR)
     elif data.source == "text":
         files = _text_files(data, splits)
     else:
@@ -64,11 +54,11 @@ def corpus_record(data: DataConfig) -> dict:
             "files": files}  # fmt: skip
 
 
-def check(cfg: Config) -> dict:
+def check(cfg: Config, cache_dir: Path | None = None) -> dict:
     """Everything a later stage would refuse at its start, checked now; the corpus record."""
     if cfg.eval.checkpoint and not Path(cfg.eval.checkpoint).is_file():
         raise ConfigError(
             f"config key 'eval.checkpoint': {cfg.eval.checkpoint} is not a file; point it at a "
             f"checkpoint (under {Path(cfg.paths.train_dir) / 'checkpoints'}) or set it to null"
         )
-    return corpus_record(cfg.data)
+    return corpus_record(cfg.data, cache_dir)

@@ -247,7 +247,7 @@ def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> P
     return download_file(f"{data.url.rstrip('/')}/{name}", cached, expected)
 
 
-def missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
+def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     raw_dir = Path(data.raw_dir)
     where = "" if raw_dir.is_dir() else f" (the directory {raw_dir} does not exist)"
     how = f"point data.raw_dir or the {RAW_DIR_ENV} environment variable at a Multi30k copy"
@@ -261,20 +261,27 @@ def missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     )
 
 
-def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
-    langs = (data.src_lang, data.tgt_lang)
+def locate_multi30k(
+    data: DataConfig, splits: list[str], cache_dir: Path
+) -> dict[tuple[str, str], Path]:
+    """{(split, lang): file} of every split in both languages: the local copy, else a verified
+    download (see `multi30k_file`); one error lists every file that is missing."""
     paths, missing = {}, []
-    for split in splits:  # locate everything first: one error lists every missing file
-        for lang in langs:
+    for split in splits:
+        for lang in (data.src_lang, data.tgt_lang):
             path = multi30k_file(data, split, lang, cache_dir / "multi30k")
             if path is None:
                 missing.append(f"{split}.{lang}")
             paths[split, lang] = path
     if missing:
-        raise missing_files_error(data, missing)
-    return {
-        split: read_pair(split, paths[split, langs[0]], paths[split, langs[1]]) for split in splits
-    }
+        raise _missing_files_error(data, missing)
+    return paths
+
+
+def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
+    paths = locate_multi30k(data, splits, cache_dir)
+    src, tgt = data.src_lang, data.tgt_lang
+    return {split: read_pair(split, paths[split, src], paths[split, tgt]) for split in splits}
 
 
 def text_file_paths(data: DataConfig, splits: list[str]) -> dict[str, dict[str, Path]]:
