@@ -20,29 +20,30 @@ from pipeline import config
 from pipeline.cli import PARAMS_FILE, main
 
 
-def _experiment(text: str) -> str:
+def _values(text: str | None) -> dict | None:
     try:
-        return str((yaml.safe_load(text) or {}).get("experiment_name", "?"))
+        return yaml.safe_load(text) if text is not None else None
     except yaml.YAMLError:
-        return "?"
+        return None
 
 
 def write(overrides: list[str], path: Path = Path(PARAMS_FILE)) -> str:
     """Compose, validate and write `path`; returns the line that says what happened."""
     config.compose(overrides)  # validated as every stage will read it
     text = OmegaConf.to_yaml(config.compose_dict(overrides))
-    name = _experiment(text)
-    before = path.read_text(encoding="utf-8") if path.exists() else None
+    values = _values(text)
+    name = values["experiment_name"]
+    before = _values(path.read_text(encoding="utf-8")) if path.exists() else None
     source = "conf/" + (f" with {' '.join(overrides)}" if overrides else " (the default)")
-    if before == text:
+    if before == values:  # DVC writes the same values in its own layout: left as it is
         return f"{path}: experiment '{name}', as composed from {source}"
     path.write_text(text, encoding="utf-8")
     if before is None:
         return f"{path}: experiment '{name}', composed from {source}"
+    held = before.get("experiment_name", "?") if isinstance(before, dict) else "?"
     return (
-        f"{path}: experiment '{name}', recomposed from {source}; it held experiment "
-        f"'{_experiment(before)}'"
-        + (" with other values" if _experiment(before) == name else "")
+        f"{path}: experiment '{name}', recomposed from {source}; it held experiment '{held}'"
+        + (" with other values" if held == name else "")
         + " (left by `dvc exp run -S ...` or an edit)"
     )
 
