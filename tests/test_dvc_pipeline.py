@@ -307,8 +307,8 @@ def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
         result = sh(["dvc", "exp", "run", *set_params([*SMOKE, *bad])], smoke, check=False)
         output = result.stdout + result.stderr
         assert result.returncode != 0, output[-3000:]
-        assert named in output and "failed to reproduce 'check'" in output, output[-3000:]
         assert outputs_snapshot(smoke) == before, f"{bad}: the last good run was touched"
+        assert named in output and "failed to reproduce 'check'" in output, output[-3000:]
 
 
 def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
