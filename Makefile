@@ -48,7 +48,7 @@ params: setup
 	$(BIN)/python -m pipeline.params
 
 # DVC's plots as a page that works offline (dvc_plots/index.html): `dvc plots show` alone
-# writes one that loads Vega from a CDN. DVC options go in PLOTS_ARGS (e.g. a revision).
+# writes one that loads Vega from a CDN. DVC options go in PLOTS_ARGS (e.g. `-o <dir>`).
 PLOTS_TEMPLATE := dvc_plots/offline-template.html
 PLOTS_ARGS ?=
 plots: setup

@@ -36,6 +36,9 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     env["WANDB_MODE"] = "offline"
+    # A W&B service this test process started (an earlier test's run) would serve the stages
+    # too, and write their runs relative to its own working directory, not the copy's.
+    env.pop("WANDB_SERVICE", None)
     return env
 
 
@@ -324,19 +327,27 @@ def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
     assert yaml.safe_load((smoke / "params.yaml").read_text())["experiment_name"] == default
 
 
-def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
-    from pipeline import sweep, tracking
+# A real offline W&B run where a sweep trial of ablations/smoke.yaml logs it (its own process).
+TRIAL_RUN = """
+from pathlib import Path
+from pipeline import sweep, tracking
+spec = sweep.load_spec("ablations/smoke.yaml")
+record = Path("ablations/results") / spec.study / "trials" / "base-seed1"
+cfg = sweep.trial_config(spec, {}, sweep.TrialPaths(work=Path("work"), record=record))
+run = tracking.start_wandb_run(cfg, job_type="trial")
+run.log({"val/bleu": 1.0})
+run.finish()
+record.mkdir(parents=True)  # a new study's results: not yet in git
+(record / "run.json").write_text("{}")
+print(Path(cfg.paths.wandb_dir).resolve())
+"""
 
-    spec = sweep.load_spec(smoke / "ablations" / "smoke.yaml")
-    results = smoke / "ablations" / "results" / spec.study
-    paths = sweep.TrialPaths(work=smoke / "work", record=results / "trials" / "base-seed1")
-    cfg = sweep.trial_config(spec, {}, paths)
-    run = tracking.start_wandb_run(cfg, job_type="trial")  # a real offline run, never synced
-    run.log({"val/bleu": 1.0})
-    run.finish()
-    paths.record.mkdir(parents=True)  # a new study's results: not yet in git
-    (paths.record / "run.json").write_text("{}")
-    offline = tracking.offline_run_dirs(cfg.paths.wandb_dir)
+
+def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
+    from pipeline import tracking
+
+    wandb_dir = Path(sh([sys.executable, "-c", TRIAL_RUN], smoke).stdout.split()[-1])
+    offline = tracking.offline_run_dirs(wandb_dir)
     assert len(offline) == 1
     files = sorted(p for p in offline[0].rglob("*") if p.is_file())
     data = {p: p.read_bytes() for p in files if p.suffix == ".wandb"}  # the run itself
@@ -344,7 +355,7 @@ def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
 
     name = sh(["dvc", "exp", "ls", "--name-only"], smoke).stdout.split()[-1]
     sh(["dvc", "exp", "apply", name], smoke)
-    assert (paths.record / "run.json").exists()
+    assert list((smoke / "ablations" / "results" / "smoke" / "trials").rglob("run.json"))
     assert [p for p in files if not p.is_file()] == [], "W&B run files lost"
     assert {p: p.read_bytes() for p in data} == data
 
