@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 LOCK := requirements.lock
 EXTRAS := dev,bench,export,docs
 
-.PHONY: setup test test-all lint repro smoke params clean lock docs
+.PHONY: setup test test-all lint repro smoke params plots clean lock docs
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +32,13 @@ lint: setup
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/ruff format --check pipeline tests benchmarks
 
-# The main job: the default experiment, end to end.
+# The main job: the default experiment, end to end. params.yaml is recomposed from conf/
+# first (and says which experiment it holds), so a preset that `dvc exp run -S
+# experiment=...` left there never passes for the default. REPRO_ARGS go to `dvc repro`.
+REPRO_ARGS ?=
 repro: setup
-	. $(BIN)/activate && dvc repro
+	$(BIN)/python -m pipeline.params
+	. $(BIN)/activate && dvc repro $(REPRO_ARGS)
 
 smoke: setup
 	. $(BIN)/activate && dvc exp run -S experiment=smoke
@@ -45,7 +49,15 @@ docs: setup
 
 # Recompose params.yaml from conf/ (DVC does this itself on `dvc exp run`).
 params: setup
-	$(BIN)/python -m pipeline.config -o params.yaml
+	$(BIN)/python -m pipeline.params
+
+# DVC's plots as a page that works offline (dvc_plots/index.html): `dvc plots show` alone
+# writes one that loads Vega from a CDN. DVC options go in PLOTS_ARGS (e.g. `-o <dir>`).
+PLOTS_TEMPLATE := dvc_plots/offline-template.html
+PLOTS_ARGS ?=
+plots: setup
+	$(BIN)/python -m pipeline.dvc_plots $(PLOTS_TEMPLATE)
+	. $(BIN)/activate && dvc plots show --html-template $(PLOTS_TEMPLATE) $(PLOTS_ARGS)
 
 # Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
 # dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the
@@ -61,4 +73,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive site
+	rm -rf data/prepared data/tokenized models eval metrics plots wandb_runs dvclive dvc_plots site

@@ -17,13 +17,13 @@ Two kinds of folders grow with every run and are never removed by the pipeline i
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cli import main, parser
+from pipeline.disk_usage import folder_size, human_size, leftovers_message  # noqa: F401
 
 STUDY_DATA = "data"  # <work-dir>/<study>/data: prepared once per study (pipeline.sweep)
 
@@ -34,26 +34,6 @@ class Leftover:
     size: int
     removable: bool
     why: str
-
-
-def folder_size(path: Path) -> int:
-    """Bytes of the files under `path` (links not followed)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:  # removed meanwhile
-                pass
-    return total
-
-
-def human_size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def train_leftovers(train_dir: Path) -> list[Leftover]:
@@ -93,13 +73,6 @@ def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
                                       f"{results_root / study.name} (running, interrupted or "
                                       "failed: it resumes from here)"))  # fmt: skip
     return found
-
-
-def leftovers_message(folders: list[Path]) -> str:
-    """One line on how much the given folders hold, and how to clean them."""
-    total = sum(folder_size(p) for p in folders if p.is_dir())
-    return (f"{human_size(total)} in {', '.join(map(str, folders))}; `python -m pipeline.clean` "
-            "lists what may go, `--yes` removes it")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None):

@@ -183,7 +183,9 @@ class EvalConfig:
     average: int = 10  # average the last N (or best N) checkpoints; 1 = no averaging
     average_by: str = "last"  # last | best
     checkpoint: Optional[str] = None  # explicit checkpoint; None = the train stage's
-    splits: list[str] = field(default_factory=lambda: ["val", "test_2016_flickr"])
+    # The splits to translate and score; None: the val split and every data.test_splits. A
+    # list must hold every test split: a configured test set is never silently left out.
+    splits: Optional[list[str]] = None
     heatmaps: int = 3  # cross-attention heatmap PNGs (layers x heads grid)
     samples: int = 20  # rows in the W&B table of sample translations
     # Resamples of each split for the 95% bootstrap half-width of lowercased BLEU (0: none)
@@ -217,6 +219,8 @@ class PathsConfig:
     metrics_dir: str = "metrics"
     plots_dir: str = "plots"
     wandb_dir: str = "wandb_runs"
+    # The check stage's record of the raw corpus (SHA-256 per file): the prepare stage's input
+    corpus_record: str = "data/corpus.json"
 
 
 @dataclass
@@ -360,6 +364,7 @@ def validate(cfg: Config) -> Config:
         "one-token source would get an empty translation",
     )
     _check(e.average_by in ("last", "best"), "eval.average_by", "must be 'last' or 'best'")
+    _check_eval_splits(cfg)
     _check_one_of(e.length_normalization, LENGTH_NORMALIZATIONS, "eval.length_normalization")
     _check(
         e.bootstrap_samples == 0 or e.bootstrap_samples >= 2,
@@ -372,6 +377,31 @@ def validate(cfg: Config) -> Config:
         "must be offline, online or disabled",
     )
     return cfg
+
+
+def _check_eval_splits(cfg: Config) -> None:
+    """Resolve eval.splits=None to the val split and every test split; refuse a list that
+    leaves a test split out (it would go unscored) or names a split the corpus lacks."""
+    d, e = cfg.data, cfg.eval
+    if e.splits is None:
+        e.splits = [d.val_split, *d.test_splits]
+    unscored = [split for split in d.test_splits if split not in e.splits]
+    _check(
+        not unscored,
+        "eval.splits",
+        f"{e.splits} leaves out {unscored} of data.test_splits: every configured test split is "
+        "evaluated; add it to eval.splits, or set eval.splits to null (the val split and every "
+        "test split)",
+    )
+    known = [d.train_split, d.val_split, *d.test_splits]
+    unknown = [split for split in e.splits if split not in known]
+    _check(
+        not unknown,
+        "eval.splits",
+        f"{unknown} not among the corpus's splits {known}: list a test split in "
+        "data.test_splits (eval.splits=null then evaluates it too)",
+    )
+    _check(bool(e.splits), "eval.splits", "must name at least one split")
 
 
 def _to_config(raw: DictConfig | dict, origin: str) -> Config:
@@ -473,14 +503,14 @@ def cli(argv: list[str] | None = None) -> None:
         "was, which `> params.yaml` would empty) instead of to stdout",
     )  # fmt: skip
     args = cli_parser.parse_args(argv)
+    if args.output is not None:  # the one writer of params files, which says what it wrote
+        from pipeline import params
+
+        print(params.write(args.overrides, args.output), file=sys.stderr)
+        return
     raw = compose_dict(args.overrides)
     finalize(_to_config(raw, f"{CONF_DIR} with {' '.join(args.overrides) or 'no overrides'}"))
-    if args.output is None:
-        sys.stdout.write(OmegaConf.to_yaml(raw))
-    else:
-        from pipeline.atomic import write_text_atomic
-
-        write_text_atomic(args.output, OmegaConf.to_yaml(raw))
+    sys.stdout.write(OmegaConf.to_yaml(raw))
 
 
 def console() -> None:

@@ -332,6 +332,13 @@ class TrialPaths:
     def study_results(self) -> Path:
         return self.record.parent.parent
 
+    @property
+    def wandb(self) -> Path:
+        """The study's offline W&B runs: `<results root>/../wandb/<study>/`, beside the results
+        root, not in the study's folder. `dvc exp apply` (git's stash of untracked files)
+        deletes the ignored files inside an untracked folder, which a new study's folder is."""
+        return self.study_results.parent.parent / "wandb" / self.study_results.name
+
 
 def trial_config(spec: StudySpec, params: dict[str, Any], paths: TrialPaths) -> config_lib.Config:
     """The full config of one trial: conf/ + base experiment + budget + the trial's values."""
@@ -345,7 +352,7 @@ def trial_config(spec: StudySpec, params: dict[str, Any], paths: TrialPaths) -> 
         f"paths.metrics_dir={paths.work / 'metrics'}",
         f"paths.plots_dir={paths.work / 'plots'}",
         # Offline W&B runs of the whole study side by side: `wandb sync <dir>/wandb/*`.
-        f"paths.wandb_dir={paths.study_results / 'wandb'}",
+        f"paths.wandb_dir={paths.wandb}",
     ]
     return config_lib.compose(overrides)
 
@@ -1310,7 +1317,7 @@ def cli(argv: list[str] | None = None) -> None:
     finished = _count(study, FINISHED)
     print(study_summary(study, spec))
     print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
-    from pipeline.clean import leftovers_message
+    from pipeline.disk_usage import leftovers_message
 
     print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
 

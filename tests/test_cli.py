@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-STAGES = ("prepare", "tokenize", "train", "evaluate")
+STAGES = ("check", "prepare", "tokenize", "train", "evaluate", "summarize")
 
 
 def _stage(stage: str, *args: str, cwd) -> subprocess.CompletedProcess:

@@ -257,3 +257,22 @@ def test_smoke_preset_translates_rather_than_repeating_one_sentence(smoke_stage_
     assert len(hypotheses) == 1000
     ratio = len(set(hypotheses)) / len(hypotheses)
     assert ratio > SMOKE_MIN_DISTINCT_RATIO, f"{ratio:.3f} of the translations differ"
+
+
+def test_eval_splits_default_to_val_and_every_test_split():
+    cfg = config_lib.compose(["data.test_splits=[test_2016_flickr,test_2017_flickr]"])
+    assert cfg.eval.splits == ["val", "test_2016_flickr", "test_2017_flickr"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.test_splits=[test_2016_flickr,test_2017_flickr]", "eval.splits=[val,test_2016_flickr]"],
+         r"leaves out \['test_2017_flickr'\] of data.test_splits"),
+        (["eval.splits=[val,test_2017_flickr]"], r"leaves out \['test_2016_flickr'\]"),
+        (["eval.splits=[val,test_2016_flickr,test_2099]"], r"\['test_2099'\] not among"),
+    ],
+)  # fmt: skip
+def test_a_test_split_left_unevaluated_is_an_error(overrides, message):
+    with pytest.raises(ConfigError, match=r"config key 'eval.splits': .*" + message):
+        config_lib.compose(overrides)

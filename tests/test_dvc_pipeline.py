@@ -3,6 +3,7 @@ kill safety and determinism of stage outputs, and `dvc exp run` with Hydra compo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,8 +22,11 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 
 
-def sh(args: list[str], cwd: Path, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=_env(), **kwargs)
+def sh(
+    args: list[str], cwd: Path, check: bool = True, env: dict | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True,
+                            env={**_env(), **(env or {})}, **kwargs)  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -32,28 +36,36 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     env["WANDB_MODE"] = "offline"
+    # A W&B service this test process started (an earlier test's run) would serve the stages
+    # too, and write their runs relative to its own working directory, not the copy's.
+    env.pop("WANDB_SERVICE", None)
     return env
+
+
+def commit(repo: Path, message: str) -> None:
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], repo)
+
+
+def copy_repository(dest: Path) -> Path:
+    """A git + DVC copy of this repository's files (tracked and new, not ignored), without
+    what a pipeline run leaves or records (dvc.lock, metrics/, the corpus record)."""
+    files = sh(["git", "ls-files", "-co", "--exclude-standard"], REPO_ROOT).stdout.split()
+    run_outputs = ("dvc.lock", "metrics/", "data/corpus.json")
+    for name in files:
+        source = REPO_ROOT / name
+        if source.is_file() and not name.startswith(run_outputs):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    sh(["git", "init", "-q"], dest)
+    commit(dest, "copy")
+    return dest
 
 
 @pytest.fixture
 def repo(tmp_path, multi30k_dir, monkeypatch) -> Path:
-    """A git + DVC copy of this repository's files (tracked and new, not ignored), without
-    what a `dvc repro` in the checkout left there (its dvc.lock and metrics)."""
-    files = sh(["git", "ls-files", "-co", "--exclude-standard"], REPO_ROOT).stdout.split()
-    tracked = set(sh(["git", "ls-files"], REPO_ROOT).stdout.split())
-    run_outputs = {"dvc.lock", "metrics"}
-    files = [f for f in files if f in tracked or f.split("/")[0] not in run_outputs]
-    dest = tmp_path / "repo"
-    for name in files:
-        source = REPO_ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))  # for this test only
-    sh(["git", "init", "-q"], dest)
-    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], dest)
-    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], dest)
-    return dest
+    return copy_repository(tmp_path / "repo")
 
 
 def compose_params(repo: Path, *overrides: str) -> None:
@@ -75,7 +87,8 @@ def test_repro_noop_and_selective_rerun(repo):
     assert stats  # DVC metrics written
 
     again = sh(["dvc", "repro", "tokenize"], repo).stdout
-    assert "Running stage" not in again
+    assert "Running stage 'check'" in again  # it always runs: a second, nothing downstream
+    assert "Running stage 'prepare'" not in again and "Running stage 'tokenize'" not in again
 
     compose_params(repo, "experiment=smoke", "data.tokenizer.vocab_size=800")
     changed = sh(["dvc", "repro", "tokenize"], repo).stdout
@@ -268,3 +281,203 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     recorded = yaml.safe_load((repo / "metrics/train.json").read_text())
     assert recorded["steps"] == 400 and recorded["wall_time_s"] == summary["wall_time_s"]
     assert _histories(repo) == histories
+
+
+# ---- one smoke experiment, then what users do next ------------------------------------------
+
+SMOKE = ["experiment=smoke", "train.max_steps=40", "train.val_check_interval=20",
+         "train.progress_bar=false", "eval.bootstrap_samples=0"]  # fmt: skip
+# README's comparison of experiments in one screen (dashboards page).
+ONE_LINE_VIEW = ["dvc", "exp", "show", "--no-pager", "--drop", "Created|seed|.*[./]",
+                 "--keep", "^(test|val|eval|train)/"]  # fmt: skip
+VENV = Path(sys.executable).parent.parent  # for `make`, which would otherwise build .venv
+
+
+def set_params(values: list[str]) -> list[str]:
+    return [arg for value in values for arg in ("-S", value)]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, multi30k_dir) -> Path:
+    """One `dvc exp run -S experiment=smoke` (40 steps) in a copy of the repository, shared by
+    the tests below: each works on a copy of it (`smoke`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MULTI30K_DIR", str(multi30k_dir))
+        repo = copy_repository(tmp_path_factory.mktemp("smoke_run") / "repo")
+        sh(["dvc", "exp", "run", *set_params(SMOKE)], repo)
+    return repo
+
+
+@pytest.fixture
+def smoke(smoke_run, tmp_path, multi30k_dir, monkeypatch) -> Path:
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    return Path(shutil.copytree(smoke_run, tmp_path / "repo", symlinks=True))
+
+
+def outputs_snapshot(repo: Path) -> dict[str, str]:
+    """SHA-256 of every file the pipeline wrote into the workspace."""
+    import hashlib
+
+    return {
+        str(path.relative_to(repo)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for folder in ("data", "models", "eval", "metrics", "plots")
+        for path in sorted((repo / folder).rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
+    before = outputs_snapshot(smoke)
+    assert {"metrics/train.json", "metrics/eval.json", "metrics/prepare.json"} <= set(before)
+    missing = smoke / "models" / "nope.ckpt"
+    for bad, named in [
+        (["model.heads=3"], "config key 'model.heads'"),  # the train stage's
+        ([f"eval.checkpoint={missing}"], "config key 'eval.checkpoint'"),  # the evaluate stage's
+        (["data.download=false", "data.test_splits=[test_2016_flickr,test_2099]"],
+         "test_2099.en"),  # the prepare stage's
+    ]:  # fmt: skip
+        result = sh(["dvc", "exp", "run", *set_params([*SMOKE, *bad])], smoke, check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output[-3000:]
+        assert outputs_snapshot(smoke) == before, f"{bad}: the last good run was touched"
+        assert named in output and "failed to reproduce 'check'" in output, output[-3000:]
+
+
+def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
+    from pipeline import config as config_lib
+
+    assert yaml.safe_load((smoke / "params.yaml").read_text())["experiment_name"] == "smoke"
+    default = config_lib.compose([]).experiment_name
+    result = sh(["make", "repro", f"VENV={VENV}", "REPRO_ARGS=--dry"], smoke, check=False)
+    output = result.stdout + result.stderr
+    assert f"experiment '{default}', recomposed from conf/ (the default)" in output, output
+    assert "it held experiment 'smoke'" in output
+    assert "up to date" not in output and "Running stage 'train'" in output
+    assert yaml.safe_load((smoke / "params.yaml").read_text())["experiment_name"] == default
+
+
+# A real offline W&B run where a sweep trial of ablations/smoke.yaml logs it (its own process).
+TRIAL_RUN = """
+from pathlib import Path
+from pipeline import sweep, tracking
+spec = sweep.load_spec("ablations/smoke.yaml")
+record = Path("ablations/results") / spec.study / "trials" / "base-seed1"
+cfg = sweep.trial_config(spec, {}, sweep.TrialPaths(work=Path("work"), record=record))
+run = tracking.start_wandb_run(cfg, job_type="trial")
+run.log({"val/bleu": 1.0})
+run.finish()
+record.mkdir(parents=True)  # a new study's results: not yet in git
+(record / "run.json").write_text("{}")
+print(Path(cfg.paths.wandb_dir).resolve())
+"""
+
+
+def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
+    from pipeline import tracking
+
+    wandb_dir = Path(sh([sys.executable, "-c", TRIAL_RUN], smoke).stdout.split()[-1])
+    offline = tracking.offline_run_dirs(wandb_dir)
+    assert len(offline) == 1
+    files = sorted(p for p in offline[0].rglob("*") if p.is_file())
+    data = {p: p.read_bytes() for p in files if p.suffix == ".wandb"}  # the run itself
+    assert data
+
+    name = sh(["dvc", "exp", "ls", "--name-only"], smoke).stdout.split()[-1]
+    sh(["dvc", "exp", "apply", name], smoke)
+    assert list((smoke / "ablations" / "results" / "smoke" / "trials").rglob("run.json"))
+    assert [p for p in files if not p.is_file()] == [], "W&B run files lost"
+    assert {p: p.read_bytes() for p in data} == data
+
+
+def _gzip_lines(source: Path, dest: Path, count: int | None = None) -> None:
+    import gzip
+
+    with gzip.open(source, "rt", encoding="utf-8") as handle:
+        lines = handle.readlines()[:count]
+    dest.unlink(missing_ok=True)
+    with gzip.open(dest, "wt", encoding="utf-8") as handle:
+        handle.writelines(lines)
+
+
+def corpus_copy(multi30k_dir: Path, dest: Path) -> Path:
+    shutil.copytree(multi30k_dir, dest)
+    for path in [dest, *dest.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
+
+
+def test_another_copy_of_the_corpus_is_seen_by_dvc(smoke, tmp_path, multi30k_dir, monkeypatch):
+    other = corpus_copy(multi30k_dir, tmp_path / "corpus")
+    for lang in ("en", "de"):  # the same folder layout, another validation set
+        _gzip_lines(multi30k_dir / f"val.{lang}.gz", other / f"val.{lang}.gz", 500)
+    monkeypatch.setenv("MULTI30K_DIR", str(other))
+    output = sh(["dvc", "repro", "prepare"], smoke).stdout
+    assert "Running stage 'prepare'" in output
+    stats = yaml.safe_load((smoke / "metrics" / "prepare.json").read_text())
+    assert stats["splits"]["val"]["read"] == 500
+
+    # The same files in another folder are the same corpus: nothing to run again.
+    monkeypatch.setenv("MULTI30K_DIR", str(shutil.copytree(other, tmp_path / "moved")))
+    output = sh(["dvc", "repro", "prepare"], smoke).stdout
+    assert "Stage 'prepare' didn't change" in output
+
+
+def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
+    smoke, tmp_path, multi30k_dir, monkeypatch
+):
+    corpus = corpus_copy(multi30k_dir, tmp_path / "corpus")
+    for lang in ("en", "de"):
+        _gzip_lines(multi30k_dir / f"test_2016_flickr.{lang}.gz", corpus / f"test_x.{lang}.gz", 100)
+    monkeypatch.setenv("MULTI30K_DIR", str(corpus))
+    checkpoints = _file_hashes(smoke / "models" / "train" / "checkpoints")
+
+    values = [*SMOKE, "data.test_splits=[test_2016_flickr,test_x]"]
+    result = sh(["dvc", "exp", "run", *set_params(values)], smoke)
+    output = result.stdout + result.stderr
+    assert "training anew" not in output and not (smoke / "models" / "train.replaced").exists()
+    assert _file_hashes(smoke / "models" / "train" / "checkpoints") == checkpoints
+    scores = yaml.safe_load((smoke / "metrics" / "eval.json").read_text())
+    assert scores["test_x"]["sentences"] == 100  # evaluated without being named in eval.splits
+    summary = yaml.safe_load((smoke / "metrics" / "summary.json").read_text())
+    assert {"test/bleu", "eval/test_x/bleu", "eval/val/bleu"} <= set(summary)
+
+
+def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
+    shown = sh(ONE_LINE_VIEW, smoke, env={"COLUMNS": "200"}).stdout
+    lines = shown.splitlines()
+    assert max(len(line) for line in lines) <= 200, shown
+    header = next(line for line in lines if "Experiment" in line)
+    for column in ("test/bleu", "test/chrf", "test/ter", "val/loss", "experiment_name"):
+        assert column in header, header
+    name = sh(["dvc", "exp", "ls", "--name-only"], smoke).stdout.split()[-1]
+    assert any(name in line and "smoke" in line for line in lines), shown
+
+    # What DVC reads as metrics: the summary alone, a dozen numbers.
+    rows = json.loads(sh(["dvc", "exp", "show", "--json"], smoke).stdout)
+    metrics = rows[0]["data"]["metrics"]
+    assert list(metrics) == ["metrics/summary.json"]
+    assert len(metrics["metrics/summary.json"]["data"]) <= 12
+
+
+def test_the_plots_page_works_offline(smoke):
+    from html.parser import HTMLParser
+
+    sh(["make", "plots", f"VENV={VENV}"], smoke)
+    page = (smoke / "dvc_plots" / "index.html").read_text(encoding="utf-8")
+
+    class References(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found += [value for key, value in attrs if key in ("src", "href") and value]
+
+    parser = References()
+    parser.feed(page)
+    remote = [ref for ref in parser.found if ref.startswith(("http:", "https:", "//"))]
+    assert not remote, f"the page loads {remote}"
+    assert all((smoke / "dvc_plots" / ref).is_file() for ref in parser.found)
+    # Vega inline, defined before the first chart asks for it; DVC's two learning-curve charts.
+    assert 0 < page.index("window.vegaEmbed=") < page.index("vegaEmbed('#")
+    assert page.count("vegaEmbed('#") >= 2

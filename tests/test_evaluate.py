@@ -93,7 +93,7 @@ def test_wandb_metric_names(make_config):
     assert metrics["test/bleu"] == 28.0  # the benchmark split, as the contract names it
     assert metrics["eval/val/bleu"] == 30.0 and metrics["eval/test_2016_flickr/ter"] == 50.0
     assert "val/bleu" not in metrics  # that name is training's greedy val/bleu
-    cfg = make_config("eval.splits=[val]")
+    cfg = make_config("eval.splits=[val]", "data.test_splits=[]")
     assert "test/bleu" not in evaluate.wandb_metrics({"val": scores}, cfg)
 
 

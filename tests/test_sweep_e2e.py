@@ -83,7 +83,8 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
 
     # One offline W&B run per trial, all in the study's group, job_type trial.
     runs = [
-        tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
+        tracking.read_offline_run(d)
+        for d in tracking.offline_run_dirs(results.parent / "wandb" / "smoke")
     ]
     trial_runs = [r for r in runs if r["run"]["job_type"] == "trial"]
     assert len(trial_runs) == 4
@@ -102,7 +103,8 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     for chart in ("bleu_per_variant", "learning_curves"):
         assert matplotlib.image.imread(results / "smoke" / f"{chart}.png").shape[0] > 100
     summary = [
-        tracking.read_offline_run(d) for d in tracking.offline_run_dirs(results / "smoke" / "wandb")
+        tracking.read_offline_run(d)
+        for d in tracking.offline_run_dirs(results.parent / "wandb" / "smoke")
     ]
     assert sum(r["run"]["job_type"] == "report" for r in summary) == 1
 
@@ -350,7 +352,7 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
 
     runs = [
         tracking.read_offline_run(d)
-        for d in tracking.offline_run_dirs(results / "ddp_smoke" / "wandb")
+        for d in tracking.offline_run_dirs(results.parent / "wandb" / "ddp_smoke")
     ]
     assert sorted(r["run"]["job_type"] for r in runs) == ["trial", "trial"]  # rank 0's only
 

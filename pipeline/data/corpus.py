@@ -337,7 +337,11 @@ def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     )
 
 
-def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
+def locate_multi30k(
+    data: DataConfig, splits: list[str], cache_dir: Path
+) -> dict[tuple[str, str], Path]:
+    """{(split, lang): file} of every split in both languages: the local copy, else a verified
+    download (see `multi30k_file`); one error lists every file that is missing."""
     langs = (data.src_lang, data.tgt_lang)
     if data.download and data.url:  # every download allowed before the first one starts
         to_fetch = [f"{split}.{lang}.gz" for split in splits for lang in langs
@@ -346,40 +350,41 @@ def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[
             check_download_url(data.url)
             check_verifiable(data, to_fetch)
     paths, missing = {}, []
-    for split in splits:  # locate everything first: one error lists every missing file
-        for lang in langs:
+    for split in splits:
+        for lang in (data.src_lang, data.tgt_lang):
             path = multi30k_file(data, split, lang, cache_dir / "multi30k")
             if path is None:
                 missing.append(f"{split}.{lang}")
             paths[split, lang] = path
     if missing:
         raise _missing_files_error(data, missing)
-    return {
-        split: read_pair(split, paths[split, langs[0]], paths[split, langs[1]]) for split in splits
-    }
+    return paths
 
 
-def read_text_files(data: DataConfig, splits: list[str]) -> dict[str, ParallelText]:
+def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
+    paths = locate_multi30k(data, splits, cache_dir)
+    src, tgt = data.src_lang, data.tgt_lang
+    return {split: read_pair(split, paths[split, src], paths[split, tgt]) for split in splits}
+
+
+def text_file_paths(data: DataConfig, splits: list[str]) -> dict[str, dict[str, Path]]:
+    """{split: {src: path, tgt: path}} of `data.text_files`, every file checked to exist."""
     missing = [s for s in splits if set(data.text_files.get(s, {})) != {"src", "tgt"}]
     if missing:
         raise ConfigError(
             f"config key 'data.text_files': splits {missing} need {{src: path, tgt: path}} "
             f"(source=text), got {dict(data.text_files)}"
         )
-    absent = [
-        path
-        for split in splits
-        for path in (data.text_files[split]["src"], data.text_files[split]["tgt"])
-        if not Path(path).is_file()
-    ]
+    paths = {s: {side: Path(data.text_files[s][side]) for side in ("src", "tgt")} for s in splits}
+    absent = [str(p) for pair in paths.values() for p in pair.values() if not p.is_file()]
     if absent:
         raise DataError(f"missing corpus files (data.text_files): {', '.join(absent)}")
-    return {
-        split: read_pair(
-            split, Path(data.text_files[split]["src"]), Path(data.text_files[split]["tgt"])
-        )
-        for split in splits
-    }
+    return paths
+
+
+def read_text_files(data: DataConfig, splits: list[str]) -> dict[str, ParallelText]:
+    paths = text_file_paths(data, splits)
+    return {split: read_pair(split, paths[split]["src"], paths[split]["tgt"]) for split in splits}
 
 
 def read_hf(data: DataConfig, splits: list[str], cache_dir: Path | None) -> dict[str, ParallelText]:

@@ -78,6 +78,7 @@ RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
 # keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
 RESUME_FREE_KEYS = (
     "data.raw_dir",
+    "data.test_splits",  # never read by training: a new test set costs an evaluation only
     "data.download",
     "data.url",
     "train.max_steps",
@@ -414,7 +415,7 @@ def _move_aside(train_dir: Path, why: str) -> None:
     destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
     moved = move_checkpoints(train_dir, destination)
     if moved:
-        from pipeline.clean import leftovers_message
+        from pipeline.disk_usage import leftovers_message
 
         warnings.warn(
             f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "

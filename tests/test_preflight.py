@@ -1,0 +1,68 @@
+"""The check stage's library: the corpus record follows the files' content, not their place,
+and what a later stage would refuse is refused first."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import pytest
+
+from pipeline import preflight
+from pipeline.errors import ConfigError, DataError
+
+
+@pytest.fixture
+def corpus_copy(tmp_path, multi30k_dir):
+    """A second copy of the real corpus (what MULTI30K_DIR may point at)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(multi30k_dir, copy)
+    copy.chmod(0o755)
+    return copy
+
+
+def test_the_record_follows_the_content_not_the_folder(make_config, corpus_copy, multi30k_dir):
+    original = preflight.check(make_config(f"data.raw_dir={multi30k_dir}"))
+    assert preflight.check(make_config(f"data.raw_dir={corpus_copy}")) == original
+    assert set(original["files"]) == {f"{s}.{lang}" for s in ("train", "val", "test_2016_flickr")
+                                      for lang in ("en", "de")}  # fmt: skip
+
+    val = corpus_copy / "val.de.gz"
+    val.chmod(0o644)
+    with gzip.open(val, "rt", encoding="utf-8") as handle:
+        lines = handle.readlines()[:500]
+    with gzip.open(val, "wt", encoding="utf-8") as handle:
+        handle.writelines(lines)
+    changed = preflight.check(make_config(f"data.raw_dir={corpus_copy}"))
+    assert changed["files"]["val.de"] != original["files"]["val.de"]
+    assert {k: v for k, v in changed["files"].items() if k != "val.de"} == {
+        k: v for k, v in original["files"].items() if k != "val.de"
+    }
+
+
+def test_a_missing_split_is_refused_naming_its_files(make_config):
+    cfg = make_config("data.test_splits=[test_2016_flickr,test_2099]", "data.download=false")
+    with pytest.raises(DataError, match=r"test_2099\.en, test_2099\.de"):
+        preflight.check(cfg)
+
+
+def test_a_missing_checkpoint_is_refused_naming_the_key(make_config, tmp_path):
+    cfg = make_config(f"eval.checkpoint={tmp_path / 'nope.ckpt'}")
+    with pytest.raises(ConfigError, match=r"config key 'eval.checkpoint': .*nope\.ckpt"):
+        preflight.check(cfg)
+
+
+def test_text_files_are_recorded_and_checked(make_config, multi30k_dir):
+    cfg = make_config("data.source=text")
+    with pytest.raises(ConfigError, match="data.text_files"):
+        preflight.check(cfg)
+    cfg.data.text_files = {
+        split: {side: str(multi30k_dir / f"{split}.{lang}.gz")
+                for side, lang in (("src", "en"), ("tgt", "de"))}
+        for split in ("train", "val", "test_2016_flickr")
+    }  # fmt: skip
+    record = preflight.check(cfg)
+    assert record["files"]["val.tgt"] == preflight.check(make_config())["files"]["val.de"]
+    cfg.data.text_files["val"]["src"] = str(multi30k_dir / "nope.en")
+    with pytest.raises(DataError, match=r"nope\.en"):
+        preflight.check(cfg)

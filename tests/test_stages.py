@@ -1,0 +1,87 @@
+"""dvc.yaml against the code it runs: every module a stage imports is one of its dependencies
+(its folder or the file), and only the summary is declared as DVC metrics."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+PIPELINE = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+PARAMS = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+
+
+def _resolve(path: str) -> str:
+    """`${paths.x}` of dvc.yaml, read from params.yaml as DVC does."""
+    if path.startswith("${paths."):
+        key, rest = path[len("${paths.") :].split("}", 1)
+        return PARAMS["paths"][key] + rest
+    return path
+
+
+def _module_file(name: str) -> Path | None:
+    base = REPO_ROOT / Path(*name.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_files(module: str) -> set[str]:
+    """The repository files `module` runs: every `pipeline` module it imports, at the top or
+    inside a function, and theirs in turn (with their packages' __init__ files)."""
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return {
+        path.relative_to(REPO_ROOT).as_posix()
+        for path in seen
+        if path.stat().st_size > 0  # an empty __init__ runs nothing (DVC warns on empty deps)
+    }
+
+
+@pytest.mark.parametrize("stage", sorted(PIPELINE["stages"]))
+def test_code_dependencies_cover_every_imported_module(stage):
+    definition = PIPELINE["stages"][stage]
+    module = definition["cmd"].split("python -m ", 1)[1].split()[0]
+    deps = [_resolve(dep) for dep in definition["deps"]]
+    missing = [dep for dep in deps if dep.startswith("pipeline") and not (REPO_ROOT / dep).exists()]
+    assert not missing, f"stage {stage}: dependencies that do not exist: {missing}"
+    uncovered = sorted(
+        path
+        for path in imported_files(module)
+        if not any(path == dep or path.startswith(dep.rstrip("/") + "/") for dep in deps)
+    )
+    assert not uncovered, f"stage {stage} imports {uncovered}, which dvc.yaml does not list"
+
+
+def test_only_the_summary_is_a_dvc_metric():
+    metrics = [
+        _resolve(next(iter(entry)) if isinstance(entry, dict) else entry)
+        for definition in PIPELINE["stages"].values()
+        for entry in definition.get("metrics", [])
+    ]
+    assert metrics == ["metrics/summary.json"]
+
+
+def test_check_stage_comes_first_and_always_runs():
+    check = PIPELINE["stages"]["check"]
+    assert check["always_changed"] is True
+    record = _resolve(next(iter(check["outs"][0])))
+    assert record in [_resolve(dep) for dep in PIPELINE["stages"]["prepare"]["deps"]]
