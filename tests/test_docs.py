@@ -65,8 +65,10 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
 def test_readme_is_a_short_front_page():
     assert README.stat().st_size <= README_MAX_BYTES
     text = README.read_text(encoding="utf-8")
-    for command in ("make repro", "make test", "python -m pipeline.sweep", "pipeline.translate",
-                    "dvc exp show", "dvc plots show", "optuna-dashboard", "wandb sync"):  # fmt: skip
+    for command in ("make repro", "make test", "dvc exp run -S experiment=smoke",
+                    "python -m pipeline.sweep", "--workers", "pipeline.translate",
+                    "from pipeline.translate import Translator", "dvc exp show", "dvc plots show",
+                    "optuna-dashboard", "wandb sync"):  # fmt: skip
         assert command in text, command
     assert docs_blocks.read(README, "results:headline").startswith("| recipe |")
 
