@@ -1,16 +1,21 @@
 """The documentation: README is a short front page, the docs/ site builds with every page in its
-nav and every link and anchor found, and neither speaks of how the project was made."""
+nav and every link and anchor found, neither speaks of how the project was made, and every test,
+module, option and config key they name exists."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from pipeline import docs_blocks
+from pipeline.config import Config
 from tests.conftest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -60,8 +65,10 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
 def test_readme_is_a_short_front_page():
     assert README.stat().st_size <= README_MAX_BYTES
     text = README.read_text(encoding="utf-8")
-    for command in ("make repro", "make test", "python -m pipeline.sweep", "pipeline.translate",
-                    "dvc exp show", "dvc plots show", "optuna-dashboard", "wandb sync"):  # fmt: skip
+    for command in ("make repro", "make test", "dvc exp run -S experiment=smoke",
+                    "python -m pipeline.sweep", "--workers", "pipeline.translate",
+                    "from pipeline.translate import Translator", "dvc exp show", "dvc plots show",
+                    "optuna-dashboard", "wandb sync"):  # fmt: skip
         assert command in text, command
     assert docs_blocks.read(README, "results:headline").startswith("| recipe |")
 
@@ -79,3 +86,137 @@ def test_the_history_checks_find_what_they_look_for():
     assert COMMIT_HASH.findall("fixed in e978b99") and not COMMIT_HASH.findall("deadbeef 1234567")
     assert ISSUE_NUMBER.findall("(README, #19)") and not ISSUE_NUMBER.findall("torchmetrics#3434")
     assert prose("a\n<!-- x:begin -->\ne978b99\n<!-- x:end -->\nb") == "a\n\nb"
+
+
+# ---------------------------------------------------------------- what the pages name exists
+
+TEST_REF = re.compile(r"\b((?:tests/)?(?:lab/)?test_\w+\.py)(?:::(test_\w+))?")
+TESTS_PATH = re.compile(r"\btests/[\w./-]*\w")
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+COMMAND = re.compile(r"python -m ([\w.]*\w)((?:\s+(?!#|\||&&|;|>)\S+)*)")
+OPTION = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+# Argument helpers shared by several commands: an option may be defined there.
+SHARED_ARGUMENTS = ("pipeline/cli.py", "pipeline/docs_blocks.py", "benchmarks/common.py")
+OTHER_MODULES = ("pytest", "mkdocs", "pip", "venv")  # not the project's
+CONFIG_KEY = re.compile(r"(?<![\w/.-])((?:data|model|train|eval|logger|paths)(?:\.\w+)+)")
+# `train.json`, `eval/model.ckpt`, `train.cs.gz`: file names that look like keys
+FILE_SUFFIXES = {"json", "ckpt", "yaml", "py", "gz", "md", "bin", "tsv", "hyp", "nbest", "png"}
+CONFIG_MAPPINGS = ("data.sha256.", "data.text_files.")
+DOCS_LINK = re.compile(r"\]\(docs/([\w-]+\.md)(?:#([\w-]+))?\)")
+
+
+def defined_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+
+
+def missing_tests(text: str, tests: Path) -> list[str]:
+    """`test_x.py::test_y` and `tests/...` references whose file or test function is absent."""
+    missing = []
+    for match in TEST_REF.finditer(text):
+        name = match.group(1).removeprefix("tests/")
+        found = [f for f in (tests / name, tests / "lab" / name) if f.is_file()]
+        if not found:
+            missing.append(match.group(0))
+        elif match.group(2) and match.group(2) not in defined_functions(found[0]):
+            missing.append(match.group(0))
+    for match in TESTS_PATH.finditer(text):
+        placeholder = text[match.end() : match.end() + 1] == "<"  # tests/test_<module>.py
+        if not placeholder and not (tests.parent / match.group(0)).exists():
+            missing.append(match.group(0))
+    return missing
+
+
+def code_snippets(text: str):
+    """Every line of a fenced block (`\\` continuations joined) and every inline code span."""
+    for block in FENCE.findall(text):
+        yield from block.replace("\\\n", " ").splitlines()
+    for paragraph in re.split(r"\n\s*\n", FENCE.sub("", text)):
+        yield from re.findall(r"`([^`]+)`", paragraph.replace("\n", " "))
+
+
+def missing_commands(text: str, root: Path) -> list[str]:
+    """`python -m X --option` where module X, or its option, is absent (an option counts as
+    present when its quoted name is in the module's source or a shared argument helper)."""
+    shared = "".join((root / name).read_text(encoding="utf-8") for name in SHARED_ARGUMENTS)
+    missing = []
+    for snippet in code_snippets(text):
+        for match in COMMAND.finditer(snippet):
+            module = match.group(1)
+            if module in OTHER_MODULES or snippet[match.end(1) :].startswith(".<"):
+                continue  # `python -m pipeline.stages.<stage>`: a placeholder
+            path = root.joinpath(*module.split("."))
+            sources = [f for f in (path.with_suffix(".py"), path / "__main__.py") if f.is_file()]
+            if not sources:
+                missing.append(f"python -m {module}")
+                continue
+            source = sources[0]
+            code = source.read_text(encoding="utf-8") + shared
+            missing += [f"python -m {module} {option}" for option in OPTION.findall(match.group(2))
+                        if f'"{option}"' not in code and f"'{option}'" not in code]  # fmt: skip
+    return missing
+
+
+def config_keys() -> set[str]:
+    keys = set()
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            keys.add(prefix + key)
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+
+    walk(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), "")
+    return keys
+
+
+def missing_config_keys(text: str, keys: set[str]) -> list[str]:
+    """Dotted config keys (`train.max_steps`) that the typed config does not have; below a
+    mapping of names (`data.text_files.train`) anything goes."""
+    found = (m.group(1) for m in CONFIG_KEY.finditer(text))
+    return [key for key in found if key.rsplit(".", 1)[-1] not in FILE_SUFFIXES
+            and key not in keys and not key.startswith(CONFIG_MAPPINGS)]  # fmt: skip
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The ids Python-Markdown's toc gives the page's headings (its default slugify)."""
+    headings = re.findall(r"^#+\s+(.+?)\s*$", FENCE.sub("", page.read_text(encoding="utf-8")), re.M)
+    return {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", h.replace("`", "")).strip().lower())
+            for h in headings}  # fmt: skip
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
+def test_named_tests_modules_options_and_config_keys_exist(page):
+    text = page.read_text(encoding="utf-8")
+    assert not missing_tests(text, REPO_ROOT / "tests")
+    assert not missing_commands(text, REPO_ROOT)
+    assert not missing_config_keys(text, config_keys())
+
+
+def test_readme_links_find_their_docs_page_and_heading():
+    for page, anchor in DOCS_LINK.findall(README.read_text(encoding="utf-8")):
+        target = REPO_ROOT / "docs" / page
+        assert target.is_file(), page
+        assert not anchor or anchor in heading_anchors(target), f"{page}#{anchor}"
+
+
+def test_the_existence_checks_find_what_they_look_for(tmp_path):
+    text = ("`test_docs.py::test_gone`, `test_nowhere.py`, `tests/lab/gone/`, `tests/test_<module>.py`,\n"
+            "`python -m pipeline.gone`, `python -m pipeline.sweep s.yaml --no-such-flag` and\n"
+            "```bash\npython -m pipeline.sweep s.yaml --workers 2 \\\n    --also-gone # --not-this\n```\n"
+            "`train.max_stepz`, `train.max_steps`, `data.text_files.train`, `eval/model.ckpt`")  # fmt: skip
+    assert missing_tests(text, REPO_ROOT / "tests") == [
+        "test_docs.py::test_gone", "test_nowhere.py", "tests/lab/gone"]  # fmt: skip
+    assert missing_commands(text, REPO_ROOT) == [
+        "python -m pipeline.sweep --also-gone", "python -m pipeline.gone",
+        "python -m pipeline.sweep --no-such-flag"]  # fmt: skip
+    assert missing_config_keys(text, config_keys()) == ["train.max_stepz"]
+    page = tmp_path / "p.md"
+    page.write_text(
+        "# Security\n## Many trials per machine, and several machines\n## `--workers` N\n"
+    )
+    assert heading_anchors(page) == {
+        "security",
+        "many-trials-per-machine-and-several-machines",
+        "-workers-n",
+    }
