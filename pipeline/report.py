@@ -122,7 +122,7 @@ class VariantRow:
     test_half_widths: list[float]
     seeds: list[int]
     # False where a trial logged its val loss as the mean of the val batches' means (records
-    # made before TokenMean, e978b99, carry no `loss_average`)
+    # made before TokenMean carry no `loss_average`)
     ppl_per_token: bool = True
     paper: dict[str, Any] = field(default_factory=dict)
     # None where the variant's own trials ran under several conditions
@@ -382,8 +382,8 @@ def ppl_note(rows: list[VariantRow]) -> str:
     if _all_per_token(rows):
         return note + "."
     return (
-        f"{note}, except where marked{BATCH_MEAN_MARK}: logged before e978b99 as the mean of "
-        "the val batches' means (torchmetrics#3434), so such rows compare with each other (same "
+        f"{note}, except where marked{BATCH_MEAN_MARK}: logged by an earlier version as the mean "
+        "of the val batches' means (a torchmetrics weighting), so such rows compare with each other (same "
         "val batches), not with perplexities per token."
     )
 

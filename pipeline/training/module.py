@@ -64,7 +64,7 @@ def cooldown_scale(step: int, *, max_steps: int, cooldown_steps: int) -> float:
 
 
 # What val/loss (hence val/ppl) and train/loss average over, written into study records: runs
-# logged before TokenMean (e978b99) carry no such key and averaged batch means instead.
+# logged before TokenMean carry no such key and averaged batch means instead.
 LOSS_AVERAGE = "target_token"
 
 
