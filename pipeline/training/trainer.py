@@ -39,7 +39,6 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from pipeline import cpu_paths
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import Config, leaves, subtree, to_dict
 from pipeline.data.datamodule import TranslationDataModule
@@ -443,18 +442,17 @@ def run(
     `job_type`, `run_name` and `group` label the W&B run this starts, unless `wandb_run` is
     given: then training logs into that run and its owner finishes it. `keep_finished`: a
     finished run of this config is done even if the code changed since (see
-    `resume_checkpoint`). `train.cpu_speed_paths` holds for this run (`pipeline.cpu_paths`).
+    `resume_checkpoint`).
     """
-    with cpu_paths.configured(cfg.train.cpu_speed_paths):
-        try:
-            return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
-        except Preempted as stopped:
-            if not under_dvc_exp_run() or not (kept := stash_preempted_run(cfg)):
-                raise
-            raise Preempted(
-                f"{stopped} (its checkpoints wait in {kept}, where the workspace checkout of the "
-                "next `dvc exp run` does not delete them)"
-            ) from None
+    try:
+        return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+    except Preempted as stopped:
+        if not under_dvc_exp_run() or not (kept := stash_preempted_run(cfg)):
+            raise
+        raise Preempted(
+            f"{stopped} (its checkpoints wait in {kept}, where the workspace checkout of the "
+            "next `dvc exp run` does not delete them)"
+        ) from None
 
 
 def _beside(train_dir: str | Path, suffix: str) -> Path:
