@@ -57,6 +57,7 @@ from benchmarks.common import (
 )
 from pipeline.data.batching import eval_batches
 from pipeline.export import export_ctranslate2, load_exported
+from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> dict:
         pieces.append(([[tokenizer.piece(t) for t in row] for row in rows], steps))
 
     torch.manual_seed(cfg.seed)
-    ours = EosBanned(Transformer(cfg.model, vocab, pad), eos, bos).to(device).eval()
+    speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)  # as training builds it
+    ours = EosBanned(Transformer(cfg.model, vocab, pad, speed_paths), eos, bos).to(device).eval()
     marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
     marian = marian.to(device).eval()
 

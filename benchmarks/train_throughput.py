@@ -74,6 +74,7 @@ from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
+from pipeline.kernels import SpeedPaths
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
 from pipeline.training.loss import output_layer_loss
@@ -169,7 +170,8 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
                   names: list[str]):  # fmt: skip
     """{name: (module, loss function)} of the in-process systems among `names`."""
     torch.manual_seed(cfg.seed)
-    ours = Transformer(cfg.model, vocab, tokens["pad_id"])
+    speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)  # as training builds it
+    ours = Transformer(cfg.model, vocab, tokens["pad_id"], speed_paths)
     peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"]) if "torch" in names else None
     marian = marian_model(cfg.model, vocab, tokens) if "marian" in names else None
     pad_id, epsilon = tokens["pad_id"], cfg.train.label_smoothing

@@ -159,7 +159,7 @@ class TrainConfig:
     loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
     compile_loss: bool = True  # each chunk's softmax + loss + gradient as one compiled function
     float32_matmul_precision: str = "highest"  # GPU: torch.set_float32_matmul_precision
-    cpu_speed_paths: bool = True  # CPU-only speed paths (pipeline.cpu_paths); false: generic
+    cpu_speed_paths: bool = True  # CPU-only speed paths (pipeline.kernels); false: generic
     # CPU only (pipeline.training.cpu_memory): heap-allocate activations up to this many MiB
     # and never trim the heap; cache this many oneDNN kernels. None keeps the defaults.
     cpu_mmap_threshold_mb: Optional[int] = 32

@@ -73,17 +73,13 @@ def run_stage(
     )  # fmt: skip
 
 
-@pytest.fixture(params=["cpu_speed_paths", "generic_paths"])
+@pytest.fixture(params=[True, False], ids=["cpu_speed_paths", "generic_paths"])
 def speed_paths(request):
-    """Run the test twice: with the CPU-only speed paths, and with the generic paths a GPU
-    takes (`pipeline.cpu_paths`), so both meet the same oracle."""
-    from pipeline import cpu_paths
+    """The `SpeedPaths` a test passes to the model: the test runs twice, with the CPU-only
+    speed paths and with the paper's (generic) paths a GPU takes, so both meet the same oracle."""
+    from pipeline.kernels import SpeedPaths
 
-    if request.param == "generic_paths":
-        with cpu_paths.generic():
-            yield request.param
-    else:
-        yield request.param
+    return SpeedPaths.on_cpu(request.param)
 
 
 @pytest.fixture

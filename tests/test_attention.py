@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.kernels import SpeedPaths
 from pipeline.model.attention import (
     KeyValueCache,
     MultiHeadAttention,
@@ -196,18 +197,37 @@ def test_bf16_attention_matches_the_fp32_reference_on_either_path(qkv, speed_pat
     """Under CPU bf16 autocast the CPU path runs the explicit formula (torch's fused backward
     is slow there), the generic path torch's kernel: both agree with fp32 attention, forward
     and backward, to bf16's precision."""
-    from pipeline.model.attention import _fused_kernel_is_slow
-
     q, k, v = (t.clone().requires_grad_() for t in qkv)
     q_block = q[:, :, :query_len]
     mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
     reference = F.scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
     (grad_q_ref,) = torch.autograd.grad(reference.square().sum(), q)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert _fused_kernel_is_slow(q_block.bfloat16(), query_len) == (
-            speed_paths == "cpu_speed_paths"
+        ours, _ = scaled_dot_product_attention(
+            q_block, k, v, attn_mask=mask, fused=True, speed_paths=speed_paths
         )
-        ours, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask, fused=True)
     (grad_q,) = torch.autograd.grad(ours.float().square().sum(), q)
     torch.testing.assert_close(ours.float(), reference, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(grad_q, grad_q_ref, atol=6e-2, rtol=6e-2)
+
+
+@pytest.mark.parametrize("query_len", [1, T_Q])
+def test_cpu_attention_option_picks_the_path(qkv, query_len):
+    """`SpeedPaths.cpu_attention` runs the explicit formula under CPU bf16 autocast (for a
+    block and a single query), the default runs torch's kernel: each output is exactly what
+    that path computes. MultiHeadAttention passes its option down."""
+    q, k, v = (t.bfloat16() for t in qkv)  # as the projections under autocast give them
+    q_block = q[:, :, :query_len]
+    mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explicit, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask, fused=False)
+        kernel = F.scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
+        on, _ = scaled_dot_product_attention(
+            q_block, k, v, attn_mask=mask, speed_paths=SpeedPaths(cpu_attention=True)
+        )
+        off, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
+    assert not torch.equal(explicit, kernel)  # the two paths are told apart
+    assert torch.equal(on, explicit) and torch.equal(off, kernel)
+    assert MultiHeadAttention(8, 2, speed_paths=SpeedPaths(cpu_attention=True)).speed_paths == (
+        SpeedPaths(cpu_attention=True)
+    )

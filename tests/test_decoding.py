@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pipeline.config import ModelConfig
+from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import (
     Hypothesis,
     beam_search,
@@ -203,7 +204,15 @@ def source_batch():
     return src
 
 
+def with_speed_paths(model: Transformer, speed_paths: SpeedPaths) -> Transformer:
+    """The same weights, built with `speed_paths`."""
+    rebuilt = Transformer(model.cfg, model.vocab_size, model.pad_id, speed_paths)
+    rebuilt.load_state_dict(model.state_dict())
+    return rebuilt.eval()
+
+
 def test_cached_beam_search_equals_recomputation(transformer, source_batch, speed_paths):
+    transformer = with_speed_paths(transformer, speed_paths)
     kwargs = dict(
         beam_size=4, length_penalty=0.6, nbest=4, **decode_kwargs(max_len_a=1.2, max_len_b=4)
     )
@@ -217,6 +226,7 @@ def test_cached_beam_search_equals_recomputation(transformer, source_batch, spee
 
 
 def test_cached_greedy_equals_recomputation_and_beam_one(transformer, source_batch, speed_paths):
+    transformer = with_speed_paths(transformer, speed_paths)
     kwargs = decode_kwargs(max_len_a=1.2, max_len_b=4)
     cached = greedy_decode(transformer, source_batch, **kwargs)
     assert cached == greedy_decode(transformer, source_batch, **kwargs, use_cache=False)

@@ -1,34 +1,38 @@
 """Section 5.4's dropout: torch.nn.Dropout's semantics (inverted scaling, identity in eval,
-gradient through the kept units only), reproducible from the RNG state."""
+gradient through the kept units only), reproducible from the RNG state, on the paper's path
+(`torch.nn.Dropout`) and on the CPU speed path (`pipeline.kernels.cpu_dropout`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
-from pipeline.model.dropout import MASK_BITS, Dropout, keep_mask
+from pipeline.kernels import PAPER, SpeedPaths
+from pipeline.kernels.cpu_dropout import MASK_BITS, CpuDropout, keep_mask
+from pipeline.model.dropout import dropout_module
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_drops_a_fraction_p_and_scales_the_rest_by_one_over_keep(p, speed_paths):
     torch.manual_seed(0)
     x = torch.rand(200, 50, 64) + 0.5  # no zeros of its own
-    y = Dropout(p).train()(x)
+    y = dropout_module(p, speed_paths).train()(x)
     dropped = y.eq(0)
     assert dropped.float().mean().item() == pytest.approx(p, abs=0.01)
     torch.testing.assert_close(y[~dropped], x[~dropped] / (1 - p))
 
 
-def test_eval_mode_and_p_zero_are_the_identity():
+def test_eval_mode_and_p_zero_are_the_identity(speed_paths):
     x = torch.randn(4, 5, 6)
-    assert Dropout(0.3).eval()(x) is x
-    assert Dropout(0.0).train()(x) is x
+    assert dropout_module(0.3, speed_paths).eval()(x) is x
+    assert dropout_module(0.0, speed_paths).train()(x) is x
 
 
 def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16(speed_paths):
     torch.manual_seed(1)
     x = torch.randn(30, 40, dtype=torch.bfloat16, requires_grad=True)
-    y = Dropout(0.25).train()(x)
+    y = dropout_module(0.25, speed_paths).train()(x)
     assert y.dtype == torch.bfloat16
     y.sum().backward()
     expected = torch.where(y.ne(0), torch.tensor(1 / 0.75), torch.tensor(0.0)).bfloat16()
@@ -38,14 +42,38 @@ def test_gradient_flows_through_kept_units_only_and_bf16_stays_bf16(speed_paths)
 def test_same_rng_state_same_mask(speed_paths):
     x = torch.ones(64, 64)
     state = torch.get_rng_state()
-    first = Dropout(0.3).train()(x)
+    first = dropout_module(0.3, speed_paths).train()(x)
     torch.set_rng_state(state)
-    torch.testing.assert_close(Dropout(0.3).train()(x), first)
+    torch.testing.assert_close(dropout_module(0.3, speed_paths).train()(x), first)
 
 
-def test_rejects_p_outside_zero_one():
+def test_paper_path_is_torch_dropout_with_p_as_given():
+    """Without the CPU path (a GPU run, or `train.cpu_speed_paths: false`) dropout is
+    `torch.nn.Dropout` itself, p not rounded, drawing the values torch's kernel draws."""
+    for chosen in (dropout_module(0.3), dropout_module(0.3, PAPER)):
+        assert type(chosen) is nn.Dropout and chosen.p == 0.3
+    x = torch.ones(50, 60)
+    torch.manual_seed(4)
+    ours = dropout_module(0.3).train()(x)
+    torch.manual_seed(4)
+    torch.testing.assert_close(ours, torch.nn.functional.dropout(x, 0.3, training=True))
+
+
+def test_cpu_path_only_where_switched_on():
+    assert type(dropout_module(0.3, SpeedPaths(cpu_dropout=True))) is CpuDropout
+    assert type(dropout_module(0.3, SpeedPaths(cpu_attention=True))) is nn.Dropout
+
+
+def test_cpu_dropout_leaves_other_devices_to_torch():
+    """The CPU mask is drawn on the CPU; a tensor elsewhere takes torch's dropout (on the meta
+    device: shapes only, so a CPU mask there would fail to combine)."""
+    x = torch.empty(8, 16, device="meta")
+    assert CpuDropout(0.3).train()(x).device.type == "meta"
+
+
+def test_cpu_dropout_rejects_p_outside_zero_one():
     with pytest.raises(ValueError, match="p=1.0"):
-        Dropout(1.0)
+        CpuDropout(1.0)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -56,7 +84,7 @@ def test_cpu_mask_keeps_one_minus_p_at_every_slice_of_the_random_words(p):
     of 4."""
     torch.manual_seed(2)
     count = 4 * 250_000 + 3
-    keep = keep_mask(torch.Size([count]), p, torch.device("cpu"))
+    keep = keep_mask(torch.Size([count]), p)
     assert keep.shape == (count,) and keep.dtype == torch.bool
     rate = 1 - round(p * 2**MASK_BITS) / 2**MASK_BITS  # p rounded to a multiple of 2^-15
     assert rate == pytest.approx(1 - p, abs=2**-MASK_BITS)
@@ -72,7 +100,7 @@ def test_cpu_mask_at_the_ends_of_p():
     """p below 2^-16 rounds to keeping everything; p just below 1 still keeps a few entries
     (the int16 threshold would otherwise overflow)."""
     torch.manual_seed(3)
-    assert keep_mask(torch.Size([1000, 64]), 1e-6, torch.device("cpu")).all()
-    kept = keep_mask(torch.Size([4, 2**20]), 1 - 1e-7, torch.device("cpu")).sum().item()
+    assert keep_mask(torch.Size([1000, 64]), 1e-6).all()
+    kept = keep_mask(torch.Size([4, 2**20]), 1 - 1e-7).sum().item()
     assert 0 < kept < 1000  # 2^22 entries at 2^-15: 128 expected
-    assert keep_mask(torch.Size([0, 3]), 0.3, torch.device("cpu")).shape == (0, 3)
+    assert keep_mask(torch.Size([0, 3]), 0.3).shape == (0, 3)

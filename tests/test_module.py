@@ -116,6 +116,35 @@ def test_module_saves_its_config_and_rebuilds_from_hyperparameters(make_config):
     assert module.state_dict().keys() == {f"model.{k}" for k in module.model.state_dict()}
 
 
+@pytest.mark.parametrize("cpu_speed_paths", [True, False])
+def test_module_builds_the_speed_paths_its_config_names(make_config, cpu_speed_paths):
+    """train.cpu_speed_paths reaches every dropout and attention layer of the model, and a
+    module rebuilt from its saved hyperparameters (a resumed run) builds the same paths;
+    off, every dropout is torch.nn.Dropout with model.dropout as given."""
+    from torch import nn
+
+    from pipeline.kernels import SpeedPaths
+    from pipeline.kernels.cpu_dropout import CpuDropout
+    from pipeline.model.attention import MultiHeadAttention
+
+    cfg = make_config("model.d_model=32", "model.heads=2", "model.d_ff=64",
+                      "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.3",
+                      f"train.cpu_speed_paths={str(cpu_speed_paths).lower()}")  # fmt: skip
+    expected = SpeedPaths.on_cpu(cpu_speed_paths)
+    dropout_type = CpuDropout if cpu_speed_paths else nn.Dropout
+    for module in (
+        TranslationModule(cfg, 40),
+        TranslationModule(**TranslationModule(cfg, 40).hparams),
+    ):
+        layers = list(module.model.modules())
+        dropouts = [m for m in layers if isinstance(m, (nn.Dropout, CpuDropout))]
+        assert len(dropouts) == 1 + 2 * 1 + 3 * 1 + 2  # embeddings, residuals, FFN activations
+        assert all(type(m) is dropout_type for m in dropouts)
+        assert module.model.dropout.p == 0.3
+        attention = [m for m in layers if isinstance(m, MultiHeadAttention)]
+        assert len(attention) == 3 and all(m.speed_paths == expected for m in attention)
+
+
 def test_token_mean_weighs_each_value_by_its_tokens():
     import torch
     from torchmetrics import MeanMetric

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import ConfigError
+from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.transformer import DecoderCache, Transformer
 from tests.test_layers import (
     copy_decoder_layer,
@@ -78,9 +79,9 @@ class TorchOracle(nn.Module):
         return hidden @ ours.output_projection.weight.T
 
 
-def make_model(**overrides) -> Transformer:
+def make_model(speed_paths: SpeedPaths = PAPER, **overrides) -> Transformer:
     torch.manual_seed(0)
-    model = Transformer(small_config(**overrides), VOCAB, PAD).eval()
+    model = Transformer(small_config(**overrides), VOCAB, PAD, speed_paths).eval()
     randomize(model)
     return model
 
@@ -89,7 +90,7 @@ def make_model(**overrides) -> Transformer:
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_logits_match_torch_transformer(norm_first, positional, speed_paths):
-    model = make_model(norm_first=norm_first, positional=positional, encoder_layers=3)
+    model = make_model(speed_paths, norm_first=norm_first, positional=positional, encoder_layers=3)
     oracle = TorchOracle(model).train()  # train mode, dropout 0: torch's general (non-fast) path
     for seed in range(3):
         src, tgt_in = random_batch([9, 4, 1, 7], [6, 6, 2, 3], seed=seed)
@@ -106,7 +107,7 @@ def test_logits_match_torch_transformer(norm_first, positional, speed_paths):
 
 
 def test_gradients_match_torch_transformer(speed_paths):
-    model = make_model()
+    model = make_model(speed_paths)
     oracle = TorchOracle(model).train()
     src, tgt_in = random_batch([5, 3], [4, 2])
     model(src, tgt_in).square().mean().backward()
@@ -211,7 +212,7 @@ def test_max_positions_error_names_the_key():
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_decoding_equals_full_decoding(norm_first, speed_paths):
-    model = make_model(norm_first=norm_first)
+    model = make_model(speed_paths, norm_first=norm_first)
     src, tgt_in = random_batch([6, 3], [7, 7], seed=1)
     memory, src_pad = model.encode(src)
     full = model.decode(tgt_in, memory, src_pad)
@@ -240,7 +241,7 @@ def test_cache_reorders_beams():
 def test_beams_sharing_one_memory_row_equal_per_beam_copies(fused, speed_paths):
     """Beam search passes one encoder row per sentence for its k beams: the logits (cached and
     not), the cache after dropping a sentence, and the attention weights equal the per-beam copies."""
-    model = make_model(fused_attention=fused)
+    model = make_model(speed_paths, fused_attention=fused)
     src, tgt_in = random_batch([6, 4], [5, 5], seed=4)
     beams = 3
     prefixes = tgt_in.repeat_interleave(beams, dim=0)  # (6, 5): 3 beams per sentence

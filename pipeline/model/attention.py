@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline import cpu_paths
+from pipeline.kernels import PAPER, SpeedPaths
+from pipeline.kernels.cpu_attention import explicit_attention_pays
 
 
 def padding_attention_mask(key_padding_mask: Tensor) -> Tensor:
@@ -48,6 +49,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     fused: bool = True,
     need_weights: bool = False,
+    speed_paths: SpeedPaths = PAPER,
 ) -> tuple[Tensor, Tensor | None]:
     """3.2.1: softmax(Q K^T / sqrt(d_k)) V.
 
@@ -55,10 +57,12 @@ def scaled_dot_product_attention(
     when `need_weights`, the attention weights (B, h, T_q, T_k) (before dropout).
     `causal` applies the decoder's mask, aligned so that the last query is the last key (a query
     block appended after cached keys). `fused` uses torch's kernel; the explicit formula is the
-    reference (and the only path that can return the weights).
+    reference (and the only path that can return the weights), and with
+    `speed_paths.cpu_attention` runs where it is the faster one on a CPU.
     """
     query_len, key_len = q.size(-2), k.size(-2)
-    if fused and not need_weights and not _fused_kernel_is_slow(q, query_len):
+    explicit_pays = speed_paths.cpu_attention and explicit_attention_pays(q)
+    if fused and not need_weights and not explicit_pays:
         if causal and query_len == key_len and attn_mask is None:
             # The kernel's own causal mask: no (T, T) mask tensor is built or read.
             return F.scaled_dot_product_attention(
@@ -83,17 +87,6 @@ def scaled_dot_product_attention(
         weights = weights.masked_fill(~attn_mask, 0.0)
     output = F.dropout(weights, p=dropout_p) @ v  # (B, h, T_q, d_v)
     return output, (weights if need_weights else None)
-
-
-def _fused_kernel_is_slow(q: Tensor, query_len: int) -> bool:
-    """Where torch's CPU kernel loses to the explicit formula, which then runs instead:
-    in bf16/fp16 (autocast) its backward is ~5x slower than the fp32 kernel and ~6x slower
-    than the explicit formula with bf16 matmuls (benchmarks/train_throughput.py); for a single
-    query (a decoding step with the cache: 600 rows x 8 heads over 20-50 keys) it takes
-    ~1.8x the explicit formula's time, in fp32 too (benchmarks/decode_throughput.py)."""
-    if not cpu_paths.enabled_for(q.device):
-        return False
-    return q.dtype in (torch.bfloat16, torch.float16) or query_len == 1
 
 
 def _combine(attn_mask: Tensor | None, other: Tensor) -> Tensor:
@@ -172,7 +165,13 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, heads: int, *, dropout: float = 0.0, fused: bool = True
+        self,
+        d_model: int,
+        heads: int,
+        *,
+        dropout: float = 0.0,
+        fused: bool = True,
+        speed_paths: SpeedPaths = PAPER,
     ) -> None:
         super().__init__()
         if heads <= 0 or d_model <= 0 or d_model % heads != 0:
@@ -185,6 +184,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_model // heads  # = d_v
         self.dropout = dropout
         self.fused = fused
+        self.speed_paths = speed_paths
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(d_model, d_model)  # W^O
         self.reset_parameters()
@@ -257,6 +257,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             fused=self.fused,
             need_weights=need_weights,
+            speed_paths=self.speed_paths,
         )  # (B, h, T_q, d_k); (B_m, h, group * T_q, d_k) for grouped cross-attention
         # Concat(head_i): (.., h, rows, d_k) -> (.., rows, h * d_k), then back to (B, T_q, d_model)
         concat = heads_out.transpose(1, 2).reshape(batch, query_len, d_model)

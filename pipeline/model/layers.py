@@ -19,18 +19,25 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.config import ModelConfig
+from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import KeyValueCache, MultiHeadAttention
-from pipeline.model.dropout import Dropout
+from pipeline.model.dropout import dropout_module
 
 
 class PositionwiseFeedForward(nn.Module):
     """3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, d_model -> d_ff -> d_model, applied per position."""
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation_dropout: float = 0.0,
+        speed_paths: SpeedPaths = PAPER,
+    ) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)  # W_1, b_1
         self.linear2 = nn.Linear(d_ff, d_model)  # W_2, b_2
-        self.activation_dropout = Dropout(activation_dropout)
+        self.activation_dropout = dropout_module(activation_dropout, speed_paths)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d_model) -> (B, T, d_model)
         return self.linear2(self.activation_dropout(F.relu(self.linear1(x))))
@@ -44,10 +51,12 @@ class ResidualNorm(nn.Module):
     x + Dropout(y) when pre-norm.
     """
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+    def __init__(
+        self, d_model: int, dropout: float, norm_first: bool, speed_paths: SpeedPaths = PAPER
+    ) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = dropout_module(dropout, speed_paths)
         self.norm_first = norm_first
 
     def sublayer_input(self, x: Tensor) -> Tensor:
@@ -61,14 +70,12 @@ class ResidualNorm(nn.Module):
 class EncoderLayer(nn.Module):
     """3.1 encoder layer: multi-head self-attention, then the position-wise FFN."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, speed_paths: SpeedPaths = PAPER) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            cfg.d_model, cfg.heads, dropout=cfg.attention_dropout, fused=cfg.fused_attention
-        )
-        self.self_attn_residual = ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
-        self.ffn_residual = ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **_attention(cfg, speed_paths))
+        self.self_attn_residual = _residual(cfg, speed_paths)
+        self.ffn = _feed_forward(cfg, speed_paths)
+        self.ffn_residual = _residual(cfg, speed_paths)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         """x (B, S, d_model); src_mask (B, 1, 1, S) True = real token -> (B, S, d_model)."""
@@ -76,6 +83,18 @@ class EncoderLayer(nn.Module):
         x = self.self_attn_residual(x, y)
         y = self.ffn(self.ffn_residual.sublayer_input(x))
         return self.ffn_residual(x, y)
+
+
+def _attention(cfg: ModelConfig, speed_paths: SpeedPaths) -> dict:
+    return dict(dropout=cfg.attention_dropout, fused=cfg.fused_attention, speed_paths=speed_paths)
+
+
+def _residual(cfg: ModelConfig, speed_paths: SpeedPaths) -> ResidualNorm:
+    return ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first, speed_paths)
+
+
+def _feed_forward(cfg: ModelConfig, speed_paths: SpeedPaths) -> PositionwiseFeedForward:
+    return PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, speed_paths)
 
 
 @dataclass
@@ -90,15 +109,15 @@ class DecoderLayerCache:
 class DecoderLayer(nn.Module):
     """3.1 decoder layer: masked self-attention, encoder-decoder attention, position-wise FFN."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, speed_paths: SpeedPaths = PAPER) -> None:
         super().__init__()
-        attention = dict(dropout=cfg.attention_dropout, fused=cfg.fused_attention)
+        attention = _attention(cfg, speed_paths)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **attention)
-        self.self_attn_residual = ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn_residual = _residual(cfg, speed_paths)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **attention)
-        self.cross_attn_residual = ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.ffn = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
-        self.ffn_residual = ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.cross_attn_residual = _residual(cfg, speed_paths)
+        self.ffn = _feed_forward(cfg, speed_paths)
+        self.ffn_residual = _residual(cfg, speed_paths)
 
     def forward(
         self,

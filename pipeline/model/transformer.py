@@ -25,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.config import ModelConfig
+from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
-from pipeline.model.dropout import Dropout
+from pipeline.model.dropout import dropout_module
 from pipeline.model.layers import (
     DecoderLayer,
     DecoderLayerCache,
@@ -64,9 +65,15 @@ class DecoderCache:
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder of section 3 (Figure 1), configured by `ModelConfig`."""
+    """The encoder-decoder of section 3 (Figure 1), configured by `ModelConfig`.
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
+    `speed_paths` switches on host-specific paths (`pipeline.kernels`); the default is the
+    paper's path on every device.
+    """
+
+    def __init__(
+        self, cfg: ModelConfig, vocab_size: int, pad_id: int, speed_paths: SpeedPaths = PAPER
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
@@ -79,9 +86,14 @@ class Transformer(nn.Module):
             else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
         )
         self.positional = build_positional(cfg.positional, cfg.d_model, cfg.max_positions)
-        self.dropout = Dropout(cfg.dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.speed_paths = speed_paths
+        self.dropout = dropout_module(cfg.dropout, speed_paths)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(cfg, speed_paths) for _ in range(cfg.encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(cfg, speed_paths) for _ in range(cfg.decoder_layers)
+        )
         # Pre-norm sublayers leave the residual stream un-normalised: normalise the stacks' outputs.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()

@@ -30,6 +30,7 @@ from torchmetrics import MeanMetric, Metric
 from pipeline.config import Config, from_dict, to_dict
 from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
+from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import Transformer
 from pipeline.training.loss import output_layer_loss
@@ -161,7 +162,10 @@ class TranslationModule(L.LightningModule):
         self.cfg = cfg
         special = cfg.data.tokenizer
         self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
-        self.model = Transformer(cfg.model, vocab_size, self.pad_id)
+        # train.cpu_speed_paths: a host choice that changes dropout's mask stream, so it is
+        # part of the saved config and a resumed run keeps it.
+        speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)
+        self.model = Transformer(cfg.model, vocab_size, self.pad_id, speed_paths)
         # train.compile: a compiled forward function (not a module, so the state_dict keys
         # stay `model.*`); the plain module otherwise.
         compiled = torch.compile(self.model.teacher_forced_states) if cfg.train.compile else None

@@ -40,7 +40,6 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from pipeline import cpu_paths
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import Config, leaves, subtree, to_dict
 from pipeline.data.datamodule import TranslationDataModule
@@ -445,32 +444,31 @@ def run(
     `job_type`, `run_name` and `group` label the W&B run this starts, unless `wandb_run` is
     given: then training logs into that run and its owner finishes it. `keep_finished`: a
     finished run of this config is done even if the code changed since (see
-    `resume_checkpoint`). `train.cpu_speed_paths` holds for this run (`pipeline.cpu_paths`).
+    `resume_checkpoint`).
     """
-    with cpu_paths.configured(cfg.train.cpu_speed_paths):
-        restored = restore_preempted_run(cfg)
-        try:
-            return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
-        except BaseException as failed:
-            # Under `dvc exp run`, a stopped run's checkpoints left in the stage's output are
-            # deleted by the next run's checkout: any failure after they were put back (a
-            # refused config, say) keeps them out of its reach again.
-            stopped = isinstance(failed, Preempted)
-            if not under_dvc_exp_run() or not (stopped or restored):
-                raise
-            if not (kept := stash_preempted_run(cfg)):
-                raise
-            where = (
-                f"its checkpoints wait in {kept}, where the workspace checkout of the next "
-                "`dvc exp run` does not delete them"
-            )
-            if stopped:
-                raise Preempted(f"{failed} ({where})") from None
-            if isinstance(failed, PipelineError):
-                failed.args = (f"{failed} (the stopped run is not lost: {where})",)
-            else:
-                log.warning("the stopped run is not lost: %s", where)
+    restored = restore_preempted_run(cfg)
+    try:
+        return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+    except BaseException as failed:
+        # Under `dvc exp run`, a stopped run's checkpoints left in the stage's output are
+        # deleted by the next run's checkout: any failure after they were put back (a
+        # refused config, say) keeps them out of its reach again.
+        stopped = isinstance(failed, Preempted)
+        if not under_dvc_exp_run() or not (stopped or restored):
             raise
+        if not (kept := stash_preempted_run(cfg)):
+            raise
+        where = (
+            f"its checkpoints wait in {kept}, where the workspace checkout of the next "
+            "`dvc exp run` does not delete them"
+        )
+        if stopped:
+            raise Preempted(f"{failed} ({where})") from None
+        if isinstance(failed, PipelineError):
+            failed.args = (f"{failed} (the stopped run is not lost: {where})",)
+        else:
+            log.warning("the stopped run is not lost: %s", where)
+        raise
 
 
 def _beside(train_dir: str | Path, suffix: str) -> Path:

@@ -1,0 +1,18 @@
+"""Where torch's fused attention kernel loses to the explicit formula on a CPU.
+
+Under bf16/fp16 autocast the CPU kernel's backward is several times slower than the explicit
+formula with bf16 matmuls (`benchmarks/train_throughput.py`), and for a single query (a
+cached decoding step) it is slower in fp32 too (`benchmarks/decode_throughput.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def explicit_attention_pays(q: Tensor) -> bool:
+    """Whether the explicit formula beats the fused kernel for queries `q` (B, h, T_q, d_k)."""
+    if q.device.type != "cpu":
+        return False
+    return q.dtype in (torch.bfloat16, torch.float16) or q.size(-2) == 1
