@@ -1,0 +1,127 @@
+"""A finished trial's record (`<results-dir>/<study>/trials/<point>/`): metrics, params, hypotheses,
+validation curve and run info, committed with the study; and the log of the point's training
+attempts that the record sums."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import optuna
+import torch
+import yaml
+
+from pipeline import config as config_lib
+from pipeline.atomic import write_json_atomic, write_text_atomic
+from pipeline.errors import Preempted
+from pipeline.sweep.spec import TrialPaths
+
+RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
+
+
+ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: one line per training attempt of the point
+
+
+CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
+
+
+@contextlib.contextmanager
+def _attempt_logged(work: Path, trial: optuna.Trial):
+    """Append one line per training attempt at the point (trial, steps, wall time, machine),
+    also for an attempt that was preempted: the record sums them."""
+    from pipeline.environment import hardware
+
+    started = time.perf_counter()
+    outcome = "interrupted"
+    try:
+        yield
+        outcome = "finished"
+    except Preempted:
+        outcome = "preempted"
+        raise
+    finally:
+        progress = work / "train" / "checkpoints" / "progress.json"
+        step = json.loads(progress.read_text())["step"] if progress.exists() else 0
+        line = {
+            "trial": trial.number,
+            "outcome": outcome,
+            "step": step,
+            "wall_time_s": round(time.perf_counter() - started, 1),
+            "hardware": hardware(),
+            "threads": torch.get_num_threads(),
+        }
+        work.mkdir(parents=True, exist_ok=True)
+        with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
+            attempts.write(json.dumps(line) + "\n")
+
+
+def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds) -> None:
+    """Copy what the report needs into the point's record folder (committed with the study) and
+    keep the headline numbers on the trial itself. `run.json` is written last."""
+    from pipeline.environment import provenance
+    from pipeline.training.module import LOSS_AVERAGE
+
+    record = paths.record
+    record.mkdir(parents=True, exist_ok=True)
+    for name in ("train.json", "eval.json"):
+        shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
+    for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
+        shutil.copyfile(hypotheses, record / hypotheses.name)
+    write_text_atomic(
+        record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
+    )
+    write_json_atomic(record / "curve.json", validation_curve(cfg))
+    attempts = [
+        json.loads(line)
+        for line in (paths.work / ATTEMPTS_FILE).read_text(encoding="utf-8").splitlines()
+    ]
+    run = {
+        "trial": trial.number,
+        "params": trial.params,
+        **provenance(),
+        "precision": train_metrics.get("precision"),
+        "loss_average": LOSS_AVERAGE,
+        "threads": torch.get_num_threads(),
+        "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
+        "eval_wall_time_s": round(eval_seconds, 1),
+        "attempts": attempts,
+    }
+    write_json_atomic(record / RUN_FILE, run)
+
+    test_split = cfg.data.test_splits[0] if cfg.data.test_splits else None
+    test = eval_metrics.get(test_split, {}) if test_split else {}
+    attrs = {
+        "val_bleu": train_metrics.get("val/bleu"),
+        "val_ppl": train_metrics.get("val/ppl"),
+        "test_bleu": test.get("bleu"),
+        "test_bleu_lc": test.get("bleu_lc"),
+        "test_chrf": test.get("chrf"),
+        "parameters": train_metrics.get("num_parameters"),
+        "record": record.name,
+        "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:
+    """Every validation of the run by step ({"step", "val/bleu", "val/loss", "val/ppl"}), from
+    DVCLive's files, which a resumed run appends to (a step logged twice keeps its last row)."""
+    from pipeline.training.trainer import DVCLIVE_SUBDIR
+
+    by_step: dict[int, dict[str, float]] = {}
+    metrics = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / "plots" / "metrics"
+    for key in CURVE_METRICS:
+        path = metrics / f"{key}.tsv"
+        if not path.exists():
+            continue
+        header, *rows = path.read_text(encoding="utf-8").splitlines()
+        columns = header.split("\t")
+        for row in rows:
+            values = dict(zip(columns, row.split("\t")))
+            step = int(values["step"])
+            by_step.setdefault(step, {"step": step})[key] = float(values[key.split("/")[-1]])
+    return [by_step[step] for step in sorted(by_step)]
