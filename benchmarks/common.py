@@ -171,17 +171,6 @@ def _holds_vocabulary(folder: Path, vocab_size: int) -> bool:
     return found == vocab_size
 
 
-def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, prefix: int | None = None,
-              suffix: int | None = None) -> torch.Tensor:  # fmt: skip
-    """Rows of ids (optionally with a bos prefix / eos suffix) -> (B, max_len) LongTensor."""
-    rows = [([prefix] if prefix is not None else []) + list(r) + ([suffix] if suffix is not None
-            else []) for r in rows]  # fmt: skip
-    batch = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        batch[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return batch
-
-
 # ---------------------------------------------------------------- the peer model
 
 
@@ -253,10 +242,6 @@ def time_interleaved(
     return seconds
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repeats: int) -> float:
     """Achievable matrix-multiply FLOP/s in this run: the median time of a (size x size) @
     (size x size) `torch.matmul` in `dtype`, 2 size^3 FLOPs each (the denominator of MFU)."""
@@ -264,7 +249,7 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int, repea
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     times = time_interleaved({"matmul": lambda: a @ b}, repeats=repeats, warmup=1, device=device)
-    return 2 * size**3 / median(times["matmul"])
+    return 2 * size**3 / statistics.median(times["matmul"])
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -46,9 +47,7 @@ from benchmarks.common import (
     chosen_dtypes,
     environment,
     marian_model,
-    median,
     model_summary,
-    pad_batch,
     print_json,
     print_table,
     resolve_device,
@@ -56,6 +55,7 @@ from benchmarks.common import (
     tokenized_corpus,
 )
 from pipeline.data.batching import eval_batches
+from pipeline.evaluation.evaluate import pad_batch
 from pipeline.export import export_ctranslate2, load_exported
 from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import beam_search
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         with autocast(device, DTYPES[dtype_name]):
             seconds = time_interleaved(timed, repeats=args.repeats, warmup=args.warmup,
                                        device=device, progress=f"decode {dtype_name}")  # fmt: skip
-        total = {name: median(times) for name, times in seconds.items()}
+        total = {name: statistics.median(times) for name, times in seconds.items()}
         per_s = {name: len(sources) / s for name, s in total.items()}
         results[dtype_name] = {
             "seconds": total,

@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -61,9 +62,7 @@ from benchmarks.common import (
     base_parser,
     environment,
     matmul_peak_flops,
-    median,
     model_summary,
-    pad_batch,
     print_json,
     print_table,
     resolve_device,
@@ -91,6 +90,7 @@ from benchmarks.train_throughput import (
 from pipeline import config as config_lib
 from pipeline.config import Config
 from pipeline.environment import provenance
+from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.transformer import Transformer
 
 # The sizes the suite trains: a model group of conf/model, the joint vocabulary and the
@@ -247,7 +247,7 @@ def train_size(args, size: str, device: torch.device, peak: float, skipped: dict
             memory.update({name: worker.peak_memory_bytes for name, worker in fairseq.items()})
             per_system = {}
             for name, times in seconds.items():
-                step_s = median(times)
+                step_s = statistics.median(times)
                 per_system[name] = {
                     "step_ms": 1000 * step_s,
                     "tgt_tokens_per_s": batch["num_tgt_tokens"] / step_s,
@@ -339,7 +339,9 @@ def decode_suite(args, device: torch.device, skipped: dict) -> dict:
                                             batch_size, steps, device, skipped)  # fmt: skip
                 if fairseq_s is not None:
                     seconds["fairseq"] = fairseq_s
-            per_s = {name: len(chosen) / median(times) for name, times in seconds.items()}
+            per_s = {
+                name: len(chosen) / statistics.median(times) for name, times in seconds.items()
+            }
             results[str(batch_size)] = {
                 "sentences": len(chosen),
                 "sentences_per_s": per_s,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -61,9 +62,7 @@ from benchmarks.common import (
     environment,
     marian_model,
     matmul_peak_flops,
-    median,
     model_summary,
-    pad_batch,
     print_json,
     print_table,
     resolve_device,
@@ -74,6 +73,7 @@ from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
+from pipeline.evaluation.evaluate import pad_batch
 from pipeline.kernels import SpeedPaths
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
@@ -343,8 +343,8 @@ def training_batch(cfg: Config, tokenizer, splits, target_tokens: int,
     pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     batch = {
         "src": pad_batch(src_rows, pad).to(device),
-        "tgt_in": pad_batch(tgt_rows, pad, prefix=bos).to(device),
-        "tgt_out": pad_batch(tgt_rows, pad, suffix=eos).to(device),
+        "tgt_in": pad_batch([[bos, *row] for row in tgt_rows], pad).to(device),
+        "tgt_out": pad_batch([[*row, eos] for row in tgt_rows], pad).to(device),
     }
     batch["num_tgt_tokens"] = int(batch["tgt_out"].ne(pad).sum())
     return batch
@@ -396,7 +396,7 @@ def run(args: argparse.Namespace) -> dict:
                 progress=f"train {dtype_name}",
             )  # fmt: skip
             peak = matmul_peak_flops(device, dtype, peak_size, repeats=max(3, args.repeats // 4))
-            step_s = {name: median(times) for name, times in seconds.items()}
+            step_s = {name: statistics.median(times) for name, times in seconds.items()}
             tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
             achieved = flops / step_s["ours"]
             results[dtype_name] = {

@@ -54,7 +54,7 @@ def train_leftovers(train_dir: Path) -> list[Leftover]:
 
 def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
     """Every study's point folders in `work_root`, removable where the point is recorded."""
-    from pipeline.sweep import RUN_FILE
+    from pipeline.sweep.records import RUN_FILE
 
     found = []
     if not work_root.is_dir():
@@ -76,7 +76,7 @@ def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
 
 
 def parse_args(argv: list[str] | None):
-    from pipeline.sweep import RESULTS_ROOT, WORK_ROOT
+    from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT
 
     cli = parser("pipeline.clean", __doc__)
     cli.add_argument("--params", type=Path, default=Path("params.yaml"),

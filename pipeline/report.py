@@ -38,10 +38,19 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from pipeline import docs_blocks, sweep
+from pipeline import docs_blocks
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.evaluation import plots, scoring, seed_stats
+from pipeline.sweep.records import RUN_FILE
+from pipeline.sweep.spec import (
+    RESULTS_ROOT,
+    StudySpec,
+    TrialPaths,
+    load_spec,
+    point_config,
+    trial_config,
+)
 from pipeline.training.module import LOSS_AVERAGE
 
 BASE_VARIANT = "base"
@@ -169,9 +178,9 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
     """Every finished trial's record under `study_dir/trials/` (those with a run.json)."""
     records = []
     for folder in sorted((study_dir / "trials").glob("*")):
-        if not (folder / sweep.RUN_FILE).exists():
+        if not (folder / RUN_FILE).exists():
             continue
-        run = json.loads((folder / sweep.RUN_FILE).read_text())
+        run = json.loads((folder / RUN_FILE).read_text())
         records.append(
             TrialRecord(
                 folder=folder,
@@ -186,12 +195,12 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
     return records
 
 
-def test_references(spec: sweep.StudySpec) -> list[str]:
+def test_references(spec: StudySpec) -> list[str]:
     """The study's test2016 references, read from the corpus and normalised as `prepare`
     does (the corpus is never copied into the repository)."""
     from pipeline.data.corpus import clean_split, read_corpus
 
-    data = sweep.point_config(spec, {"seed": spec.seeds[0]}).data
+    data = point_config(spec, {"seed": spec.seeds[0]}).data
     return clean_split(read_corpus(data)[TEST_SPLIT], data)[0].tgt
 
 
@@ -200,7 +209,7 @@ def _factor(overrides: dict[str, Any]) -> str:
 
 
 def variant_rows(
-    spec: sweep.StudySpec, records: list[TrialRecord], references: list[str]
+    spec: StudySpec, records: list[TrialRecord], references: list[str]
 ) -> list[VariantRow]:
     """One row per variant with finished trials, in the spec's order. A variant run under the
     base's conditions is compared with it by Welch's test over seeds (Holm-adjusted across all
@@ -503,7 +512,7 @@ def aa_check(rows: list[VariantRow]) -> str:
     )
 
 
-def power_statement(spec: sweep.StudySpec, rows: list[VariantRow]) -> str:
+def power_statement(spec: StudySpec, rows: list[VariantRow]) -> str:
     """Are the study's seeds enough? The smallest difference Welch's test detects with
     seed_stats.POWER at the base's seed spread, per comparison and at Holm's strictest step;
     and the floor under the exact permutation column's p."""
@@ -511,6 +520,11 @@ def power_statement(spec: sweep.StudySpec, rows: list[VariantRow]) -> str:
     if base is None or len(base.test_bleu) < 2:
         return "Power: needs two or more seeds of the base (its seed-level spread)."
     sd = statistics.stdev(base.test_bleu)
+    if sd == 0:  # identical scores: no spread to size a difference against
+        return (
+            f"Power: the base's {len(base.seeds)} seeds score the same test2016 BLEU "
+            f"({base.test_bleu[0]:.2f}), so their seed-level spread gives no detectable difference."
+        )
     comparisons = max(1, len(spec.variants) - 1)
     strictest = SIGNIFICANCE / comparisons
     counts = sorted({len(base.seeds), len(spec.seeds)})
@@ -534,8 +548,8 @@ def power_statement(spec: sweep.StudySpec, rows: list[VariantRow]) -> str:
     )
 
 
-def pair_label(spec: sweep.StudySpec) -> str:
-    data = sweep.point_config(spec, {"seed": spec.seeds[0]}).data
+def pair_label(spec: StudySpec) -> str:
+    data = point_config(spec, {"seed": spec.seeds[0]}).data
     return f"{data.src_lang}→{data.tgt_lang}"
 
 
@@ -605,7 +619,7 @@ def _half_width(row: VariantRow) -> float | None:
 
 
 def charts(
-    spec: sweep.StudySpec, rows: list[VariantRow], records: list[TrialRecord], out: Path
+    spec: StudySpec, rows: list[VariantRow], records: list[TrialRecord], out: Path
 ) -> dict[str, Path]:
     made: dict[str, Path] = {}
     if not rows:
@@ -664,11 +678,11 @@ def charts(
 
 
 def markdown(
-    spec: sweep.StudySpec,
+    spec: StudySpec,
     study_dir: Path,
     image_prefix: str = "",
     with_states: bool = True,
-    transfer: tuple[sweep.StudySpec, ...] = (),
+    transfer: tuple[StudySpec, ...] = (),
 ) -> str:
     """The report's Markdown (table, states, findings, charts), from the committed files; with
     `transfer`, the same grid's studies on other language pairs beside this one."""
@@ -731,7 +745,7 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def trial_states(spec: sweep.StudySpec, study_dir: Path) -> str:
+def trial_states(spec: StudySpec, study_dir: Path) -> str:
     database = study_dir / "study.db"
     if not database.exists():
         return ""
@@ -743,10 +757,10 @@ def trial_states(spec: sweep.StudySpec, study_dir: Path) -> str:
 
 
 def write_report(
-    spec: sweep.StudySpec,
+    spec: StudySpec,
     study_dir: Path,
     log_to_wandb: bool = True,
-    transfer: tuple[sweep.StudySpec, ...] = (),
+    transfer: tuple[StudySpec, ...] = (),
 ) -> Path:
     if spec.kind == "search":
         return _write_search_report(spec, study_dir)
@@ -766,7 +780,7 @@ def write_report(
     return report
 
 
-def _write_search_report(spec: sweep.StudySpec, study_dir: Path) -> Path:
+def _write_search_report(spec: StudySpec, study_dir: Path) -> Path:
     storage = f"sqlite:///{(study_dir / 'study.db').resolve()}"
     trials = optuna.load_study(study_name=spec.study, storage=storage).get_trials()
     if not trials:
@@ -787,10 +801,10 @@ def block_name(study: str) -> str:
 
 
 def docs_block(
-    spec: sweep.StudySpec,
+    spec: StudySpec,
     study_dir: Path,
     page: Path,
-    transfer: tuple[sweep.StudySpec, ...] = (),
+    transfer: tuple[StudySpec, ...] = (),
 ) -> str:
     """The generated text between the page's markers for this study (charts linked from it)."""
     # Without the storage's trial states, which change while workers run.
@@ -798,16 +812,16 @@ def docs_block(
     return markdown(spec, study_dir, image_prefix=prefix, with_states=False, transfer=transfer)
 
 
-def summary_block(spec: sweep.StudySpec, study_dir: Path, page: Path) -> str:
+def summary_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
     """README's short view of the study: the main columns of the page's table."""
     return docs_blocks.columns(docs_block(spec, study_dir, page), SUMMARY_COLUMNS)
 
 
 def update_docs(
-    spec: sweep.StudySpec,
+    spec: StudySpec,
     study_dir: Path,
     root: Path,
-    transfer: tuple[sweep.StudySpec, ...] = (),
+    transfer: tuple[StudySpec, ...] = (),
 ) -> None:
     """The study's block in `root`/docs/ablation-results.md, and its summary in `root`/README.md
     where README has a block for it."""
@@ -819,14 +833,14 @@ def update_docs(
 
 
 def _log_summary(
-    spec: sweep.StudySpec, study_dir: Path, rows: list[VariantRow], figures: dict[str, Path]
+    spec: StudySpec, study_dir: Path, rows: list[VariantRow], figures: dict[str, Path]
 ) -> None:
     import wandb
 
     from pipeline.tracking import start_wandb_run
 
-    paths = sweep.TrialPaths(work=study_dir / "summary", record=study_dir / "trials" / "summary")
-    cfg = sweep.trial_config(spec, {}, paths)
+    paths = TrialPaths(work=study_dir / "summary", record=study_dir / "trials" / "summary")
+    cfg = trial_config(spec, {}, paths)
     run = start_wandb_run(cfg, job_type="report", name=f"{spec.study}-report", group=spec.study)
     try:
         columns = ["variant", "changed", "val_ppl", "val_bleu_lc", "test_bleu_lc", "delta",
@@ -850,7 +864,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
     )
-    parser.add_argument("--results-dir", type=Path, default=sweep.RESULTS_ROOT)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
     docs_blocks.add_update_argument(parser, f"{PAGE} (and README.md's summary)")
     parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
     parser.add_argument(
@@ -864,12 +878,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _spec(study: str) -> sweep.StudySpec:
+def _spec(study: str) -> StudySpec:
     """A study's spec from its name (ablations/<study>.yaml) or a spec path."""
     path = Path(study)
     if path.suffix not in (".yaml", ".yml"):
         path = Path("ablations") / f"{study}.yaml"
-    return sweep.load_spec(path)
+    return load_spec(path)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -118,8 +118,9 @@ def _with_interval(value: float | None, half_width: float | None) -> str:
     return _fmt(value) if half_width is None else f"{_fmt(value)} ± {_fmt(half_width)}"
 
 
-def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+def minutes(seconds: float | None, digits: int = 1) -> str:
+    """A wall time in a table cell: `12.3 min`, or "-" where it was not measured."""
+    return "-" if seconds is None else f"{seconds / 60:.{digits}f} min"
 
 
 def reproduce_command(run: dict) -> str:
@@ -143,7 +144,7 @@ def table(rows: list[dict]) -> str:
         test, val = evaluation.get(TEST_SPLIT, {}), evaluation.get(VAL_SPLIT, {})
         data, decoding = row["params"]["data"], row["params"]["eval"]
         train_s, eval_s = train.get("wall_time_s"), evaluation.get("wall_time_s")
-        wall = f"{_minutes(train_s)} + {_minutes(eval_s)}"  # "-" where a run has no time
+        wall = f"{minutes(train_s)} + {minutes(eval_s)}"  # "-" where a run has no time
         recipe = row["params"]["experiment_name"]
         penalty = f"{decoding['length_penalty']}"
         if decoding.get("length_normalization", "gnmt") != "gnmt":  # rows before the key: gnmt

@@ -384,6 +384,17 @@ def test_aa_check_without_a_test_says_why(five_seed_study):
         assert f"Welch's test makes no call ({reason})" in aa and "rate" not in aa
 
 
+def test_power_statement_of_a_base_whose_seeds_score_alike(five_seed_study):
+    """Seeds of the base with one score (a degenerate smoke model): no spread to size a
+    difference against, said as such rather than a division by zero."""
+    spec, study_dir, refs = five_seed_study
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    rows[0] = dataclasses.replace(rows[0], test_bleu=[37.1] * 5, seeds=list(range(5)))
+    assert rows[0].variant == "base"
+    power = report.power_statement(spec, rows)
+    assert "the base's 5 seeds score the same test2016 BLEU (37.10)" in power
+
+
 def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
     spec, study_dir = study
     rows = report.variant_rows(spec, report.load_records(study_dir), references)

@@ -31,6 +31,8 @@ from optuna.trial import TrialState
 
 from pipeline import sweep
 from pipeline.errors import ConfigError
+from pipeline.sweep.cli import cli
+from pipeline.sweep.heartbeat import heartbeat
 from tests.conftest import REPO_ROOT
 
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -302,14 +304,14 @@ def test_retry_failed_queues_each_point_that_failed_with_an_error_once(tmp_path,
     study.tell(preempted, state=TrialState.FAIL)  # ... and queued again, as a worker does
     sweep.RetryInterruptedTrial(max_retries=3)(study, study.trials[preempted.number], True)
 
-    sweep.cli([str(spec_path), "--storage", url, "--retry-failed"])
+    cli([str(spec_path), "--storage", url, "--retry-failed"])
     assert capsys.readouterr().out.endswith("1 failed point(s) of study 'retry' queued again\n")
     study = load(spec_path, url)
     queued = [t for t in study.trials if t.system_attrs.get("failed_trial") == failed.number]
     assert len(queued) == 1 and queued[0].state == TrialState.WAITING
     assert queued[0].params == study.trials[failed.number].params
     assert queued[0].system_attrs["deaths"] == 0
-    sweep.cli([str(spec_path), "--storage", url, "--retry-failed"])  # again: nothing new
+    cli([str(spec_path), "--storage", url, "--retry-failed"])  # again: nothing new
     assert capsys.readouterr().out.startswith("0 failed point(s)")
     assert len(load(spec_path, url).trials) == len(study.trials)
     # the retried points go before the point never started
@@ -404,7 +406,7 @@ def test_a_heartbeat_the_storage_refuses_is_logged_and_beats_again(tmp_path, cap
     )
     trial_id = optuna.create_study(storage=storage).ask()._trial_id
     locker = sqlite3.connect(db, isolation_level=None)
-    with sweep.heartbeat(storage, trial_id, interval=0.2):
+    with heartbeat(storage, trial_id, interval=0.2):
         locker.execute("BEGIN EXCLUSIVE")
         time.sleep(1.0)  # every beat in this second: "database is locked"
         locker.execute("ROLLBACK")

@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from pipeline import sweep_launch
+from pipeline.sweep import launch
 from tests.conftest import REPO_ROOT
 
 # A stand-in worker: records its environment, then runs until told to stop or for `seconds`.
@@ -49,13 +49,13 @@ def recorded(tmp_path: Path, suffix: str) -> list[str]:
 
 
 def test_threads_per_worker_split_the_cores():
-    assert sweep_launch.threads_per_worker(2, cores=16) == 8
-    assert sweep_launch.threads_per_worker(3, cores=16) == 5
-    assert sweep_launch.threads_per_worker(4, cores=2) == 1  # never zero
+    assert launch.threads_per_worker(2, cores=16) == 8
+    assert launch.threads_per_worker(3, cores=16) == 5
+    assert launch.threads_per_worker(4, cores=2) == 1  # never zero
 
 
 def test_each_worker_gets_its_share_of_the_cores_and_its_number(tmp_path):
-    assert sweep_launch.launch_workers(worker(tmp_path), 3, cores=7, mps=False) == 0
+    assert launch.launch_workers(worker(tmp_path), 3, cores=7, mps=False) == 0
     envs = [json.loads(text) for text in recorded(tmp_path, "json")]
     assert len(envs) == 3
     assert {e["OMP_NUM_THREADS"] for e in envs} == {e["MKL_NUM_THREADS"] for e in envs} == {"2"}
@@ -64,13 +64,13 @@ def test_each_worker_gets_its_share_of_the_cores_and_its_number(tmp_path):
 
 
 def test_a_failing_worker_fails_the_launch(tmp_path):
-    assert sweep_launch.launch_workers(worker(tmp_path, code=3), 2, cores=2, mps=False) == 3
+    assert launch.launch_workers(worker(tmp_path, code=3), 2, cores=2, mps=False) == 3
 
 
 def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
     launcher = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pipeline import sweep_launch; "
-         f"sys.exit(sweep_launch.launch_workers({worker(tmp_path, seconds=120)!r}, 2, 2, False))"],
+        [sys.executable, "-c", "import sys; from pipeline.sweep import launch; "
+         f"sys.exit(launch.launch_workers({worker(tmp_path, seconds=120)!r}, 2, 2, False))"],
         cwd=REPO_ROOT,
     )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -83,12 +83,12 @@ def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
 
 def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monkeypatch):
     # This machine has no GPU: a stand-in `nvidia-cuda-mps-control` records how it is called.
-    control = tmp_path / "bin" / sweep_launch.MPS_CONTROL
+    control = tmp_path / "bin" / launch.MPS_CONTROL
     control.parent.mkdir()
     control.write_text(f'#!/bin/sh\necho "$* $(cat) $CUDA_MPS_PIPE_DIRECTORY" >>{tmp_path}/mps\n')
     control.chmod(control.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{control.parent}{os.pathsep}{os.environ['PATH']}")
-    assert sweep_launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
+    assert launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
     start, stop = (tmp_path / "mps").read_text().splitlines()
     pipe = start.split()[-1]
     assert start.startswith("-d") and stop.split() == ["quit", pipe]
@@ -97,7 +97,7 @@ def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monk
 
 
 def test_a_running_mps_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
-    control = tmp_path / "bin" / sweep_launch.MPS_CONTROL
+    control = tmp_path / "bin" / launch.MPS_CONTROL
     control.parent.mkdir()
     control.write_text(f"#!/bin/sh\necho called >>{tmp_path}/mps\n")
     control.chmod(control.stat().st_mode | stat.S_IEXEC)
@@ -105,8 +105,8 @@ def test_a_running_mps_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
     pipe = tmp_path / "system-mps"
     pipe.mkdir()
     (pipe / "control").touch()  # where a running daemon listens
-    monkeypatch.setenv(sweep_launch.MPS_PIPE_ENV, str(pipe))
-    assert sweep_launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
+    monkeypatch.setenv(launch.MPS_PIPE_ENV, str(pipe))
+    assert launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
     assert not (tmp_path / "mps").exists()  # neither started nor stopped
     assert {json.loads(t)["CUDA_MPS_PIPE_DIRECTORY"] for t in recorded(tmp_path, "json")} == {
         str(pipe)
@@ -115,7 +115,7 @@ def test_a_running_mps_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
 
 def test_without_mps_installed_the_workers_time_share(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
-    assert sweep_launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
+    assert launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
     assert all(json.loads(t)["CUDA_MPS_PIPE_DIRECTORY"] is None
                for t in recorded(tmp_path, "json"))  # fmt: skip
 

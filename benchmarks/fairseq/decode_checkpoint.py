@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.fairseq.train_peer import hypotheses_path
+
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"  # {"state_dict": fairseq names, "positions": (rows, d_model)}
 SOURCES_FILE = "sources.json"  # source token ids per sentence, in the split's order
@@ -341,11 +343,6 @@ def references_for(cfg, split: str, prepared_targets: Sequence[str]) -> list[str
 
 SEARCHES = ("ours", "fairseq")
 OUR_SEARCH_KEYS = ("beam_size", "length_penalty", "length_normalization", "max_len_a", "max_len_b")
-
-
-def hypotheses_path(out: Path, split: str, search: str) -> Path:
-    """Where `search`'s translations of `split` go beside the result `out`."""
-    return out.with_name(f"{out.stem}.{split}.{search}.hyp")
 
 
 def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: Path,

@@ -272,7 +272,7 @@ def fairseq_peer_default(name: str):
     return getattr(train_peer.build_parser().parse_args(["--out", "unused"]), name)
 
 
-def format_table(result: dict) -> str:
+def lockstep_table(result: dict) -> str:
     lines = [
         "update  lr ours    lr fairseq  loss ours  loss fs  gnorm ours  gnorm fs  weights apart"
     ]
@@ -360,7 +360,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
     result["provenance"] = made_with
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, result)
-    print(format_table(result))
+    print(lockstep_table(result))
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
     named with what differs from Wu et al.'s preset (init, segmentation: the fairseq harness's
     segmented files, or a tokenizer other than the preset's) and, for fairseq's search, with
     that."""
-    from benchmarks.fairseq.decode_checkpoint import HARNESS_SUBWORDS, SEARCHES, hypotheses_path
+    from benchmarks.fairseq.decode_checkpoint import HARNESS_SUBWORDS, SEARCHES
+    from benchmarks.fairseq.train_peer import hypotheses_path
 
     runs, preset = [], None
     for path, payload in decoding_results(parity_dir):
@@ -259,10 +260,6 @@ def _tokens(value: int | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f} M"
 
 
-def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.0f} min"
-
-
 def table(runs: list[Run]) -> list[str]:
     lines = [
         "| system | recipe | seed | budget (updates) | updates | target tokens | tokens / update "
@@ -276,7 +273,7 @@ def table(runs: list[Run]) -> list[str]:
         lines.append(
             f"| {run.system} | {run.recipe} | {run.seed} | {run.max_updates} | {run.updates} "
             f"| {_tokens(run.target_tokens)} | {_num(per_update, 0)} "
-            f"| {_minutes(run.train_wall_s)} | {_num(run.tokens_per_s, 0)} "
+            f"| {results.minutes(run.train_wall_s, digits=0)} | {_num(run.tokens_per_s, 0)} "
             f"| {_num(val.get('bleu_lc'))} | {_num(val.get('bleu_tok_lc'))} "
             f"| {_num(test.get('bleu_lc'))} | {_num(test.get('bleu_tok_lc'))} "
             f"| {run.hardware} | `{run.command}` |"

@@ -899,10 +899,12 @@ def score_split(args: argparse.Namespace, subset: str, detokenized: list[str]) -
     return score(detokenized, references, lang=args.tgt)
 
 
-def hypotheses_path(out: Path, split: str) -> Path:
+def hypotheses_path(out: Path, split: str, search: str | None = None) -> Path:
     """Where the detokenized translations of `split` go beside the result `out` (what a paired
-    bootstrap against another system reads: `benchmarks.fairseq.parity`)."""
-    return out.with_name(f"{out.stem}.{split}.hyp")
+    bootstrap against another system reads: `benchmarks.fairseq.parity`); `search` names one of
+    several searches of one checkpoint (`benchmarks.fairseq.decode_checkpoint`)."""
+    searched = f".{search}" if search is not None else ""
+    return out.with_name(f"{out.stem}.{split}{searched}.hyp")
 
 
 # ---------------------------------------------------------------- the run

@@ -15,9 +15,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batching, decode_throughput, train_throughput
-from benchmarks.common import marian_model, pad_batch, tokenized_corpus
+from benchmarks.common import marian_model, tokenized_corpus
 from pipeline.config import ModelConfig
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
+from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 
@@ -171,7 +172,7 @@ def test_padding_accounting_matches_padded_tensors(tokenized_smoke):
     for batch in batches:
         rows = train.select(batch)
         src = pad_batch(rows["src_ids"], 0)
-        tgt_in = pad_batch(rows["tgt_ids"], 0, prefix=2)
+        tgt_in = pad_batch([[2, *row] for row in rows["tgt_ids"]], 0)
         pads += int(src.eq(0).sum() + tgt_in.eq(0).sum())
         positions += src.numel() + tgt_in.numel()
         targets.append(int(tgt_in.ne(0).sum()))  # one per target token the loss sees

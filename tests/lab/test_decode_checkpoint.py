@@ -162,7 +162,7 @@ def test_compare_scores_both_searches_from_their_files(trained_smoke, tmp_path):
     references = (Path(cfg.paths.prepared) / "val.de").read_text(encoding="utf-8").splitlines()
     assert entry["sentences"] == len(references)
     for name in decode_checkpoint.SEARCHES:
-        path = decode_checkpoint.hypotheses_path(out, "val", name)
+        path = train_peer.hypotheses_path(out, "val", name)
         hypotheses = path.read_text(encoding="utf-8").split("\n")
         assert len(hypotheses[:-1]) == len(references)  # one line each, then the final newline
         expected = BLEU(lowercase=True).corpus_score(hypotheses[:-1], [references]).score

@@ -202,7 +202,6 @@ def test_the_parity_pages_block_is_the_commands_output(references):
 def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS,
                    subwords="subword-nmt (Wu et al.)"):  # fmt: skip
     """A benchmarks.fairseq.decode_checkpoint result: one model's translations by each search."""
-    from benchmarks.fairseq import decode_checkpoint
 
     out = parity_dir / parity.DECODING_DIR / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +210,7 @@ def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLIT
         scores = {}
         for search, translations in by_search.items():
             scores[search] = scoring.score(translations[split], references[split], lang="de")
-            decode_checkpoint.hypotheses_path(out, split, search).write_text(
+            train_peer.hypotheses_path(out, split, search).write_text(
                 "\n".join(translations[split]) + "\n"
             )
         entries[split] = {

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from benchmarks import train_throughput
-from benchmarks.common import pad_batch
 from benchmarks.fairseq import step_speed, train_peer
+from pipeline.evaluation.evaluate import pad_batch
 from tests.conftest import REPO_ROOT
 from tests.test_moses import OFFICIAL_TOK_DE
 
@@ -521,8 +521,8 @@ def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
     rows = [[5, 6, 7, 8], [9, 10], [11]]
     batch = {
         "src": pad_batch(rows, 0),
-        "tgt_in": pad_batch(rows[::-1], 0, prefix=2),
-        "tgt_out": pad_batch(rows[::-1], 0, suffix=3),
+        "tgt_in": pad_batch([[2, *row] for row in rows[::-1]], 0),
+        "tgt_out": pad_batch([[*row, 3] for row in rows[::-1]], 0),
         "num_tgt_tokens": 10,
     }
     spec_path = train_throughput.write_fairseq_handover(tmp_path, cfg, batch, tokens, vocab=1000)

@@ -1,0 +1,103 @@
+"""Optuna ablation sweeps: `python -m pipeline.sweep ablations/<spec>.yaml [--storage URL] [--n-trials N]`.
+
+The command line of a worker (or of N workers on one machine, `--workers N`), and of the study's
+maintenance: `--retry-failed`, `--git-add`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from pipeline.cli import main
+from pipeline.errors import ConfigError
+from pipeline.redaction import hide_password
+from pipeline.sweep import launch
+from pipeline.sweep.claims import FINISHED, _count, retry_failed
+from pipeline.sweep.ddp import TRIAL_ENV
+from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, _overrides_text, load_spec
+from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
+from pipeline.sweep.summary import study_summary
+from pipeline.sweep.trial import run_trial_rank
+from pipeline.sweep.worker import run_worker
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.sweep", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("spec", help="study spec, e.g. ablations/table3.yaml")
+    parser.add_argument("--storage", help="SQLAlchemy URL (default: SQLite under the results dir)")
+    parser.add_argument("--n-trials", type=int, help="run at most this many trials in this worker")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
+    parser.add_argument(
+        "--git-add",
+        action="store_true",
+        help="run no trial: stage the study's records and a consistent copy of its SQLite "
+        "storage for a commit (safe while workers run)",
+    )
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run no trial: queue again every grid point whose last attempt failed with an "
+        "error (after fixing its cause); workers then resume it from its checkpoint",
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=WORK_ROOT,
+        help="where trials keep checkpoints and other bulky outputs (outside the repository); "
+        "an interrupted point resumes from its checkpoint here",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="start this many workers on this machine, sharing its device (threads = cores / "
+        "N each; CUDA MPS where installed); see pipeline.sweep.launch",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    return args
+
+
+def cli(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    spec = load_spec(args.spec)
+    storage = args.storage or default_storage(spec, args.results_dir)
+    if args.git_add:
+        git_add_study(args.results_dir / spec.study)
+        return
+    if args.retry_failed:
+        if spec.kind != "grid":
+            raise ConfigError(f"{args.spec}: --retry-failed is for grid studies (a search "
+                              "draws new trials in place of failed ones)")  # fmt: skip
+        study = open_study(spec, open_storage(storage, spec.settings))
+        queued = retry_failed(study)
+        for point in queued:
+            print(f"queued again: {_overrides_text(point)}")
+        print(f"{len(queued)} failed point(s) of study '{spec.study}' queued again")
+        return
+    if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
+        run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir)
+        return
+    if args.workers > 1:
+        command = launch.worker_command(args.spec, storage, args.results_dir,
+                                              args.work_dir, args.n_trials)  # fmt: skip
+        raise SystemExit(launch.launch_workers(command, args.workers))
+    study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
+    finished = _count(study, FINISHED)
+    print(study_summary(study, spec))
+    print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
+    from pipeline.disk_usage import leftovers_message
+
+    print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
+
+
+def console() -> None:
+    """The `transformer-sweep` command (pyproject.toml)."""
+    main(cli)

@@ -1,0 +1,169 @@
+"""A finished trial's record (`<results-dir>/<study>/trials/<point>/`): metrics, params, hypotheses,
+validation curve and run info, committed with the study; and the log of the point's training
+attempts that the record sums."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import optuna
+import torch
+import yaml
+
+from pipeline import config as config_lib
+from pipeline.atomic import write_json_atomic, write_text_atomic
+from pipeline.errors import Preempted
+from pipeline.sweep.spec import TrialPaths
+
+RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
+
+
+ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
+
+
+CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
+
+
+@contextlib.contextmanager
+def _attempt_logged(work: Path, trial: optuna.Trial):
+    """Log each training attempt at the point (trial, steps, wall time, machine) in its work dir,
+    also for an attempt that was preempted or killed: the record sums them.
+
+    A line saying the attempt started comes first; its outcome follows when it ends. A SIGKILL
+    leaves only the first: the next attempt at the point counts that one killed, at the step
+    of the newest checkpoint it left, for the time until the last file it wrote."""
+    from pipeline.environment import hardware
+
+    base = {"trial": trial.number, "hardware": hardware(), "threads": torch.get_num_threads()}
+    _close_killed_attempts(work)
+    start = {"outcome": STARTED, "step": _checkpoint_step(work), "wall_time_s": 0.0}
+    _append_attempt(work, {**base, **start, "started_at": time.time()})
+    started = time.perf_counter()
+    outcome = "interrupted"
+    try:
+        yield
+        outcome = "finished"
+    except Preempted:
+        outcome = "preempted"
+        raise
+    finally:
+        wall = round(time.perf_counter() - started, 1)
+        step = _checkpoint_step(work)
+        _append_attempt(work, {**base, "outcome": outcome, "step": step, "wall_time_s": wall})
+
+
+STARTED = "started"  # an attempt's first line; its last says how it ended
+
+
+def _append_attempt(work: Path, line: dict) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ATTEMPTS_FILE, "a", encoding="utf-8") as attempts:
+        attempts.write(json.dumps(line) + "\n")
+
+
+def read_attempts(work: Path) -> list[dict]:
+    """The point's attempts in the order they started, each as its last line says."""
+    path = work / ATTEMPTS_FILE
+    if not path.exists():
+        return []
+    latest: dict[int, dict] = {}
+    for text in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by a kill
+            line = json.loads(text)
+            latest[line["trial"]] = {**latest.get(line["trial"], {}), **line}
+    return list(latest.values())
+
+
+def _checkpoint_step(work: Path) -> int:
+    """The step of the point's newest checkpoint (0 for none)."""
+    progress = work / "train" / "checkpoints" / "progress.json"
+    return json.loads(progress.read_text())["step"] if progress.exists() else 0
+
+
+def _close_killed_attempts(work: Path) -> None:
+    """Record the attempts that started but never ended (their process was killed) as killed:
+    at the step of the newest checkpoint (where the next attempt resumes), for the time until
+    the last checkpoint or history row written at the point."""
+    step = _checkpoint_step(work)
+    written = [work / "train" / "checkpoints", work / "plots"]
+    last_write = max((p.stat().st_mtime for d in written if d.is_dir() for p in d.rglob("*")),
+                     default=0.0)  # fmt: skip
+    for attempt in read_attempts(work):
+        if attempt["outcome"] != STARTED:
+            continue
+        wall = round(max(0.0, last_write - attempt["started_at"]), 1)
+        killed = {"outcome": "killed", "step": max(step, attempt["step"]), "wall_time_s": wall}
+        _append_attempt(work, {**attempt, **killed})
+
+
+def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds) -> None:
+    """Copy what the report needs into the point's record folder (committed with the study) and
+    keep the headline numbers on the trial itself. `run.json` is written last."""
+    from pipeline.environment import provenance
+    from pipeline.training.module import LOSS_AVERAGE
+
+    record = paths.record
+    record.mkdir(parents=True, exist_ok=True)
+    for name in ("train.json", "eval.json"):
+        shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
+    for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
+        shutil.copyfile(hypotheses, record / hypotheses.name)
+    write_text_atomic(
+        record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
+    )
+    write_json_atomic(record / "curve.json", validation_curve(cfg))
+    attempts = [
+        {key: value for key, value in attempt.items() if key != "started_at"}
+        for attempt in read_attempts(paths.work)
+    ]
+    run = {
+        "trial": trial.number,
+        "params": trial.params,
+        **provenance(),
+        "precision": train_metrics.get("precision"),
+        "loss_average": LOSS_AVERAGE,
+        "threads": torch.get_num_threads(),
+        "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
+        "eval_wall_time_s": round(eval_seconds, 1),
+        "attempts": attempts,
+    }
+    write_json_atomic(record / RUN_FILE, run)
+
+    test_split = cfg.data.test_splits[0] if cfg.data.test_splits else None
+    test = eval_metrics.get(test_split, {}) if test_split else {}
+    attrs = {
+        "val_bleu": train_metrics.get("val/bleu"),
+        "val_ppl": train_metrics.get("val/ppl"),
+        "test_bleu": test.get("bleu"),
+        "test_bleu_lc": test.get("bleu_lc"),
+        "test_chrf": test.get("chrf"),
+        "parameters": train_metrics.get("num_parameters"),
+        "record": record.name,
+        "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:
+    """Every validation of the run by step ({"step", "val/bleu", "val/loss", "val/ppl"}), from
+    DVCLive's files, which a resumed run appends to (a step logged twice keeps its last row)."""
+    from pipeline.training.trainer import DVCLIVE_SUBDIR
+
+    by_step: dict[int, dict[str, float]] = {}
+    metrics = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / "plots" / "metrics"
+    for key in CURVE_METRICS:
+        path = metrics / f"{key}.tsv"
+        if not path.exists():
+            continue
+        header, *rows = path.read_text(encoding="utf-8").splitlines()
+        columns = header.split("\t")
+        for row in rows:
+            values = dict(zip(columns, row.split("\t")))
+            step = int(values["step"])
+            by_step.setdefault(step, {"step": step})[key] = float(values[key.split("/")[-1]])
+    return [by_step[step] for step in sorted(by_step)]

@@ -1,0 +1,60 @@
+"""What a worker prints: a line per trial it ran, and the study's finished trials best first."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from pipeline.sweep.claims import FINISHED, _count
+from pipeline.sweep.params import point_name
+from pipeline.sweep.spec import StudySpec
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
+
+
+def _value_text(trial: optuna.trial.FrozenTrial) -> str:
+    return f"{trial.value:.2f}" if trial.value is not None else "-"
+
+
+def trial_line(
+    study: optuna.Study,
+    spec: StudySpec,
+    trial: optuna.trial.FrozenTrial,
+    target: int | None,
+    seconds: float,
+) -> str:
+    """`trial 3/22 heads_2-seed1: val/bleu 35.21 (complete) in 14 min 03 s`: k counts the
+    study's finished trials, this one included (other workers' too), of the study's N."""
+    finished = _count(study, FINISHED)
+    of = f"{finished}/{target}" if target else str(finished)
+    state = trial.state.name.lower()
+    return (f"trial {of} {point_name(spec, trial)}: {spec.metric} {_value_text(trial)} "
+            f"({state}) in {_duration(seconds)}")  # fmt: skip
+
+
+def study_summary(study: optuna.Study, spec: StudySpec) -> str:
+    """The finished trials best first (objective, test BLEU, state) and the best one."""
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    if not trials:
+        return f"study '{spec.study}': no finished trial yet"
+    sign = -1 if spec.direction == "maximize" else 1
+    trials = sorted(trials, key=lambda t: (t.value is None, sign * (t.value or 0.0), t.number))
+    header = ["trial", "point", spec.metric, "test BLEU", "state"]
+    rows = [header] + [
+        [str(t.number), point_name(spec, t), _value_text(t),
+         f"{t.user_attrs['test_bleu']:.2f}" if t.user_attrs.get("test_bleu") is not None else "-",
+         t.state.name.lower()]
+        for t in trials
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if complete:
+        best = study.best_trial
+        lines.append(f"best: trial {best.number} ({point_name(spec, best)}), {spec.metric} "
+                     f"{_value_text(best)}")  # fmt: skip
+    return "\n".join(lines)

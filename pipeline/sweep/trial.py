@@ -1,0 +1,121 @@
+"""One trial: train + evaluate through the DVC stages' code in the point's work directory, then
+record it; or, as a DDP rank > 0, join its training."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from pipeline import config as config_lib
+from pipeline.errors import Preempted
+from pipeline.sweep.ddp import _one_ddp_launch
+from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
+from pipeline.sweep.params import suggest_params, trial_paths
+from pipeline.sweep.pruning import StepPruningCallback, _pruner
+from pipeline.sweep.records import _attempt_logged, _record
+from pipeline.sweep.spec import WORK_ROOT, StudySpec, trial_config
+from pipeline.sweep.storage import open_storage
+
+
+def run_trial(
+    spec: StudySpec, trial: optuna.Trial, results_root: Path, work_root: Path = WORK_ROOT
+) -> float:
+    """Train + evaluate one trial through the DVC stages' code; returns the objective."""
+    from pipeline.evaluation import evaluate
+    from pipeline.tracking import start_wandb_run
+
+    params = suggest_params(spec, trial)
+    paths = trial_paths(results_root, work_root, spec, trial)
+    cfg = trial_config(spec, params, paths)
+    ensure_data(cfg, work_root / spec.study / "data")
+    run = start_wandb_run(
+        cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
+    )
+    try:
+        with _attempt_logged(paths.work, trial):
+            train_metrics = _train(spec, trial, cfg, wandb_run=run)
+        eval_started = time.perf_counter()
+        eval_metrics = evaluate.run(cfg, wandb_run=run)
+        eval_seconds = time.perf_counter() - eval_started
+    finally:
+        run.finish()
+    _ensure_still_running(trial)
+    _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
+    return train_metrics.get(spec.metric)
+
+
+def _ensure_still_running(trial: optuna.Trial) -> None:
+    """Refuse to record a trial that the storage no longer has RUNNING. `HeartbeatWatchdog`
+    watches training only: a worker whose heartbeat went stale during evaluation (suspended,
+    cut off from the storage) has been counted dead by another, which runs the point again
+    from its finished checkpoint and records it; this worker then leaves it to that one."""
+    state = trial.study._storage.get_trial(trial._trial_id).state
+    if state == TrialState.RUNNING:
+        return
+    beat = CURRENT_HEARTBEAT.get()
+    if beat is not None:
+        beat.lost = True  # so that `_run_and_tell` tells the storage nothing more
+    raise Preempted(
+        f"trial {trial.number} evaluated but not recorded: the study's storage has it {state.name} "
+        "(its heartbeat went stale during evaluation and another worker counted it dead; the "
+        "point is queued again, and its finished training is evaluated there)"
+    )
+
+
+def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
+    """`trainer.run` with the pruning callback; raises `optuna.TrialPruned` once training has
+    stopped on the pruner's word (on every rank: the others stop at the same step)."""
+    from pipeline.training import trainer
+
+    # Every validation is reported (the dashboard's intermediate values); only a pruner acts.
+    pruning = StepPruningCallback(trial, monitor=spec.metric)
+    beat = CURRENT_HEARTBEAT.get()
+    watchdog = HeartbeatWatchdog(beat, spec.settings) if beat is not None else None
+    callbacks = [callback for callback in (pruning, watchdog) if callback is not None]
+    with _one_ddp_launch(trial.number):
+        # A point whose training finished before its worker stopped is not trained again.
+        metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=callbacks, keep_finished=True)
+    if pruning is not None and pruning.pruned_at_step is not None:
+        raise optuna.TrialPruned(f"trial {trial.number} pruned at step {pruning.pruned_at_step}")
+    return metrics
+
+
+def run_trial_rank(
+    spec: StudySpec, storage_url: str, results_root: Path, number: int, work_root: Path = WORK_ROOT
+) -> None:
+    """A DDP rank > 0 of trial `number`, started by Lightning re-running the worker's command:
+    the same config, the same pruning decisions (broadcast from rank 0), no W&B run of its own
+    (the logger is rank zero's), no evaluation."""
+    storage = open_storage(storage_url, spec.settings)
+    study = optuna.load_study(study_name=spec.study, storage=storage, pruner=_pruner(spec))
+    (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    trial = optuna.Trial(study, frozen._trial_id)
+    params = suggest_params(spec, trial)  # the values already drawn for this trial
+    paths = trial_paths(results_root, work_root, spec, trial)
+    cfg = trial_config(spec, params, paths)
+    # done by rank 0: sets the paths
+    ensure_data(cfg, work_root / spec.study / "data")
+    with contextlib.suppress(optuna.TrialPruned):
+        _train(spec, trial, cfg, wandb_run=None)
+
+
+def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
+    """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
+    from pipeline.data.corpus import prepare
+    from pipeline.data.tokenizer import tokenize
+
+    cfg.paths.prepared = str(data_root / "prepared")
+    cfg.paths.tokenized = str(data_root / "tokenized")
+    data_root.mkdir(parents=True, exist_ok=True)
+    with open(data_root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = data_root / ".done"
+        if not done.exists():
+            prepare(cfg)
+            tokenize(cfg)
+            done.write_text("ok\n")
