@@ -34,6 +34,8 @@ def eval_config(base, root: Path, *overrides: tuple[str, object]):
         setattr(cfg.paths, name, str(root / name))
     for key, value in overrides:
         setattr(cfg.eval, key, value)
+        if key == "splits":  # every configured test split is evaluated: these are the ones
+            cfg.data.test_splits = [split for split in value if split != cfg.data.val_split]
     return cfg
 
 
