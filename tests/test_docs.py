@@ -150,8 +150,9 @@ def missing_commands(text: str, root: Path) -> list[str]:
             if not sources:
                 missing.append(f"python -m {module}")
                 continue
-            source = sources[0]
-            code = source.read_text(encoding="utf-8") + shared
+            # a package's options may be defined in any of its modules
+            files = sorted(path.glob("*.py")) if (path / "__main__.py").is_file() else sources[:1]
+            code = "".join(f.read_text(encoding="utf-8") for f in files) + shared
             missing += [f"python -m {module} {option}" for option in OPTION.findall(match.group(2))
                         if f'"{option}"' not in code and f"'{option}'" not in code]  # fmt: skip
     return missing
