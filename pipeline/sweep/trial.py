@@ -17,7 +17,7 @@ from pipeline.sweep.ddp import _one_ddp_launch
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
 from pipeline.sweep.params import suggest_params, trial_paths
 from pipeline.sweep.pruning import StepPruningCallback, _pruner
-from pipeline.sweep.records import _attempt_logged, _record
+from pipeline.sweep.records import _attempt_logged, _record, validation_curve
 from pipeline.sweep.spec import WORK_ROOT, StudySpec, trial_config
 from pipeline.sweep.storage import open_storage
 
@@ -46,7 +46,17 @@ def run_trial(
         run.finish()
     _ensure_still_running(trial)
     _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
+    report_curve(trial, spec.metric, validation_curve(cfg))
     return train_metrics.get(spec.metric)
+
+
+def report_curve(trial: optuna.Trial, metric: str, curve: list[dict[str, float]]) -> None:
+    """Every validation of the finished point as the trial's intermediate values (the
+    dashboard's learning curves), those a pruner has not had reported live already."""
+    reported = trial.study._storage.get_trial(trial._trial_id).intermediate_values
+    for point in curve:
+        if metric in point and point["step"] not in reported:
+            trial.report(point[metric], step=int(point["step"]))
 
 
 def _ensure_still_running(trial: optuna.Trial) -> None:
@@ -72,8 +82,10 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_r
     stopped on the pruner's word (on every rank: the others stop at the same step)."""
     from pipeline.training import trainer
 
-    # Every validation is reported (the dashboard's intermediate values); only a pruner acts.
-    pruning = StepPruningCallback(trial, monitor=spec.metric)
+    # A pruner hears every validation as it happens. Without one the curve is reported once
+    # the point is recorded (`report_curve`): a write during training would wait on a locked
+    # storage, where the heartbeat watchdog must be free to stop the run at a checkpoint.
+    pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
     beat = CURRENT_HEARTBEAT.get()
     watchdog = HeartbeatWatchdog(beat, spec.settings) if beat is not None else None
     callbacks = [callback for callback in (pruning, watchdog) if callback is not None]
