@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cli import main, parser
-from pipeline.disk_usage import folder_size, human_size, leftovers_message  # noqa: F401
+from pipeline.disk_usage import folder_size, human_size
 
 STUDY_DATA = "data"  # <work-dir>/<study>/data: prepared once per study (pipeline.sweep)
 

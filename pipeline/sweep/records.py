@@ -100,9 +100,12 @@ def _close_killed_attempts(work: Path) -> None:
         _append_attempt(work, {**attempt, **killed})
 
 
-def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds) -> None:
+def _record(
+    trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds
+) -> list[dict[str, float]]:
     """Copy what the report needs into the point's record folder (committed with the study) and
-    keep the headline numbers on the trial itself. `run.json` is written last."""
+    keep the headline numbers on the trial itself. `run.json` is written last. Returns the
+    validation curve it recorded."""
     from pipeline.environment import provenance
     from pipeline.training.module import LOSS_AVERAGE
 
@@ -115,7 +118,8 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
     write_text_atomic(
         record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
     )
-    write_json_atomic(record / "curve.json", validation_curve(cfg))
+    curve = validation_curve(cfg)
+    write_json_atomic(record / "curve.json", curve)
     attempts = [
         {key: value for key, value in attempt.items() if key != "started_at"}
         for attempt in read_attempts(paths.work)
@@ -147,6 +151,7 @@ def _record(trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_sec
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+    return curve
 
 
 def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:

@@ -17,7 +17,7 @@ from pipeline.sweep.ddp import _one_ddp_launch
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
 from pipeline.sweep.params import suggest_params, trial_paths
 from pipeline.sweep.pruning import StepPruningCallback, _pruner
-from pipeline.sweep.records import _attempt_logged, _record, validation_curve
+from pipeline.sweep.records import _attempt_logged, _record
 from pipeline.sweep.spec import WORK_ROOT, StudySpec, trial_config
 from pipeline.sweep.storage import open_storage
 
@@ -45,8 +45,8 @@ def run_trial(
     finally:
         run.finish()
     _ensure_still_running(trial)
-    _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
-    report_curve(trial, spec.metric, validation_curve(cfg))
+    curve = _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
+    report_curve(trial, spec.metric, curve)
     return train_metrics.get(spec.metric)
 
 
