@@ -699,6 +699,11 @@ def test_specs_ready_to_run_the_powered_grid_the_full_budget_rows_and_a_second_p
     assert len({s.study for s in (table3, seeds, full, de_en)}) == 4
 
 
+def spec_comments(study: str) -> str:
+    """A committed spec's text as one line of words, comment marks dropped."""
+    return " ".join((REPO_ROOT / f"ablations/{study}.yaml").read_text().replace("#", "").split())
+
+
 def test_spec_comments_state_what_five_seeds_detect():
     """The specs' comments on what five seeds can tell are the detectable differences of
     Welch's test with Holm's strictest step over each spec's comparisons, and at the spread of
@@ -709,9 +714,7 @@ def test_spec_comments_state_what_five_seeds_detect():
     per_comparison, strictest = detect(1.0, 5), detect(1.0, 5, alpha=0.05 / m)
     base = committed_records(REPO_ROOT / sweep.RESULTS_ROOT / "table3")["base"]
     sd = statistics.stdev(r["test"] for r in base)
-    text = " ".join(
-        (REPO_ROOT / "ablations/table3_seeds.yaml").read_text().replace("#", "").split()
-    )
+    text = spec_comments("table3_seeds")
     assert (
         f"with Holm's correction over the {m} comparisons with the base. With 80% power it detects a "
         f"difference of {per_comparison:.1f} seed-level SDs per comparison and {strictest:.1f} "
@@ -720,9 +723,7 @@ def test_spec_comments_state_what_five_seeds_detect():
     ) in text
     full = sweep.load_spec(REPO_ROOT / "ablations/table3_full_budget.yaml")
     m = len(full.variants) - 1
-    text = " ".join(
-        (REPO_ROOT / "ablations/table3_full_budget.yaml").read_text().replace("#", "").split()
-    )
+    text = spec_comments("table3_full_budget")
     assert (
         f"Holm's strictest step is 0.05 / {m}, where five seeds detect "
         f"{detect(1.0, 5, alpha=0.05 / m):.1f} seed-level SDs with 80% power "

@@ -81,13 +81,20 @@ def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path):
     assert recorded(tmp_path, "stopped") == [str(int(signal.SIGTERM))] * 2
 
 
-def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monkeypatch):
-    # This machine has no GPU: a stand-in `nvidia-cuda-mps-control` records how it is called.
+def stand_in_mps_control(tmp_path: Path, monkeypatch, command: str) -> None:
+    """A `nvidia-cuda-mps-control` first on PATH that runs `command` (this machine has no GPU)."""
     control = tmp_path / "bin" / launch.MPS_CONTROL
     control.parent.mkdir()
-    control.write_text(f'#!/bin/sh\necho "$* $(cat) $CUDA_MPS_PIPE_DIRECTORY" >>{tmp_path}/mps\n')
+    control.write_text(f"#!/bin/sh\n{command}\n")
     control.chmod(control.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{control.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monkeypatch):
+    # a stand-in `nvidia-cuda-mps-control` records how it is called
+    stand_in_mps_control(
+        tmp_path, monkeypatch, f'echo "$* $(cat) $CUDA_MPS_PIPE_DIRECTORY" >>{tmp_path}/mps'
+    )
     assert launch.launch_workers(worker(tmp_path), 2, cores=2, mps=True) == 0
     start, stop = (tmp_path / "mps").read_text().splitlines()
     pipe = start.split()[-1]
@@ -97,11 +104,7 @@ def test_workers_share_a_private_mps_daemon_where_it_is_installed(tmp_path, monk
 
 
 def test_a_running_mps_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
-    control = tmp_path / "bin" / launch.MPS_CONTROL
-    control.parent.mkdir()
-    control.write_text(f"#!/bin/sh\necho called >>{tmp_path}/mps\n")
-    control.chmod(control.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{control.parent}{os.pathsep}{os.environ['PATH']}")
+    stand_in_mps_control(tmp_path, monkeypatch, f"echo called >>{tmp_path}/mps")
     pipe = tmp_path / "system-mps"
     pipe.mkdir()
     (pipe / "control").touch()  # where a running daemon listens
