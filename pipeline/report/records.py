@@ -101,7 +101,8 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
 def test_references(spec: StudySpec) -> list[str]:
     """The study's test2016 references, read from the corpus and normalised as `prepare`
     does (the corpus is never copied into the repository)."""
-    from pipeline.data.corpus import clean_split, read_corpus
+    from pipeline.data.corpus import clean_split
+    from pipeline.data.sources import read_corpus
 
     data = point_config(spec, {"seed": spec.seeds[0]}).data
     return clean_split(read_corpus(data)[TEST_SPLIT], data)[0].tgt
