@@ -144,7 +144,7 @@ def tokenized_corpus(cfg: Config, tokenized: str | None) -> Iterator[tuple[objec
     holds a vocabulary of the asked size (`--vocab`, data.tokenizer.vocab_size), else the
     project's own prepare and tokenize stages run into a temporary folder (about 10 s for
     Multi30k), removed afterwards."""
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized, tokenize
 
     folder = Path(tokenized or cfg.paths.tokenized)

@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from pipeline.data.corpus import read_prepared
+    from pipeline.data.prepared import read_prepared
     from pipeline.evaluation.evaluate import load_tokenizer, one_line, translate_ids
     from pipeline.evaluation.scoring import score
     from pipeline.export import (

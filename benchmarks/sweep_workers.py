@@ -123,7 +123,7 @@ def main() -> None:
         print_json({"benchmark": "sweep_workers", "spec": args.spec, "through_sweep": rows,
                     "hardware": provenance()["hardware"]})  # fmt: skip
         return
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
     with tempfile.TemporaryDirectory(prefix="sweep-workers-") as tmp:

@@ -238,7 +238,7 @@ def export_ctranslate2(
     """Write `model` (eval mode) with `tokenizer` (its `source_eos` and pre-tokenization as the
     model was trained) as a CTranslate2 folder `out`, weights stored as `quantization`. `out`
     is replaced whole, atomically; `provenance` goes into export.json."""
-    from pipeline.data.corpus import atomic_directory
+    from pipeline.atomic import atomic_directory
 
     spec = transformer_spec(model, tokenizer)
     spec.validate()

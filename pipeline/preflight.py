@@ -18,13 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config import Config, DataConfig
-from pipeline.data.corpus import (
-    DEFAULT_CACHE_DIR,
-    corpus_splits,
-    locate_multi30k,
-    sha256_of,
-    text_file_paths,
-)
+from pipeline.data.corpus import corpus_splits
+from pipeline.data.download import sha256_of
+from pipeline.data.sources import DEFAULT_CACHE_DIR, locate_multi30k, text_file_paths
 from pipeline.errors import ConfigError
 
 

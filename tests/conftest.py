@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -145,6 +146,42 @@ def make_config(tmp_path, multi30k_dir):
 
 # ---- data fixtures (owner: data agent) -----------------------------------------------------
 
+# Slices of the real corpus, plain text (easy to break), and snapshots of folders
+SPLITS = ("train", "val", "test_2016_flickr")
+SLICE = 40  # lines per split in the sliced copies
+
+
+def raw_lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8", newline="\n") as handle:
+        return handle.read().split("\n")[:-1]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root (relative path -> bytes), to prove nothing changed."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture
+def sliced_corpus(tmp_path, multi30k_dir) -> Path:
+    """The first SLICE lines of every en/de split, as plain UTF-8 files (easy to break)."""
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    for split in SPLITS:
+        for lang in ("en", "de"):
+            lines = raw_lines(multi30k_dir / f"{split}.{lang}.gz")[:SLICE]
+            (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def sliced_config(make_config, sliced_corpus, tmp_path):
+    def _make(*overrides: str) -> config_lib.Config:
+        return make_config(f"data.raw_dir={sliced_corpus}", "data.download=false", *overrides)
+
+    return _make
+
 
 @pytest.fixture(scope="session")
 def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
@@ -153,7 +190,7 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
     Shared by the whole session: treat it as read-only (`copy.deepcopy` it before changing a
     value, and point paths.train_dir etc. elsewhere with `redirect_paths` if a test writes).
     """
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
     root = tmp_path_factory.mktemp("tokenized_smoke")
@@ -168,7 +205,7 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
 def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_lib.Config:
     """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
     tokenized once per session; read-only like `tokenized_smoke`."""
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
     root = tmp_path_factory.mktemp("tokenized_multi30k")

@@ -183,8 +183,8 @@ def test_wu2021_preset_is_their_recipe():
 def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
     """fairseq validates and saves a checkpoint per epoch: the preset's val_check_interval is
     the updates of one epoch of its own tokenized training split, at its batch size."""
-    from pipeline.data.corpus import prepare
     from pipeline.data.datamodule import TranslationDataModule
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
     from tests.conftest import redirect_paths
 

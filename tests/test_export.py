@@ -23,7 +23,7 @@ from torch import nn
 
 from pipeline import export
 from pipeline.config import ModelConfig
-from pipeline.data.corpus import read_prepared
+from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate

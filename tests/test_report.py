@@ -23,6 +23,8 @@ import sacrebleu
 from scipy import stats
 
 from pipeline import docs_blocks, report, sweep
+from pipeline.errors import PipelineError
+from pipeline.evaluation import seed_stats
 from pipeline.training.module import LOSS_AVERAGE
 from tests.conftest import REPO_ROOT
 
@@ -133,7 +135,7 @@ def test_variant_rows_match_independent_numbers(study, references):
     assert rows["heads_8"].permutation_p == pytest.approx(1.0)  # 1 run against 2: none smaller
     # heads_8's single seed gives Welch's test no spread: no p, and it stays in Holm's family
     assert rows["heads_8"].welch_p is None and rows["heads_8"].holm_p is None
-    assert rows["heads_8"].no_test_reason == report.seed_stats.SINGLE_RUN
+    assert rows["heads_8"].no_test_reason == seed_stats.SINGLE_RUN
     assert rows["heads_1"].holm_p == pytest.approx(min(1.0, 2 * welch_p(heads_1, base)))
     low, high = rows["base"].test_interval
     half = 12.7062047 * statistics.stdev(base) / 2**0.5  # t(0.975, 1 df)
@@ -181,7 +183,7 @@ def test_sentence_bootstrap_significance_over_two_seeds_is_not_a_verdict(study, 
     assert "vs the paper's -0.6: cannot tell" in heads_1 and "holds" not in heads_1
     heads_8 = next(line for line in lines if line.startswith("- heads_8"))
     assert "no Welch test;" in heads_8 and "no such row" in heads_8
-    assert f"cannot tell (no seed-level test: {report.seed_stats.SINGLE_RUN})" in heads_8
+    assert f"cannot tell (no seed-level test: {seed_stats.SINGLE_RUN})" in heads_8
 
 
 @pytest.mark.parametrize(
@@ -365,7 +367,7 @@ def test_aa_check_and_power_statement(five_seed_study):
     # six comparisons: Holm's strictest step is 0.05 / 6
     cells = []
     for alpha in (0.05, 0.05 / 6):
-        d = report.seed_stats.detectable_difference(sd, 5, alpha=alpha)
+        d = seed_stats.detectable_difference(sd, 5, alpha=alpha)
         cells.append(f"{d:.2f} BLEU ({d / sd:.2f} SD) at α = {alpha:.4f}")
     assert "Welch's test detects, with 5 seeds a side, " + " and ".join(cells) + "." in power
     assert "Holm's strictest step over the spec's 6 comparisons" in power
@@ -377,8 +379,8 @@ def test_aa_check_without_a_test_says_why(five_seed_study):
     so no call and no rate, with the reason."""
     spec, study_dir, refs = five_seed_study
     rows = report.variant_rows(spec, report.load_records(study_dir), refs)
-    for scores, reason in (([38.4, 37.1], report.seed_stats.SINGLE_RUN),
-                           ([37.1] * 5, report.seed_stats.NO_SPREAD)):  # fmt: skip
+    for scores, reason in (([38.4, 37.1], seed_stats.SINGLE_RUN),
+                           ([37.1] * 5, seed_stats.NO_SPREAD)):  # fmt: skip
         rows[0] = dataclasses.replace(rows[0], test_bleu=scores, seeds=list(range(len(scores))))
         aa = report.aa_check(rows)
         assert f"Welch's test makes no call ({reason})" in aa and "rate" not in aa
@@ -468,7 +470,7 @@ def test_references_are_the_prepared_test_split(study, references):
 
 def test_no_finished_trial_is_a_clear_error(tmp_path):
     spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
-    with pytest.raises(report.PipelineError, match="no finished trials of study 'smoke'"):
+    with pytest.raises(PipelineError, match="no finished trials of study 'smoke'"):
         report.write_report(spec, tmp_path / "smoke", log_to_wandb=False)
 
 
@@ -708,7 +710,7 @@ def test_spec_comments_state_what_five_seeds_detect():
     """The specs' comments on what five seeds can tell are the detectable differences of
     Welch's test with Holm's strictest step over each spec's comparisons, and at the spread of
     table3's committed base seeds."""
-    detect = report.seed_stats.detectable_difference
+    detect = seed_stats.detectable_difference
     seeds = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
     m = len(seeds.variants) - 1
     per_comparison, strictest = detect(1.0, 5), detect(1.0, 5, alpha=0.05 / m)

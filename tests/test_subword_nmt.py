@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data.corpus import read_prepared
 from pipeline.data.moses import moses_tokenize
+from pipeline.data.prepared import read_prepared
 from pipeline.data.subword_nmt import SubwordNmt, codes_path, join, vocab_path
 from pipeline.errors import DataError
 

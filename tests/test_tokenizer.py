@@ -15,7 +15,7 @@ from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from sentencepiece import sentencepiece_model_pb2
 
 from pipeline.config import RAW_DIR_ENV
-from pipeline.data.corpus import prepared_path
+from pipeline.data.prepared import prepared_path
 from pipeline.data.tokenizer import (
     COLUMNS,
     MODEL_FILE,

@@ -79,7 +79,7 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
     """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
     cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", *DATA])

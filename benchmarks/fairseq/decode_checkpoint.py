@@ -350,7 +350,7 @@ def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: 
     """Both searches over `split`: (its entry of the result, the translations per search)."""
     import dataclasses
 
-    from pipeline.data.corpus import read_prepared
+    from pipeline.data.prepared import read_prepared
     from pipeline.evaluation.evaluate import translate_ids
     from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
 
@@ -411,7 +411,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
     """Decode each of `splits` with `checkpoint` by both searches; writes `out` and each
     search's translations beside it (`hypotheses_path`); returns what `out` holds."""
     from benchmarks.fairseq import train_peer
-    from pipeline.data.corpus import write_json_atomic
+    from pipeline.atomic import write_json_atomic
     from pipeline.environment import provenance
     from pipeline.evaluation.evaluate import load_model, load_tokenizer, tokenizer_path
 

@@ -340,7 +340,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def cli(argv: Sequence[str] | None = None) -> None:
     from pipeline import config, docs_blocks
-    from pipeline.data.corpus import write_json_atomic
+    from pipeline.atomic import write_json_atomic
     from pipeline.environment import provenance
 
     args = parse_args(argv)

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline.config import Config
 from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
-from pipeline.data.corpus import prepared_path
+from pipeline.data.prepared import prepared_path
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.errors import ConfigError, DataError
 

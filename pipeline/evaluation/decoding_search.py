@@ -24,9 +24,10 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 
 from pipeline import config
+from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
 from pipeline.config import Config
-from pipeline.data.corpus import read_prepared, write_json_atomic
+from pipeline.data.prepared import read_prepared
 from pipeline.errors import PipelineError
 from pipeline.evaluation.evaluate import (
     load_model,

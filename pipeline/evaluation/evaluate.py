@@ -29,14 +29,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.atomic import atomic_directory, write_json_atomic
 from pipeline.config import Config, DataConfig, EvalConfig
-from pipeline.data.corpus import (
-    ParallelText,
-    atomic_directory,
-    read_prepared,
-    write_json_atomic,
-    write_lines,
-)
+from pipeline.data.corpus import ParallelText, write_lines
+from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import DataError
 from pipeline.evaluation import MODEL_CHECKPOINT, plots

@@ -1,13 +1,13 @@
 """DVC stage `prepare`: raw parallel corpus -> normalised, filtered text in `paths.prepared`.
 
-python -m pipeline.stages.prepare      (reads params.yaml; see pipeline.data.corpus)
+python -m pipeline.stages.prepare      (reads params.yaml; see pipeline.data.prepared)
 """
 
 from __future__ import annotations
 
 from pipeline import config
 from pipeline.cli import main, stage_args
-from pipeline.data.corpus import prepare
+from pipeline.data.prepared import prepare
 
 
 def run() -> dict:

@@ -118,7 +118,7 @@ def run_trial_rank(
 
 def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
     """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
-    from pipeline.data.corpus import prepare
+    from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
     cfg.paths.prepared = str(data_root / "prepared")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.fairseq import train_peer, wu2021_segmentation
-from pipeline.data.corpus import prepare
+from pipeline.data.prepared import prepare
 from pipeline.data.tokenizer import Tokenizer, load_tokenized, tokenize
 
 

@@ -1,0 +1,136 @@
+"""Verified downloads: only from a URL no network can alter (https://, a local file:// copy, or
+http:// to this machine's loopback), redirects included, and only files whose SHA-256 is known
+(`data.sha256`) unless `data.allow_unverified` names them; each is fetched atomically and its
+SHA-256 checked before it takes its name."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from pipeline.atomic import usual_mode
+from pipeline.config import RAW_DIR_ENV, DataConfig
+from pipeline.errors import ConfigError, DataError
+
+DOWNLOAD_TIMEOUT_S = 60.0  # per network read; a stalled server fails instead of hanging
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksum(path: Path, name: str, expected: str | None, origin: str) -> None:
+    """Compare `path` with its known SHA-256; no known checksum (a file the user accepted
+    unverified, see `check_verifiable`) is a warning."""
+    if not expected:
+        warnings.warn(
+            f"{name} (from {origin}): no SHA-256 in data.sha256, the file is unverified "
+            "(accepted: data.allow_unverified names it)",
+            stacklevel=2,
+        )
+        return
+    actual = sha256_of(path)
+    if actual != expected.lower():
+        raise DataError(
+            f"{name} (from {origin}): SHA-256 mismatch, expected {expected} but got {actual}; "
+            "the download is corrupt (it was discarded) or data.sha256 is outdated"
+        )
+
+
+def check_download_url(url: str, redirected_from: str | None = None) -> None:
+    """Refuse a download URL that a network could tamper with: `https://`, a local `file://`
+    copy, or plain `http://` to this machine (loopback: no network in between) only. The
+    same holds for every redirect a download follows."""
+    parsed = urllib.parse.urlsplit(url)
+    scheme, host = parsed.scheme.lower(), parsed.hostname or ""
+    if scheme in ("https", "file") or (scheme == "http" and _is_loopback(host)):
+        return
+    what = f"{redirected_from} redirects to {url}, which" if redirected_from else url
+    raise ConfigError(
+        f"config key 'data.url': {what} is not an https:// URL; files fetched over plain HTTP "
+        "(or another scheme) can be altered on the way. Use the https:// address, or put the "
+        f"files in data.raw_dir (or set {RAW_DIR_ENV})"
+    )
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL `check_download_url` accepts: https cannot hand the
+    download over to plain http."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_download_url(newurl, redirected_from=req.full_url)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_CheckedRedirects)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def check_verifiable(data: DataConfig, names: Sequence[str]) -> None:
+    """Refuse to download files with no SHA-256 in `data.sha256` unless `data.allow_unverified`
+    names each of them: what arrives could be anything."""
+    unverified = [n for n in names if not data.sha256.get(n) and n not in data.allow_unverified]
+    if unverified:
+        listed = ", ".join(unverified)
+        raise DataError(
+            f"no SHA-256 in data.sha256 for {listed}: a download cannot be verified, so it is "
+            f"refused. Add their checksums to data.sha256, put the files in data.raw_dir (or "
+            f"set {RAW_DIR_ENV}), or accept them unverified by name: "
+            f"data.allow_unverified=[{','.join(unverified)}]"
+        )
+
+
+def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
+    """Fetch `url` into `dest` (atomically, with a progress bar) and verify its SHA-256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.chmod(part, usual_mode(0o666))
+    try:
+        with (
+            os.fdopen(fd, "wb") as out,
+            _OPENER.open(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+        ):
+            total = response.headers.get("Content-Length")
+            with tqdm(
+                total=int(total) if total else None,
+                unit="B",
+                unit_scale=True,
+                desc=f"download {dest.name}",
+            ) as bar:
+                for block in iter(lambda: response.read(1 << 16), b""):
+                    out.write(block)
+                    bar.update(len(block))
+        verify_checksum(Path(part), dest.name, expected_sha256, url)
+        os.replace(part, dest)
+    except (urllib.error.URLError, OSError) as err:
+        raise DataError(
+            f"could not download {url} ({getattr(err, 'reason', err)}); check the network and "
+            f"data.url, or put the files in data.raw_dir (or set {RAW_DIR_ENV})"
+        ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+    return dest

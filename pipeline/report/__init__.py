@@ -1,0 +1,117 @@
+"""Ablation report: `python -m pipeline.report <study> [--update-docs]`.
+
+Made from the study's committed files alone (`ablations/results/<study>/`: the finished trials'
+records `trials/<variant>-seed<seed>/`, the references, and `study.db` for the trial states), so
+that anyone with a clone re-makes it exactly:
+- `report.md`: a Table-3 shaped table, one row per variant that ran under the base's run
+  conditions (commit, hardware class, precision): what changed, parameters, val perplexity, val
+  BLEU (lc) as mean +- std over seeds, test2016 BLEU (lc) as the seed mean and its 95%
+  t-interval, the difference to the base, Welch's t-test of that difference over seed-level
+  BLEU (the unit is the training run) and its Holm-adjusted p across the study's comparisons,
+  the verdict against the paper's direction (from that test only), the exact permutation test
+  of the same difference (distribution-free) and sacreBLEU's paired bootstrap over test
+  sentences as secondary columns, and the paper's own Table 3
+  difference (the spec's `paper` entries); variants run under other conditions in a block of
+  their own, never judged against the base; the A/A check on the base's seeds, the difference
+  the study can detect at the base's seed spread, one finding per row and a summary, all
+  written from the records; with `--transfer`, whether each finding holds on each language pair;
+- charts (PNG): BLEU per variant (every seed a point, the t-interval over seeds), perplexity
+  against BLEU for the label-smoothing rows, learning curves of val BLEU per variant;
+- `--update-docs`: docs/ablation-results.md's block between `<!-- ablation:<study>:begin -->`
+  and `<!-- ablation:<study>:end -->` gets the same table and findings, and README's block
+  `ablation:<study>:summary`, where README has one, the table's main columns (a test checks
+  that the committed pages equal this command's output);
+- one W&B summary run in the study's group with the same table and charts (`--no-wandb` skips).
+A search study's report is its trials ranked by the objective.
+
+One job per module: `records` (the finished trials and their run conditions), `rows` (per-variant
+statistics and verdicts), `tables` (the Markdown tables), `prose` (findings, summary, A/A check,
+power), `charts`, `document` (the report's Markdown and report.md), `docs` (the blocks on the docs
+site and README), `wandb_summary` and `cli`. The names below are the package's public API.
+"""
+
+from pipeline.report.charts import CHARTS
+from pipeline.report.cli import cli, console
+from pipeline.report.docs import (
+    PAGE,
+    SUMMARY_COLUMNS,
+    block_name,
+    docs_block,
+    summary_block,
+    update_docs,
+)
+from pipeline.report.document import markdown, trial_states, write_report
+from pipeline.report.prose import aa_check, findings, power_statement, summary
+from pipeline.report.records import (
+    P_METRIC,
+    TEST_SPLIT,
+    VAL_SPLIT,
+    RunConditions,
+    TrialRecord,
+    hardware_class,
+    load_records,
+    test_references,
+)
+from pipeline.report.rows import (
+    BASE_VARIANT,
+    CANNOT_TELL,
+    CONTRADICTS,
+    DIFFERS,
+    HOLDS,
+    SIGNIFICANCE,
+    VariantRow,
+    pooled_p_value,
+    variant_rows,
+    verdict,
+)
+from pipeline.report.tables import (
+    grid_table,
+    other_conditions_table,
+    pair_label,
+    ppl_note,
+    search_table,
+    transfer_table,
+)
+
+__all__ = [
+    "BASE_VARIANT",
+    "CANNOT_TELL",
+    "CHARTS",
+    "CONTRADICTS",
+    "DIFFERS",
+    "HOLDS",
+    "PAGE",
+    "P_METRIC",
+    "RunConditions",
+    "SIGNIFICANCE",
+    "SUMMARY_COLUMNS",
+    "TEST_SPLIT",
+    "TrialRecord",
+    "VAL_SPLIT",
+    "VariantRow",
+    "aa_check",
+    "block_name",
+    "cli",
+    "console",
+    "docs_block",
+    "findings",
+    "grid_table",
+    "hardware_class",
+    "load_records",
+    "markdown",
+    "other_conditions_table",
+    "pair_label",
+    "pooled_p_value",
+    "power_statement",
+    "ppl_note",
+    "search_table",
+    "summary",
+    "summary_block",
+    "test_references",
+    "transfer_table",
+    "trial_states",
+    "update_docs",
+    "variant_rows",
+    "verdict",
+    "write_report",
+]

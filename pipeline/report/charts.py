@@ -1,0 +1,80 @@
+"""The report's charts (PNG): BLEU per variant (every seed a point, the t-interval over seeds),
+perplexity against BLEU for the label-smoothing rows, learning curves of val BLEU per variant."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from pipeline.evaluation import plots
+from pipeline.report.records import TrialRecord
+from pipeline.report.rows import BASE_VARIANT, VariantRow
+from pipeline.report.tables import BATCH_MEAN_MARK, all_per_token
+from pipeline.sweep.spec import StudySpec
+
+CHARTS = {
+    "bleu_per_variant": "bleu_per_variant.png",
+    "ppl_vs_bleu": "ppl_vs_bleu.png",
+    "learning_curves": "learning_curves.png",
+}
+
+
+def _half_width(row: VariantRow) -> float | None:
+    low, high = row.test_interval
+    return None if low is None else (high - low) / 2
+
+
+def charts(
+    spec: StudySpec, rows: list[VariantRow], records: list[TrialRecord], out: Path
+) -> dict[str, Path]:
+    made: dict[str, Path] = {}
+    if not rows:
+        return made
+    base = next((r.test_mean for r in rows if r.variant == BASE_VARIANT), None)
+    made["bleu_per_variant"] = plots.save_png(
+        plots.seed_points_figure(
+            [r.variant for r in rows],
+            [r.test_bleu for r in rows],
+            [_half_width(r) for r in rows],
+            ylabel="test2016 BLEU (lc): seeds, mean, 95% t-interval",
+            title=f"{spec.study}: one factor at a time",
+            baseline=base,
+        ),
+        out / CHARTS["bleu_per_variant"],
+    )
+    smoothing = {
+        r.variant: list(zip(r.val_ppl, r.val_bleu))
+        for r in rows
+        if r.variant == BASE_VARIANT or "train.label_smoothing" in spec.variants[r.variant]
+    }
+    if len(smoothing) > 1:
+        made["ppl_vs_bleu"] = plots.save_png(
+            plots.labelled_scatter_figure(
+                smoothing,
+                xlabel="val perplexity, last checkpoint"
+                + (
+                    ", per target subword"
+                    if all_per_token(rows)
+                    else f" ({BATCH_MEAN_MARK.strip()}: mean of val batch means)"
+                ),
+                ylabel="val BLEU (lc), averaged checkpoints, beam",
+                title="label smoothing: val perplexity against BLEU (paper 5.4)",
+            ),
+            out / CHARTS["ppl_vs_bleu"],
+        )
+    curves = {}
+    for row in rows:
+        runs = [r.curve for r in records if r.variant == row.variant]
+        steps = sorted(set.intersection(*({p["step"] for p in c if "val/bleu" in p} for c in runs)))
+        if steps:
+            by_step = [{p["step"]: p["val/bleu"] for p in c if "val/bleu" in p} for c in runs]
+            curves[row.variant] = (steps, [statistics.fmean(c[s] for c in by_step) for s in steps])
+    if curves:
+        made["learning_curves"] = plots.save_png(
+            plots.curves_figure(
+                curves, xlabel="update", ylabel="val BLEU (greedy, mean over seeds)",
+                title=f"{spec.study}: validation BLEU during training",
+            ),
+            out / CHARTS["learning_curves"],
+        )  # fmt: skip
+    return made

@@ -1,0 +1,70 @@
+"""Ablation report: `python -m pipeline.report <study> [--update-docs]`.
+
+Writes the study's `report.md` and charts into its results folder, with `--update-docs` its
+blocks in docs/ablation-results.md and README.md, and one W&B summary run (`--no-wandb` skips);
+`--transfer` adds whether each finding holds on each language pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline import docs_blocks
+from pipeline.cli import main
+from pipeline.errors import PipelineError
+from pipeline.report.docs import PAGE, update_docs
+from pipeline.report.document import write_report
+from pipeline.report.records import load_records
+from pipeline.sweep.spec import RESULTS_ROOT, StudySpec, load_spec
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
+    )
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
+    docs_blocks.add_update_argument(parser, f"{PAGE} (and README.md's summary)")
+    parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
+    parser.add_argument(
+        "--transfer",
+        action="append",
+        default=[],
+        metavar="STUDY",
+        help="a study of the same grid on another language pair (name or spec path; repeatable):"
+        " the report shows whether each finding holds on each pair",
+    )
+    return parser.parse_args(argv)
+
+
+def _spec(study: str) -> StudySpec:
+    """A study's spec from its name (ablations/<study>.yaml) or a spec path."""
+    path = Path(study)
+    if path.suffix not in (".yaml", ".yml"):
+        path = Path("ablations") / f"{study}.yaml"
+    return load_spec(path)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    spec = _spec(args.study)
+    transfer = tuple(_spec(name) for name in args.transfer)
+    study_dir = args.results_dir / spec.study
+    for other in transfer:
+        if not load_records(args.results_dir / other.study):
+            raise PipelineError(
+                f"--transfer {other.study}: no finished trials in "
+                f"{args.results_dir / other.study}: run its sweep first"
+            )
+    report = write_report(spec, study_dir, log_to_wandb=not args.no_wandb, transfer=transfer)
+    if args.update_docs:
+        update_docs(spec, study_dir, args.update_docs, transfer=transfer)
+    print(report.read_text(encoding="utf-8"))
+
+
+def console() -> None:
+    """The `transformer-report` command (pyproject.toml)."""
+    main(cli)

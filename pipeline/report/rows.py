@@ -1,0 +1,172 @@
+"""Per-variant statistics: one row per variant over its seeds, compared with the base by Welch's
+test over seed-level BLEU (Holm-adjusted, the verdict's only source), the exact permutation test
+and sacreBLEU's paired bootstrap over test sentences, and the verdict against the paper."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.evaluation import scoring, seed_stats
+from pipeline.report.records import (
+    P_METRIC,
+    TEST_SPLIT,
+    VAL_SPLIT,
+    RunConditions,
+    TrialRecord,
+)
+from pipeline.sweep.spec import StudySpec
+from pipeline.training.module import LOSS_AVERAGE
+
+BASE_VARIANT = "base"
+SIGNIFICANCE = seed_stats.ALPHA
+# Verdicts against the paper, from the seed-level test alone
+HOLDS, CONTRADICTS, CANNOT_TELL, DIFFERS = "holds", "contradicts", "cannot tell", "differs"
+
+
+@dataclass
+class VariantRow:
+    variant: str
+    factor: str
+    parameters: int | None
+    val_ppl: list[float]
+    val_bleu: list[float]
+    test_bleu: list[float]
+    test_half_widths: list[float]
+    seeds: list[int]
+    # False where a trial logged its val loss as the mean of the val batches' means (records
+    # made before TokenMean carry no `loss_average`)
+    ppl_per_token: bool = True
+    paper: dict[str, Any] = field(default_factory=dict)
+    # None where the variant's own trials ran under several conditions
+    conditions: RunConditions | None = None
+    # False where the variant and the base ran under different conditions: not compared
+    comparable: bool = True
+    delta: float | None = None
+    # sacreBLEU's paired bootstrap over test sentences, seeds pooled (secondary)
+    p_value: float | None = None
+    # Welch's test over seed-level test BLEU (the verdict's), its Holm-adjusted p, and why
+    # there is none where it cannot be made
+    welch_p: float | None = None
+    holm_p: float | None = None
+    no_test_reason: str | None = None
+    # the exact permutation test of the same difference (distribution-free, secondary)
+    permutation_p: float | None = None
+    verdict: str | None = None
+    ppl_delta: float | None = None
+    # every seed's val PPL on one side of every base seed's
+    ppl_seeds_apart: bool = False
+
+    @property
+    def test_mean(self) -> float:
+        return statistics.fmean(self.test_bleu)
+
+    @property
+    def test_interval(self) -> tuple[float | None, float | None]:
+        return seed_stats.t_interval(self.test_bleu)[1:]
+
+    @property
+    def compared(self) -> bool:
+        return self.delta is not None and self.comparable
+
+    @property
+    def test_half_width(self) -> float | None:
+        return statistics.fmean(self.test_half_widths) if self.test_half_widths else None
+
+
+def factor_text(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "(base recipe)"
+
+
+def variant_rows(
+    spec: StudySpec, records: list[TrialRecord], references: list[str]
+) -> list[VariantRow]:
+    """One row per variant with finished trials, in the spec's order. A variant run under the
+    base's conditions is compared with it by Welch's test over seeds (Holm-adjusted across all
+    such comparisons; its verdict comes from that alone) and, secondarily, by the exact
+    permutation test over seeds and a paired bootstrap over test sentences, the seeds both ran
+    pooled. One run under other conditions (or the base itself under several) is not
+    compared."""
+    by_variant: dict[str, list[TrialRecord]] = {}
+    for record in records:
+        by_variant.setdefault(record.variant, []).append(record)
+    rows = []
+    for variant, overrides in spec.variants.items():
+        group = sorted(by_variant.get(variant, []), key=lambda r: r.seed)
+        if not group:
+            continue
+        conditions = {r.conditions for r in group}
+        rows.append(
+            VariantRow(
+                variant=variant,
+                factor=factor_text(overrides),
+                parameters=group[0].train.get("num_parameters"),
+                val_ppl=[r.train["last"]["val/ppl"] for r in group],
+                val_bleu=[r.score(VAL_SPLIT) for r in group],
+                test_bleu=[r.score(TEST_SPLIT) for r in group],
+                test_half_widths=[
+                    r.eval[TEST_SPLIT]["bleu_lc_ci"]
+                    for r in group
+                    if "bleu_lc_ci" in r.eval[TEST_SPLIT]
+                ],
+                seeds=[r.seed for r in group],
+                ppl_per_token=all(r.run.get("loss_average") == LOSS_AVERAGE for r in group),
+                paper=spec.paper.get(variant, {}),
+                conditions=conditions.pop() if len(conditions) == 1 else None,
+            )
+        )
+    base = {r.seed: r for r in by_variant.get(BASE_VARIANT, [])}
+    base_row = next((r for r in rows if r.variant == BASE_VARIANT), None)
+    for row in rows:
+        if base_row is None or row is base_row:
+            continue
+        row.comparable = base_row.conditions is not None and row.conditions == base_row.conditions
+        row.delta = row.test_mean - base_row.test_mean
+        row.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(base_row.val_ppl)
+        row.ppl_seeds_apart = min(row.val_ppl) > max(base_row.val_ppl) or max(row.val_ppl) < min(
+            base_row.val_ppl
+        )
+        if row.comparable:
+            welch = seed_stats.welch_test(row.test_bleu, base_row.test_bleu)
+            row.welch_p, row.no_test_reason = welch.p, welch.reason
+            row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
+            row.p_value = pooled_p_value(base, by_variant[row.variant], references)
+    compared = [r for r in rows if r.compared]
+    for row, adjusted in zip(compared, seed_stats.holm([r.welch_p for r in compared])):
+        row.holm_p = adjusted
+        row.verdict = verdict(row.delta, adjusted, row.paper)
+    for row in rows:
+        if row.delta is not None and not row.comparable:
+            row.verdict = CANNOT_TELL
+    return rows
+
+
+def verdict(delta: float, holm_p: float | None, paper: dict[str, Any]) -> str:
+    """The paper's finding against ours, at the study-wise level: 'holds' only where the
+    seed-level difference is significant after Holm and in the paper's direction;
+    'contradicts' where significant against it (or where the paper finds no difference);
+    'cannot tell' where not significant or not testable (no Holm p: a single seed on a side, or
+    no spread on either; no test of equivalence is made, so the absence of a difference is
+    never a finding); 'differs' where the paper has no such row."""
+    significant = holm_p is not None and holm_p <= SIGNIFICANCE
+    if not significant:
+        return CANNOT_TELL
+    if not paper:
+        return DIFFERS
+    if paper.get("no_difference") or paper["bleu"] == 0:
+        return CONTRADICTS
+    return HOLDS if (paper["bleu"] > 0) == (delta > 0) else CONTRADICTS
+
+
+def pooled_p_value(
+    base: dict[int, TrialRecord], variant: list[TrialRecord], references: list[str]
+) -> float | None:
+    """sacreBLEU's paired bootstrap (1000 resamples, lowercased BLEU) of the variant against
+    the base on test2016, the seeds both ran pooled: seed k's hypotheses of each system side by
+    side over the test set repeated once per seed."""
+    pairs = [(base[r.seed], r) for r in variant if r.seed in base]
+    if not pairs:
+        return None
+    translations = [(b.hypotheses(TEST_SPLIT), r.hypotheses(TEST_SPLIT)) for b, r in pairs]
+    return scoring.pooled_paired_bootstrap(translations, references, P_METRIC)
