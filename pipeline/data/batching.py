@@ -218,9 +218,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         noise = np.random.default_rng(self.seed).random(len(self.src_lens))
         snaking_tgt = np.where(self.src_lens % 2 == 0, self.tgt_lens, -self.tgt_lens)
         order = np.lexsort((noise, snaking_tgt, self.src_lens))
-        return pack_min_padding(
-            order, self.src_lens, self.tgt_lens, self.max_tokens, self.budget
-        )
+        return pack_min_padding(order, self.src_lens, self.tgt_lens, self.max_tokens, self.budget)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank and every epoch)."""

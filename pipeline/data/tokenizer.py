@@ -52,12 +52,12 @@ from pathlib import Path
 import sentencepiece as spm
 from tqdm.auto import tqdm
 
-from pipeline.config import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.atomic import atomic_directory, write_json_atomic
+from pipeline.config import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.data.corpus import ParallelText
 from pipeline.data.download import sha256_of
-from pipeline.data.prepared import read_prepared
 from pipeline.data.moses import moses_detokenize, moses_tokenize
+from pipeline.data.prepared import read_prepared
 from pipeline.data.subword_nmt import SubwordNmt, codes_path, join
 from pipeline.errors import DataError
 
