@@ -33,6 +33,7 @@ from pipeline.training.checkpoints import (
 from pipeline.training.loss import label_smoothed_nll
 from pipeline.training.module import DivergedError, TranslationModule, inverse_sqrt_rate
 from pipeline.training.precision import cpu_has_bf16_instructions
+from pipeline.training.throughput import Throughput
 from pipeline.training.trainer import build_callbacks, run
 from tests.conftest import redirect_paths, run_stage
 
@@ -113,14 +114,15 @@ class RecordBatches(Callback):
 
 def test_callbacks_rank_checkpoints_and_stop_early_by_the_monitored_metric(make_config):
     by_bleu = build_callbacks(make_config("train.early_stopping_patience=3", "train.save_top_k=4"))
-    last_k, best_k, early = by_bleu
+    throughput, last_k, best_k, early = by_bleu
+    assert isinstance(throughput, Throughput)
     assert (last_k.monitor, last_k.mode, last_k.save_top_k, last_k.save_last) == (
         "step", "max", 4, True)  # fmt: skip
     assert (best_k.monitor, best_k.mode, best_k.save_top_k) == ("val/bleu", "max", 4)
     assert isinstance(early, EarlyStopping)
     assert (early.monitor, early.patience, early.mode) == ("val/bleu", 3, "max")
     by_loss = build_callbacks(make_config("train.val_bleu=false"))
-    assert [(c.monitor, c.mode) for c in by_loss] == [("step", "max"), ("val/loss", "min")]
+    assert [(c.monitor, c.mode) for c in by_loss[1:]] == [("step", "max"), ("val/loss", "min")]
 
 
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):

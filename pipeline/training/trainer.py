@@ -3,7 +3,8 @@
     cfg.train --> Lightning Trainer (accelerator, devices and DDP: `pipeline.training.hardware`;
                                       precision, steps, clipping, accumulation, validation
                                       cadence)
-              --> callbacks: checkpoints (last + last-k by step + best-k by val/bleu),
+              --> callbacks: throughput and wall time (`pipeline.training.throughput`),
+                             checkpoints (last + last-k by step + best-k by val/bleu),
                              optional early stopping, the caller's own (e.g. Optuna pruning)
               --> loggers:   W&B (`pipeline.tracking`, rank zero) and DVCLive (dvc plots)
     outputs:  <train_dir>/checkpoints/ (see `pipeline.training.checkpoints`),
@@ -60,6 +61,7 @@ from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
 from pipeline.training.progress import StepProgress, silence_lightning_noise
 from pipeline.training.resume import restore_preempted_run, resume_point, stash_preempted_run
+from pipeline.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +78,13 @@ def monitored_metric(cfg: Config) -> tuple[str, str]:
     return ("val/bleu", "max") if cfg.train.val_bleu else ("val/loss", "min")
 
 
-def build_callbacks(cfg: Config) -> list[Callback]:
+def build_callbacks(cfg: Config, process_started: float | None = None) -> list[Callback]:
+    """The run's own callbacks: its throughput and wall time (`Throughput`, the wall time
+    counted from `process_started`), its checkpoints and, if configured, early stopping."""
     directory = checkpoint_dir(cfg.paths.train_dir)
     monitor, mode = monitored_metric(cfg)
     callbacks: list[Callback] = [
+        Throughput(process_started),
         # last.ckpt (resume) + the newest save_top_k validations (averaging the last N)
         ModelCheckpoint(
             dirpath=directory,
@@ -117,12 +122,14 @@ def build_trainer(
     loggers: Sequence,
     callbacks: Sequence[Callback] = (),
     trained_in: str | None = None,
+    process_started: float | None = None,
 ) -> tuple[L.Trainer, str]:
     """The Lightning Trainer for `cfg.train`; returns it with the precision it resolved.
 
     `trained_in`: the precision a resumed run was trained in. `train.precision: auto` keeps
     it rather than deciding anew: the timing behind `auto` can come out otherwise on a busy
     or another machine, and a run that changed precision midway is not the run it resumes.
+    `process_started`: where the run's wall time of this process starts (`Throughput`).
     """
     t = cfg.train
     accelerator = resolve_accelerator(t.accelerator)
@@ -159,7 +166,7 @@ def build_trainer(
         # The token batch sampler shards by rank itself.
         use_distributed_sampler=False,
         logger=list(loggers),
-        callbacks=[*build_callbacks(cfg), *callbacks, *progress],
+        callbacks=[*build_callbacks(cfg, process_started), *callbacks, *progress],
         plugins=[AtomicCheckpointIO()],
         default_root_dir=cfg.paths.train_dir,
     )
@@ -231,7 +238,6 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
     module.code_version = code_version()
-    module.process_started = started
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
     wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
@@ -245,7 +251,11 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     preemption = PreemptionCallback(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     module.preemption = preemption
     trainer, precision = build_trainer(
-        cfg, [wandb, dvclive], [*callbacks, preemption, LiveHistory(dvclive)], trained_in=trained_in
+        cfg,
+        [wandb, dvclive],
+        [*callbacks, preemption, LiveHistory(dvclive)],
+        trained_in=trained_in,
+        process_started=started,
     )
     _stop_if_signalled(ckpt_path)
     try:
@@ -264,7 +274,10 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     finally:
         preemption.restore()
 
-    summary = summarize(cfg, trainer, module, precision, ckpt_path, time.perf_counter() - started)
+    (throughput,) = [c for c in trainer.callbacks if isinstance(c, Throughput)]
+    summary = summarize(
+        cfg, trainer, module, throughput, precision, ckpt_path, time.perf_counter() - started
+    )
     if trainer.is_global_zero:
         write_outputs(cfg, summary, module.history)
         _finish_wandb(wandb, summary)
@@ -289,6 +302,7 @@ def summarize(
     cfg: Config,
     trainer: L.Trainer,
     module: TranslationModule,
+    throughput: Throughput,
     precision: str,
     resumed_from: Path | None,
     wall_time: float,
@@ -308,13 +322,13 @@ def summarize(
             "step": trainer.global_step,
         },
         "num_parameters": module.model.num_parameters(),
-        "train/tokens_per_sec": module.throughput,
-        "train/target_tokens": int(module.target_tokens),
+        "train/tokens_per_sec": throughput.tokens_per_sec,
+        "train/target_tokens": int(throughput.target_tokens),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         # The whole run's, across resumes, to its final checkpoint (work lost to a kill
         # excluded: a finished run that is only recorded keeps its own); this process's too.
-        "wall_time_s": module.final_totals["wall_seconds"],
+        "wall_time_s": throughput.wall_seconds,
         "process_wall_time_s": wall_time,
         "precision": precision,
         "world_size": trainer.world_size,
