@@ -38,7 +38,7 @@ class Leftover:
 
 def train_leftovers(train_dir: Path) -> list[Leftover]:
     """The runs moved aside beside `train_dir`, and a stopped run waiting there."""
-    from pipeline.training.trainer import PREEMPTED_SUFFIX, REPLACED_SUFFIX
+    from pipeline.training.resume import PREEMPTED_SUFFIX, REPLACED_SUFFIX
 
     found = []
     replaced = train_dir.with_name(train_dir.name + REPLACED_SUFFIX)

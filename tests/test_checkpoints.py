@@ -31,7 +31,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     select_checkpoints,
 )
-from pipeline.training.trainer import resume_checkpoint
+from pipeline.training.resume import resume_checkpoint
 
 
 def _checkpoint(step: int, seed: int = 0) -> dict:

@@ -72,7 +72,7 @@ def test_clean_lists_sizes_and_removes_only_what_is_finished_and_recorded_when_a
 
 
 def test_a_run_moved_aside_says_how_much_is_there_and_how_to_clean_it(tmp_path):
-    from pipeline.training.trainer import _move_aside
+    from pipeline.training.resume import _move_aside
 
     train_dir = tmp_path / "models/train"
     _file(tmp_path / "models/train.replaced/20260101-000000/step-00000100.ckpt", 3000)

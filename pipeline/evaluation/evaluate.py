@@ -81,7 +81,7 @@ def check_trained_with(sources: Sequence[Path], cfg: Config) -> None:
     """Refuse checkpoints that another config made (params.yaml changed after the train stage
     ran, or under it): their scores would be recorded under parameters they were not trained
     with. Keys that cannot change the weights (RESUME_FREE_KEYS) may differ."""
-    from pipeline.training.trainer import check_same_run
+    from pipeline.training.resume import check_same_run
 
     for path in sources:
         check_same_run(

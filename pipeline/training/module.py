@@ -1,5 +1,6 @@
-"""The training objective and its bookkeeping: sections 5.3 (optimizer, schedule), 5.4
-(label smoothing) and the metrics every run reports.
+"""The training objective and its metrics: sections 5.3 (optimizer, schedule), 5.4 (label
+smoothing), the losses every run logs and validation BLEU. Token counts, throughput and wall
+time are measured beside it (`pipeline.training.throughput`).
 
     loss  = sum_t [(1 - eps) * -log p(y_t) + eps * (1/V) sum_v -log p(v)] / #tokens   (5.4)
     lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)                 (5.3, eq. 3)
@@ -16,7 +17,6 @@ target tokens by their number (`update`: each token weighs the same, whatever it
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Sequence
 
 import lightning as L
@@ -140,12 +140,6 @@ def _set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _throughput(totals: dict[str, float]) -> float:
-    """Target tokens per second of training (validation excluded), all ranks together."""
-    seconds = totals["train_seconds"]
-    return totals["train_tokens"] / seconds if seconds else 0.0
-
-
 class TranslationModule(L.LightningModule):
     """The Transformer trained with label-smoothed cross-entropy, Adam and the warmup schedule.
 
@@ -188,28 +182,13 @@ class TranslationModule(L.LightningModule):
         # Learning curves and val results so far; saved in checkpoints (a resumed run keeps them).
         self.history: list[dict] = []
         self._first_nonfinite_step: Tensor | None = None  # device scalar; -1 while all finite
-        self._window_tokens = 0  # target tokens since the last train log (this rank)
         self._update_tokens = 0  # target tokens of the update being accumulated (this rank)
-        self._window_seconds = 0.0
-        self._window_start: float | None = None
-        self.total_train_tokens = 0  # this rank, this process
-        self.total_train_seconds = 0.0
-        # The run's totals before this process (all ranks; from the checkpoint it resumed),
-        # so that a resumed or already finished run reports the throughput of the whole run.
-        self.resumed_totals = {"train_tokens": 0.0, "train_seconds": 0.0, "wall_seconds": 0.0}
-        self.process_started = time.perf_counter()  # trainer.run resets it when it starts
         self._rng_to_restore: dict | None = None
         self._window_to_restore: dict | None = None
         # Set by `trainer.run`: stops training on a preemption signal at the end of a step.
         self.preemption: PreemptionCallback | None = None
         self._last_step = 0
         self._step_lr = 0.0
-        # The whole run's `run_totals` once training ends (or a finished run is loaded).
-        self.final_totals = {"train_tokens": 0.0, "train_seconds": 0.0, "wall_seconds": 0.0}
-        # (step, run_totals) of the newest checkpoint: every file saved at one step holds the
-        # same totals, and a run that ends with a checkpoint reports that checkpoint's, which a
-        # re-run that only records the finished run reports again.
-        self._saved_totals: tuple[int, dict[str, float]] | None = None
         self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
@@ -264,8 +243,6 @@ class TranslationModule(L.LightningModule):
         self.train_loss.update(loss.detach(), weight=num_tokens)
         self.train_nll.update(nll_sum.detach() / num_tokens, weight=num_tokens)
         self._track_nonfinite(loss.detach())
-        self._window_tokens += num_tokens
-        self.total_train_tokens += num_tokens
         if self.cfg.train.loss_normalization == "update":
             # The summed loss: Lightning divides what this returns by the batches per update,
             # undone here; `on_before_optimizer_step` divides by the update's tokens.
@@ -313,7 +290,6 @@ class TranslationModule(L.LightningModule):
         )
 
     def on_train_start(self) -> None:
-        self._window_start = time.perf_counter()
         self._last_step = self.trainer.global_step
         if self._window_to_restore is not None:  # the metrics are on their device by now
             self._restore_logging_window(self._window_to_restore)
@@ -337,9 +313,6 @@ class TranslationModule(L.LightningModule):
 
     def _log_train_window(self, step: int) -> None:
         self.check_finite()
-        now = time.perf_counter()
-        seconds = self._window_seconds + now - self._window_start
-        tokens_per_sec = torch.tensor(self._window_tokens / max(seconds, 1e-9), device=self.device)
         train_loss, train_nll = self.train_loss.compute(), self.train_nll.compute()  # synced
         lr = self._step_lr
         self.log_dict(
@@ -349,61 +322,16 @@ class TranslationModule(L.LightningModule):
         )
         # "step" is the loggers' x axis: optimizer steps done, as in checkpoint names.
         self.log_dict({"lr": lr, "step": float(step)}, on_step=True, on_epoch=False)
-        # Tokens per second of every rank together.
-        self.log("train/tokens_per_sec", tokens_per_sec, on_step=True, on_epoch=False,
-                 sync_dist=True, reduce_fx="sum")  # fmt: skip
         self.history.append({"step": step, "train/loss": train_loss.item(), "lr": lr})
         self.train_loss.reset()
         self.train_nll.reset()
-        self.total_train_seconds += seconds
-        self._window_tokens, self._window_seconds, self._window_start = 0, 0.0, now
-
-    def _train_seconds(self) -> float:
-        """This process's training time so far (validation excluded)."""
-        seconds = self.total_train_seconds + self._window_seconds
-        if self._window_start is not None and not self.trainer.validating:
-            seconds += time.perf_counter() - self._window_start
-        return seconds
-
-    @property
-    def throughput(self) -> float:
-        """Target tokens per second of the whole run's training, all ranks together."""
-        return _throughput(self.final_totals)
-
-    @property
-    def target_tokens(self) -> float:
-        """The whole run's target tokens, all ranks: what equal-compute comparisons count."""
-        return self.final_totals["train_tokens"]
-
-    def run_totals(self) -> dict[str, float]:
-        """Target tokens (all ranks), training seconds and wall seconds of the whole run so
-        far: those before this process (`resumed_totals`) and this process's. Every rank must
-        call it (it reduces over ranks)."""
-        tokens = torch.tensor(float(self.total_train_tokens), device=self.device)
-        tokens = float(self.trainer.strategy.reduce(tokens, reduce_op="sum"))
-        before = self.resumed_totals
-        return {
-            "train_tokens": before["train_tokens"] + tokens,
-            "train_seconds": before["train_seconds"] + self._train_seconds(),
-            "wall_seconds": before["wall_seconds"] + time.perf_counter() - self.process_started,
-        }
 
     def on_train_end(self) -> None:
         self.check_finite()
-        saved = self._saved_totals
-        ended_saved = saved is not None and saved[0] == self.trainer.global_step
-        self.final_totals = dict(saved[1]) if ended_saved else self.run_totals()
-        self._window_start = None
 
     # ------------------------------------------------------------------ validation
 
-    def on_validation_start(self) -> None:
-        if self._window_start is not None:  # validation time is not training time
-            self._window_seconds += time.perf_counter() - self._window_start
-
     def on_validation_end(self) -> None:
-        if self._window_start is not None:
-            self._window_start = time.perf_counter()
         if self.preemption is not None:  # after the checkpoint callbacks saved this step
             self.preemption.after_validation(self.trainer)
 
@@ -495,18 +423,12 @@ class TranslationModule(L.LightningModule):
         checkpoint["rng_states"] = _rng_states()
         checkpoint["code_version"] = self.code_version
         checkpoint["logging_window"] = self._logging_window()
-        step = self.trainer.global_step
-        if self._saved_totals is None or self._saved_totals[0] != step:
-            self._saved_totals = (step, self.run_totals())
-        checkpoint["run_totals"] = dict(self._saved_totals[1])
         checkpoint[PRECISION_KEY] = self.trainer.precision  # what `auto` resolved to
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.history = list(checkpoint.get("history", []))
         self._rng_to_restore = checkpoint.get("rng_states")
         self._window_to_restore = checkpoint.get("logging_window")
-        self.resumed_totals = {**self.resumed_totals, **checkpoint.get("run_totals", {})}
-        self.final_totals = dict(self.resumed_totals)  # a finished run trains no more
 
     # ------------------------------------------------------------------ summaries
 

@@ -1,0 +1,241 @@
+"""Whether a run continues a checkpoint, and what happens to the runs it does not continue.
+
+A resumed run must compute what an uninterrupted one would, so a checkpoint is only continued by a
+config that differs from its own in keys that cannot change the weights (`RESUME_FREE_KEYS`);
+an interrupted run that another config finds is refused, naming the key, because its checkpoints
+exist nowhere else. Runs that are not continued are moved aside (`<train_dir>.replaced/`), never
+deleted; a run stopped under `dvc exp run` is kept beside the stage's output
+(`<train_dir>.preempted/`), out of reach of the next checkout, and put back before it resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from pathlib import Path
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from pipeline.atomic import remove_stale_temps
+from pipeline.config import Config, leaves, subtree, to_dict
+from pipeline.errors import ConfigError
+from pipeline.training.checkpoints import (
+    checkpoint_dir,
+    code_version,
+    find_resume_checkpoint,
+    move_checkpoints,
+    read_checkpoint,
+)
+from pipeline.training.module import PRECISION_KEY
+
+log = logging.getLogger(__name__)
+
+# A resumed run must compute what an uninterrupted one would: every key of these sections must
+# match the checkpoint's, except RESUME_FREE_KEYS.
+RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
+# Keys that cannot change the weights a run ends with (where the corpus is read from, how
+# often it validates and logs, on which devices and how fast it runs, how many checkpoints it
+# keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
+RESUME_FREE_KEYS = (
+    "data.raw_dir",
+    "data.test_splits",  # never read by training: a new test set costs an evaluation only
+    "data.download",
+    "data.url",
+    "train.max_steps",
+    "train.val_check_interval",
+    "train.val_bleu",
+    "train.val_bleu_max_sentences",
+    "train.accelerator",
+    "train.devices",
+    "train.num_nodes",
+    "train.strategy",
+    "train.ddp_timeout",
+    "train.float32_matmul_precision",  # GPU numerics, like the device itself
+    "train.bf16_min_speedup",
+    "train.num_workers",
+    "train.save_top_k",
+    "train.early_stopping_patience",
+    "train.resume",
+    "train.compile",
+    "train.compile_loss",
+    "train.cpu_mmap_threshold_mb",
+    "train.onednn_primitive_cache",
+    "train.log_every_n_steps",
+    "train.progress_bar",
+    "train.progress_every",
+    "train.deterministic",
+)
+REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
+# <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
+PREEMPTED_SUFFIX = ".preempted"
+
+
+def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
+    """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
+    split into those that change what the run computes and those that cannot."""
+    current, defaults = to_dict(cfg), to_dict(Config())
+    fixed, free = [], []
+    for section in RESUME_FIXED_KEYS:
+        # A key the checkpoint's config lacks is newer than it: its default is what ran.
+        before = {**leaves(subtree(defaults, section), section),
+                  **leaves(subtree(saved, section), section)}  # fmt: skip
+        now = leaves(subtree(current, section), section)
+        for key in sorted(set(before) | set(now)):
+            if before.get(key) == now.get(key):
+                continue
+            if key.startswith("data.sha256"):
+                free.append(key)
+            elif key == "train.max_steps":
+                cooldown = subtree(current, "train.cooldown_steps")
+                (fixed if cooldown else free).append(key)  # the cool-down starts from it
+            else:
+                (free if key in RESUME_FREE_KEYS else fixed).append(key)
+    return fixed, free
+
+
+def _describe(key: str, saved: dict, cfg: Config) -> str:
+    return f"'{key}' is {subtree(to_dict(cfg), key)!r} (the checkpoint's: {subtree(saved, key)!r})"
+
+
+def check_same_run(
+    checkpoint_path: Path, cfg: Config, refusal: str, saved: dict | None = None
+) -> list[str]:
+    """Raise a ConfigError naming the key(s), followed by `refusal`, if `cfg` differs from the
+    checkpoint's config in a key that changes what the run computes; return the keys that
+    differ but cannot change it (RESUME_FREE_KEYS) as descriptions. `saved`: the checkpoint's
+    config when the caller has already read it (else it is read from `checkpoint_path`)."""
+    if saved is None:
+        saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    fixed, free = config_differences(saved, cfg)
+    if fixed:
+        details = "; ".join(_describe(key, saved, cfg) for key in fixed)
+        raise ConfigError(
+            f"config key '{fixed[0]}' differs from {checkpoint_path}'s: {details}. {refusal}"
+        )
+    return [_describe(key, saved, cfg) for key in free]
+
+
+def check_resumable(checkpoint_path: Path, cfg: Config, saved: dict | None = None) -> None:
+    """A checkpoint may only be continued by a config that computes the same run; anything
+    else is a ConfigError naming the key(s). Differences in keys that cannot change the result
+    (RESUME_FREE_KEYS) are listed in a warning. `saved` as in `check_same_run`."""
+    free = check_same_run(
+        checkpoint_path,
+        cfg,
+        "A resumed run must keep every setting that changes its result. Restore the value(s), "
+        "or start over with train.resume=false (the run is moved aside, not deleted) or "
+        "another paths.train_dir.",
+        saved,
+    )
+    if free:
+        warnings.warn(
+            f"resuming {checkpoint_path} with other values of keys that do not change the "
+            f"result: {'; '.join(free)}",
+            stacklevel=2,
+        )
+
+
+def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
+    """The checkpoint to continue from, or None to train anew (see `resume_point`)."""
+    return resume_point(cfg, keep_finished)[0]
+
+
+def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None, str | None]:
+    """The checkpoint to continue from (None: train anew) and the precision it was trained in
+    (None where not recorded).
+
+    With `train.resume`:
+    - an interrupted run (short of its own `max_steps`) continues when the config computes the
+      same run (`check_resumable`); otherwise a ConfigError names the key, since its
+      checkpoints exist nowhere else. A `train.max_steps` below its progress is refused too;
+    - a finished run of the same config and the same code is done: it is returned, and
+      training restores it and stops at once (a `dvc repro` whose lock was never written
+      records it instead of retraining it). With a larger `train.max_steps` it is extended.
+      `keep_finished` (sweeps) keeps it whatever the code version;
+    - a finished run of another config or other code (`dvc repro` after a code change, `dvc exp
+      run -S model.heads=8`) is moved aside to `<train_dir>.replaced/` and trained anew.
+    `train.resume=false` also moves the previous run aside: nothing is deleted.
+    """
+    train_dir = Path(cfg.paths.train_dir)
+    if rank_zero_only.rank == 0:  # half-written files of a writer that was killed
+        remove_stale_temps(checkpoint_dir(train_dir))
+    restore_preempted_run(cfg)
+    if not cfg.train.resume:
+        _move_aside(train_dir, "train.resume=false")
+        return None, None
+    path = find_resume_checkpoint(train_dir)
+    if path is None:
+        return None, None
+    checkpoint = read_checkpoint(path)
+    trained_in = checkpoint.get(PRECISION_KEY)
+    step = int(checkpoint["global_step"])
+    saved = checkpoint["hyper_parameters"]["config"]
+    trained_to = subtree(saved, "train.max_steps")
+    if step < trained_to:  # an interrupted run: refuse to discard it silently
+        if cfg.train.max_steps < step:
+            raise ConfigError(
+                f"train.max_steps={cfg.train.max_steps} is below step {step}, which the "
+                f"interrupted run in {path.parent} already reached: raise it (to at least "
+                f"{step}), or start over with train.resume=false"
+            )
+        check_resumable(path, cfg, saved)
+        return path, trained_in
+    fixed, _ = config_differences(saved, cfg)
+    same_code = keep_finished or checkpoint.get("code_version") == code_version()
+    if fixed and fixed != ["train.max_steps"] or not same_code:
+        why = "its code differs" if not fixed else f"its config differs in {', '.join(fixed)}"
+        _move_aside(train_dir, f"the finished run there is another experiment ({why})")
+        return None, None
+    if cfg.train.max_steps < step:
+        _move_aside(train_dir, f"its run reached step {step}, beyond train.max_steps")
+        return None, None
+    return path, trained_in  # done (nothing to train) or, with a larger max_steps, extended
+
+
+def _move_aside(train_dir: Path, why: str) -> None:
+    """Move a previous run's checkpoints to `<train_dir>.replaced/<time>/` (never delete)."""
+    if rank_zero_only.rank != 0:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
+    moved = move_checkpoints(train_dir, destination)
+    if moved:
+        from pipeline.disk_usage import leftovers_message
+
+        warnings.warn(
+            f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "
+            f"{len(moved)} checkpoint files to {destination}. Runs moved aside: "
+            f"{leftovers_message([destination.parent])}",
+            stacklevel=3,
+        )
+
+
+def _beside(train_dir: str | Path, suffix: str) -> Path:
+    """`<train_dir><suffix>`: a folder beside the train stage's output, not part of it."""
+    train_dir = Path(train_dir)
+    return train_dir.with_name(train_dir.name + suffix)
+
+
+def stash_preempted_run(cfg: Config) -> Path | None:
+    """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
+    exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
+    Returns where they went (None: there were none, or another rank moves them)."""
+    kept = checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
+    if rank_zero_only.rank == 0 and move_checkpoints(cfg.paths.train_dir, kept):
+        return kept
+    return None
+
+
+def restore_preempted_run(cfg: Config) -> bool:
+    """Put a run stopped under `dvc exp run` back in place (a run found there instead, which
+    that checkout restored from DVC's cache, is moved aside: nothing is deleted). Returns
+    whether there was one."""
+    kept = _beside(cfg.paths.train_dir, PREEMPTED_SUFFIX)
+    stash = checkpoint_dir(kept)
+    if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
+        return False
+    _move_aside(Path(cfg.paths.train_dir), "the run stopped under `dvc exp run` goes on there")
+    moved = move_checkpoints(kept, checkpoint_dir(cfg.paths.train_dir))
+    log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
+    return True

@@ -1,0 +1,133 @@
+"""Whether a run continues a checkpoint: configs that compute the same run resume, others are
+refused (an interrupted run) or moved aside (a finished one); a run stopped under `dvc exp run`
+is kept from the next checkout and put back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import config as config_lib
+from pipeline.errors import ConfigError
+from pipeline.training.checkpoints import (
+    LAST_NAME,
+    AtomicCheckpointIO,
+    checkpoint_dir,
+    code_version,
+    read_checkpoint,
+)
+from pipeline.training.resume import (
+    check_resumable,
+    config_differences,
+    restore_preempted_run,
+    resume_checkpoint,
+    stash_preempted_run,
+)
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(make_config, tmp_path):
+    trained = make_config("model.heads=4")
+    path = tmp_path / LAST_NAME
+    checkpoint = {"state_dict": {}, "global_step": 10,
+                  "hyper_parameters": {"config": config_lib.to_dict(trained), "vocab_size": 9}}  # fmt: skip
+    AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    with pytest.warns(UserWarning, match="'train.max_steps' is 99999"):  # longer: fine
+        check_resumable(path, make_config("model.heads=4", "train.max_steps=99999"))
+    with pytest.raises(ConfigError, match=r"'model.heads' is 2 \(the checkpoint's: 4\)"):
+        check_resumable(path, make_config("model.heads=2"))
+
+
+def _fake_run(cfg, global_step: int, code: str | None = None) -> Path:
+    """A checkpoint of `cfg` at `global_step` in its train_dir, as training leaves it."""
+    path = checkpoint_dir(cfg.paths.train_dir) / LAST_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {"state_dict": {}, "global_step": global_step,
+                  "hyper_parameters": {"config": config_lib.to_dict(cfg), "vocab_size": 9},
+                  "code_version": code or code_version()}  # fmt: skip
+    AtomicCheckpointIO().save_checkpoint(checkpoint, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("trained_step", "overrides", "code", "expected"),
+    [
+        (5, [], None, "resume"),  # interrupted: continue
+        (10, ["train.max_steps=20"], None, "resume"),  # finished, asked for more: extend
+        (10, [], None, "resume"),  # finished, same config and code: done, nothing retrained
+        (10, [], "older-code", "anew"),  # finished, code changed (dvc repro): train anew
+        (10, ["model.heads=2"], None, "anew"),  # finished, another experiment: train anew
+        (10, ["train.lr_factor=3.0"], None, "anew"),
+        (10, ["train.max_steps=8"], None, "anew"),  # finished, a shorter run asked for
+        (5, ["model.heads=2"], None, "error"),  # interrupted, another model: keep it, say so
+        (5, ["train.lr_factor=3.0"], None, "error"),  # interrupted, another schedule
+        (5, ["train.warmup_steps=7"], None, "error"),
+        (5, ["train.label_smoothing=0.2"], None, "error"),
+        (5, ["train.max_steps=4"], None, "error"),  # below the progress made
+        (5, ["train.val_check_interval=3", "train.log_every_n_steps=1"], None, "resume"),
+    ],
+)
+def test_resume_decision(make_config, tmp_path, trained_step, overrides, code, expected):
+    trained = make_config("model.heads=4", "train.max_steps=10")
+    path = _fake_run(trained, trained_step, code)
+    current = make_config("model.heads=4", "train.max_steps=10", *overrides)
+    if expected == "error":
+        key = overrides[0].split("=")[0]
+        with pytest.raises(ConfigError, match=f"'?{key}'?[ =]"):
+            resume_checkpoint(current)
+        assert path.exists()
+    elif expected == "resume":
+        assert resume_checkpoint(current) == path
+    else:
+        with pytest.warns(UserWarning, match="training anew .* moved the previous run's"):
+            assert resume_checkpoint(current) is None
+        assert not path.exists()
+        aside = list(Path(f"{trained.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
+        assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == trained_step
+
+
+def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(
+    make_config, tmp_path
+):
+    """The next `dvc exp run` checks the workspace out first: it deletes a train output DVC
+    never recorded, or puts back the one it did (here another experiment's finished run)."""
+    stopped = make_config("model.heads=4", "train.max_steps=10")
+    _fake_run(stopped, 5)
+    kept = checkpoint_dir(f"{stopped.paths.train_dir}.preempted")
+    assert stash_preempted_run(stopped) == kept and (kept / LAST_NAME).exists()
+    assert not list(checkpoint_dir(stopped.paths.train_dir).glob("*.ckpt"))
+    _fake_run(make_config("model.heads=2", "train.max_steps=10"), 10)  # the checkout's
+    with pytest.warns(UserWarning, match="the run stopped under `dvc exp run` goes on there"):
+        path = resume_checkpoint(stopped)
+    assert read_checkpoint(path)["global_step"] == 5 and not list(kept.iterdir())
+    aside = list(Path(f"{stopped.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
+    assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == 10
+    restore_preempted_run(stopped)  # nothing kept any more: nothing moves
+    assert read_checkpoint(path)["global_step"] == 5
+    assert stash_preempted_run(make_config(root=tmp_path / "fresh")) is None  # nothing to keep
+
+
+def test_resume_lists_the_free_keys_that_differ(make_config):
+    trained = make_config("model.heads=4", "train.max_steps=10")
+    _fake_run(trained, 5)
+    current = make_config("model.heads=4", "train.max_steps=20", "train.val_check_interval=3")
+    with pytest.warns(UserWarning, match="'train.max_steps' is 20 .*'train.val_check_interval'"):
+        resume_checkpoint(current)
+    with_cooldown = make_config("model.heads=4", "train.max_steps=10", "train.cooldown_steps=4")
+    _fake_run(with_cooldown, 5)
+    longer = make_config("model.heads=4", "train.max_steps=20", "train.cooldown_steps=4")
+    with pytest.raises(ConfigError, match="'train.max_steps'"):  # the cool-down starts from it
+        resume_checkpoint(longer)
+
+
+def test_a_checkpoint_older_than_a_config_key_resumes_as_its_default(make_config):
+    """Keys added since a checkpoint was written default to what ran before them: the run
+    resumes (a study's interrupted trial after a code update); another value is refused."""
+    cfg = make_config()
+    saved = config_lib.to_dict(cfg)
+    del saved["train"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
+    fixed, _ = config_differences(saved, cfg)
+    assert fixed == []
+    cfg.train.cpu_speed_paths = False  # not what the older code ran
+    fixed, _ = config_differences(saved, cfg)
+    assert fixed == ["train.cpu_speed_paths"]
