@@ -11,7 +11,7 @@ exception: `MULTI30K_DIR` overrides `data.raw_dir` (applied in `load`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -150,24 +150,31 @@ class TrainConfig:
     # (a checkpoint write, logger.wandb.init_timeout).
     ddp_timeout: float = 1800.0
     precision: str = "auto"  # auto: bf16-mixed where it is faster (training.precision)
-    bf16_min_speedup: float = 1.1  # auto on a CPU: bf16 matmuls must be this much faster
     num_workers: int = 0
     save_top_k: int = 10  # best checkpoints by val/bleu, kept for averaging
     early_stopping_patience: Optional[int] = None  # validations without val/bleu improving
     resume: bool = True
     compile: bool = False
+    float32_matmul_precision: str = "highest"  # GPU: torch.set_float32_matmul_precision
+    log_every_n_steps: int = 50
+    progress_bar: bool = True  # the console's progress (pipeline.training.progress)
+    progress_every: int = 100  # without a terminal: a progress line every this many steps
+    deterministic: bool = False
+
+
+@dataclass
+class RuntimeConfig:
+    """How fast and where the recipe runs on this host, not what it learns: kept apart from
+    `train` so a recipe reads the same on every machine."""
+
+    bf16_min_speedup: float = 1.1  # precision auto on a CPU: bf16 matmuls must be this much faster
     loss_chunk_rows: int = 256  # target tokens per chunk of the fused output layer + loss
     compile_loss: bool = True  # each chunk's softmax + loss + gradient as one compiled function
-    float32_matmul_precision: str = "highest"  # GPU: torch.set_float32_matmul_precision
     cpu_speed_paths: bool = True  # CPU-only speed paths (pipeline.kernels); false: generic
     # CPU only (pipeline.training.cpu_memory): heap-allocate activations up to this many MiB
     # and never trim the heap; cache this many oneDNN kernels. None keeps the defaults.
     cpu_mmap_threshold_mb: Optional[int] = 32
     onednn_primitive_cache: Optional[int] = 16384
-    log_every_n_steps: int = 50
-    progress_bar: bool = True  # the console's progress (pipeline.training.progress)
-    progress_every: int = 100  # without a terminal: a progress line every this many steps
-    deterministic: bool = False
 
 
 @dataclass
@@ -230,9 +237,14 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+
+
+# The host knobs (RuntimeConfig) that older records hold under `train.`
+RUNTIME_KEYS = tuple(f.name for f in fields(RuntimeConfig))
 
 
 def _check(condition: bool, key: str, message: str) -> None:
@@ -246,7 +258,7 @@ def _check_one_of(value: str, choices, key: str) -> None:
 
 def validate(cfg: Config) -> Config:
     """Reject impossible combinations before any compute is spent."""
-    m, t, d, e = cfg.model, cfg.train, cfg.data, cfg.eval
+    m, t, d, e, r = cfg.model, cfg.train, cfg.data, cfg.eval, cfg.runtime
     _check(m.d_model > 0, "model.d_model", f"must be positive, got {m.d_model}")
     _check(m.heads > 0, "model.heads", f"must be positive, got {m.heads}")
     _check(
@@ -275,10 +287,12 @@ def validate(cfg: Config) -> Config:
     )
     _check(t.max_tokens > 0, "train.max_tokens", "must be positive")
     _check_one_of(t.batch_budget, BATCH_BUDGETS, "train.batch_budget")
-    _check(t.loss_chunk_rows > 0, "train.loss_chunk_rows", "must be positive")
+    _check(r.loss_chunk_rows > 0, "runtime.loss_chunk_rows", "must be positive")
     for key in ("cpu_mmap_threshold_mb", "onednn_primitive_cache"):
-        value = getattr(t, key)
-        _check(value is None or value > 0, f"train.{key}", f"must be positive or null, got {value}")
+        value = getattr(r, key)
+        _check(
+            value is None or value > 0, f"runtime.{key}", f"must be positive or null, got {value}"
+        )
     _check(t.warmup_steps > 0, "train.warmup_steps", "must be positive")
     _check(t.lr_factor > 0, "train.lr_factor", "must be positive")
     _check(
@@ -294,7 +308,7 @@ def validate(cfg: Config) -> Config:
     _check(
         t.progress_every > 0, "train.progress_every", f"must be positive, got {t.progress_every}"
     )
-    _check(t.bf16_min_speedup > 0, "train.bf16_min_speedup", "must be positive")
+    _check(r.bf16_min_speedup > 0, "runtime.bf16_min_speedup", "must be positive")
     _check(t.ddp_timeout > 0, "train.ddp_timeout", f"must be positive, got {t.ddp_timeout}")
     _check(
         isinstance(t.num_nodes, int) and t.num_nodes >= 1,
@@ -404,8 +418,32 @@ def _check_eval_splits(cfg: Config) -> None:
     _check(bool(e.splits), "eval.splits", "must name at least one split")
 
 
+def with_runtime_section(raw: DictConfig | dict, origin: str = "saved config") -> DictConfig | dict:
+    """`raw` in today's layout: records and checkpoints written before the host
+    knobs had their own section hold them as `train.<key>`; each moves to `runtime.<key>`. A
+    config holding one under both names is refused (which value ran is unknown)."""
+    train = raw.get("train")
+    moved = [key for key in RUNTIME_KEYS if isinstance(train, (dict, DictConfig)) and key in train]
+    if not moved:
+        return raw
+    if isinstance(raw, DictConfig):
+        raw = OmegaConf.to_container(raw, resolve=False)
+        train = raw["train"]
+    runtime = dict(raw.get("runtime") or {})
+    for key in moved:
+        if key in runtime:
+            raise ConfigError(
+                f"{origin}: config key 'train.{key}': set as well as 'runtime.{key}' (its "
+                f"place now); keep only runtime.{key}"
+            )
+        runtime[key] = train[key]
+    train = {key: value for key, value in train.items() if key not in moved}
+    return {**raw, "train": train, "runtime": runtime}
+
+
 def _to_config(raw: DictConfig | dict, origin: str) -> Config:
     schema = OmegaConf.structured(Config)
+    raw = with_runtime_section(raw, origin)
     try:
         merged = OmegaConf.merge(schema, raw)
         cfg = OmegaConf.to_object(merged)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from pipeline.training.precision import cpu_has_bf16_instructions
 from pipeline.training.trainer import (
     build_callbacks,
     check_resumable,
+    check_same_run,
     config_differences,
     device_count,
     resolve_strategy,
@@ -245,12 +247,31 @@ def test_a_checkpoint_older_than_a_config_key_resumes_as_its_default(make_config
     resumes (a study's interrupted trial after a code update); another value is refused."""
     cfg = make_config()
     saved = config_lib.to_dict(cfg)
-    del saved["train"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
+    del saved["runtime"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
     fixed, _ = config_differences(saved, cfg)
     assert fixed == []
-    cfg.train.cpu_speed_paths = False  # not what the older code ran
+    cfg.runtime.cpu_speed_paths = False  # not what the older code ran
     fixed, _ = config_differences(saved, cfg)
-    assert fixed == ["train.cpu_speed_paths"]
+    assert fixed == ["runtime.cpu_speed_paths"]
+
+
+def test_a_checkpoint_with_host_knobs_under_train_resumes(make_config, tmp_path):
+    """A checkpoint saved before `runtime` had its own section holds the host knobs under
+    `train.`: the same run resumes without a warning, a knob that changes the run
+    (cpu_speed_paths) is still refused, and one that cannot (compile_loss) is only listed."""
+    cfg = make_config()
+    saved = config_lib.to_dict(cfg)
+    saved["train"].update(saved.pop("runtime"))  # the older layout
+    checkpoint = tmp_path / "last.ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_same_run(checkpoint, cfg, "refused", saved) == []
+    cfg.runtime.compile_loss = not cfg.runtime.compile_loss
+    free = check_same_run(checkpoint, cfg, "refused", saved)
+    assert len(free) == 1 and free[0].startswith("'runtime.compile_loss'")
+    cfg.runtime.cpu_speed_paths = not cfg.runtime.cpu_speed_paths
+    with pytest.raises(ConfigError, match="'runtime.cpu_speed_paths' differs"):
+        check_same_run(checkpoint, cfg, "refused", saved)
 
 
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):
@@ -274,7 +295,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     cfg = train_config(
         "model.dropout=0",
         "train.label_smoothing=0",
-        "train.compile_loss=true",  # the default recipes' compiled loss must fit the data too
+        "runtime.compile_loss=true",  # the default recipes' compiled loss must fit the data too
         "train.max_steps=300",
         "train.warmup_steps=40",
         "train.lr_factor=0.3",
@@ -346,7 +367,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
 @pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes
 def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config, speed_paths):
     common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3",
-              f"train.cpu_speed_paths={speed_paths}", "model.dropout=0.1"]  # fmt: skip
+              f"runtime.cpu_speed_paths={speed_paths}", "model.dropout=0.1"]  # fmt: skip
     steps = 6
     interrupted = train_config(*common, f"train.max_steps={steps}", name="interrupted")
     per_epoch = _train_batches_per_epoch(interrupted)
@@ -392,14 +413,14 @@ def test_a_resumed_auto_precision_run_keeps_the_precision_it_trained_in(train_co
     common = [*TINY, "train.precision=auto", "train.val_check_interval=3"]
     steps = 6
     interrupted = train_config(*common, f"train.max_steps={steps}",
-                               "train.bf16_min_speedup=0.001", name="interrupted")  # fmt: skip
+                               "runtime.bf16_min_speedup=0.001", name="interrupted")  # fmt: skip
     assert run(interrupted)["precision"] == "bf16-mixed"
     resumed_cfg = copy.deepcopy(interrupted)
     resumed_cfg.train.max_steps = 2 * steps
-    resumed_cfg.train.bf16_min_speedup = 1e9  # auto, deciding now, would pick 32-true
+    resumed_cfg.runtime.bf16_min_speedup = 1e9  # auto, deciding now, would pick 32-true
     resumed = run(resumed_cfg)
     straight_cfg = train_config(*common, f"train.max_steps={2 * steps}",
-                                "train.bf16_min_speedup=0.001", name="straight")  # fmt: skip
+                                "runtime.bf16_min_speedup=0.001", name="straight")  # fmt: skip
     straight = run(straight_cfg)
 
     assert resumed["resumed_from"]

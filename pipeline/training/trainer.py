@@ -41,7 +41,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pipeline.atomic import remove_stale_temps, write_json_atomic
-from pipeline.config import Config, leaves, subtree, to_dict
+from pipeline.config import Config, leaves, subtree, to_dict, with_runtime_section
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError, PipelineError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
@@ -71,7 +71,7 @@ DVCLIVE_SUBDIR = "train"  # under paths.plots_dir
 LEARNING_CURVE_FILE = "learning_curve.png"
 # A resumed run must compute what an uninterrupted one would: every key of these sections must
 # match the checkpoint's, except RESUME_FREE_KEYS.
-RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
+RESUME_FIXED_KEYS = ("seed", "model", "data", "train", "runtime")
 # Keys that cannot change the weights a run ends with (where the corpus is read from, how
 # often it validates and logs, on which devices and how fast it runs, how many checkpoints it
 # keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
@@ -90,19 +90,19 @@ RESUME_FREE_KEYS = (
     "train.strategy",
     "train.ddp_timeout",
     "train.float32_matmul_precision",  # GPU numerics, like the device itself
-    "train.bf16_min_speedup",
     "train.num_workers",
     "train.save_top_k",
     "train.early_stopping_patience",
     "train.resume",
     "train.compile",
-    "train.compile_loss",
-    "train.cpu_mmap_threshold_mb",
-    "train.onednn_primitive_cache",
     "train.log_every_n_steps",
     "train.progress_bar",
     "train.progress_every",
     "train.deterministic",
+    "runtime.bf16_min_speedup",
+    "runtime.compile_loss",
+    "runtime.cpu_mmap_threshold_mb",
+    "runtime.onednn_primitive_cache",
 )
 GPU_ACCELERATORS = ("gpu", "cuda")
 REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
@@ -246,7 +246,7 @@ def build_trainer(
     else:
         precision = resolve_precision(
             t.precision, accelerator, d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
-            min_speedup=t.bf16_min_speedup,
+            min_speedup=cfg.runtime.bf16_min_speedup,
         )  # fmt: skip
     strategy = build_strategy(cfg, accelerator)
     silence_lightning_noise()
@@ -287,6 +287,7 @@ def build_trainer(
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
+    saved = with_runtime_section(saved)  # a checkpoint of the older layout compares as today's
     current, defaults = to_dict(cfg), to_dict(Config())
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
@@ -320,6 +321,7 @@ def check_same_run(
     config when the caller has already read it (else it is read from `checkpoint_path`)."""
     if saved is None:
         saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    saved = with_runtime_section(saved, str(checkpoint_path))
     fixed, free = config_differences(saved, cfg)
     if fixed:
         details = "; ".join(_describe(key, saved, cfg) for key in fixed)
@@ -505,8 +507,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     started = time.perf_counter()
     accelerator = resolve_accelerator(cfg.train.accelerator)
     check_cluster_launch(cfg.train.num_nodes, device_count(cfg.train.devices, accelerator))
-    if accelerator == "cpu" and cfg.train.cpu_speed_paths:
-        configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
+    if accelerator == "cpu" and cfg.runtime.cpu_speed_paths:
+        configure_cpu_memory(cfg.runtime.cpu_mmap_threshold_mb, cfg.runtime.onednn_primitive_cache)
     on_gpu = accelerator in GPU_ACCELERATORS
     if on_gpu:  # TF32 tensor cores for float32 matmuls (32-true); bf16-mixed is unaffected
         torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)
