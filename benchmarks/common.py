@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from pipeline import config as config_lib
-from pipeline.config import Config, ModelConfig
+from pipeline.config_schema import Config, ModelConfig
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.precision import has_fast_bf16
 

@@ -71,7 +71,7 @@ from benchmarks.common import (
 )
 from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
-from pipeline.config import Config, ModelConfig
+from pipeline.config_schema import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.kernels import SpeedPaths

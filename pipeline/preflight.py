@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import Config, DataConfig
+from pipeline.config_schema import Config, DataConfig
 from pipeline.data.corpus import (
     DEFAULT_CACHE_DIR,
     corpus_splits,

@@ -9,6 +9,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.errors import ConfigError
 from tests.conftest import REPO_ROOT, run_stage, write_params
 
@@ -30,7 +31,7 @@ def test_every_conf_key_is_in_the_schema():
         ["experiment=multi30k_wu2021"],
     ]:
         cfg = config_lib.compose(overrides)
-        assert isinstance(cfg, config_lib.Config)
+        assert isinstance(cfg, config_schema.Config)
 
 
 def test_override_reaches_the_typed_config():
@@ -147,10 +148,10 @@ OLD_LAYOUT_RECORD = REPO_ROOT / "results" / "multi30k_tiny_rerun.en-de" / "param
 
 def test_a_record_with_host_knobs_under_train_loads_them_into_runtime(tmp_path):
     raw = yaml.safe_load(OLD_LAYOUT_RECORD.read_text())
-    recorded = {key: raw["train"][key] for key in config_lib.RUNTIME_KEYS}  # the older layout
+    recorded = {key: raw["train"][key] for key in config_schema.RUNTIME_KEYS}  # the older layout
     assert "runtime" not in raw
     cfg = config_lib.load(OLD_LAYOUT_RECORD)
-    assert {key: getattr(cfg.runtime, key) for key in config_lib.RUNTIME_KEYS} == recorded
+    assert {key: getattr(cfg.runtime, key) for key in config_schema.RUNTIME_KEYS} == recorded
     # values other than the defaults move as well, by every loader
     raw["train"].update(compile_loss=False, loss_chunk_rows=64, onednn_primitive_cache=None)
     path = tmp_path / "params.yaml"

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import RAW_DIR_ENV, Config
+from pipeline.config import RAW_DIR_ENV
+from pipeline.config_schema import Config
 from pipeline.data.corpus import (
     atomic_directory,
     check_download_url,

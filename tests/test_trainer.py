@@ -20,6 +20,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback, EarlyStopping
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
 from pipeline.model.decoding import greedy_decode
@@ -79,7 +80,7 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+def tokenized_200(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
     from pipeline.data.corpus import prepare
     from pipeline.data.tokenizer import tokenize
@@ -95,7 +96,7 @@ def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
 def train_config(tokenized_200, tmp_path):
     """A config on the 200-pair data with `overrides`, writing under tmp_path/<name>."""
 
-    def _make(*overrides: str, name: str = "run") -> config_lib.Config:
+    def _make(*overrides: str, name: str = "run") -> config_schema.Config:
         raw_dir = tokenized_200.data.raw_dir
         cfg = config_lib.compose([f"data.raw_dir={raw_dir}", *DATA, *overrides])
         cfg = redirect_paths(cfg, tmp_path / name)
@@ -106,7 +107,7 @@ def train_config(tokenized_200, tmp_path):
     return _make
 
 
-def _train_batches_per_epoch(cfg: config_lib.Config) -> int:
+def _train_batches_per_epoch(cfg: config_schema.Config) -> int:
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
     return len(datamodule.train_dataloader())

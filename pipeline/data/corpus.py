@@ -53,7 +53,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from pipeline.atomic import write_json_atomic
-from pipeline.config import RAW_DIR_ENV, Config, DataConfig
+from pipeline.config import RAW_DIR_ENV
+from pipeline.config_schema import Config, DataConfig
 from pipeline.errors import ConfigError, DataError, disk_full_error, is_disk_full
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "transformer-ablations"

@@ -52,7 +52,7 @@ from pathlib import Path
 import sentencepiece as spm
 from tqdm.auto import tqdm
 
-from pipeline.config import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
+from pipeline.config_schema import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.data.corpus import (
     ParallelText,
     atomic_directory,

@@ -25,7 +25,7 @@ from sacrebleu.metrics import BLEU
 
 from pipeline import config
 from pipeline.cli import main
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.data.corpus import read_prepared, write_json_atomic
 from pipeline.errors import PipelineError
 from pipeline.evaluation.evaluate import (

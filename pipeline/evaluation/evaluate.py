@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.config import Config, DataConfig, EvalConfig
+from pipeline.config_schema import Config, DataConfig, EvalConfig
 from pipeline.data.corpus import (
     ParallelText,
     atomic_directory,

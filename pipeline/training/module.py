@@ -27,7 +27,8 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 from torchmetrics import MeanMetric, Metric
 
-from pipeline.config import Config, from_dict, to_dict
+from pipeline.config import from_dict, to_dict
+from pipeline.config_schema import Config
 from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
 from pipeline.kernels import SpeedPaths

@@ -41,7 +41,8 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pipeline.atomic import remove_stale_temps, write_json_atomic
-from pipeline.config import Config, leaves, subtree, to_dict, with_runtime_section
+from pipeline.config import leaves, subtree, to_dict, with_runtime_section
+from pipeline.config_schema import Config
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError, PipelineError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
