@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from pipeline import config as config_lib
-from pipeline.config import Config, ModelConfig
+from pipeline.config_schema import Config, ModelConfig
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.precision import has_fast_bf16
 
@@ -100,7 +100,7 @@ def resolve_device(args: argparse.Namespace, cfg: Config) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cpu":
-        configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
+        configure_cpu_memory(cfg.runtime.cpu_mmap_threshold_mb, cfg.runtime.onednn_primitive_cache)
     return device
 
 
@@ -119,7 +119,7 @@ def chosen_dtypes(args: argparse.Namespace, device: torch.device, cfg: Config) -
     if args.dtype:
         return list(args.dtype)
     m = cfg.model
-    if has_fast_bf16(device.type, m.d_model, m.d_ff, cfg.train.bf16_min_speedup):
+    if has_fast_bf16(device.type, m.d_model, m.d_ff, cfg.runtime.bf16_min_speedup):
         return ["float32", "bfloat16"]
     print(f"note: bf16 matmuls are not faster than float32 on {device} (no AVX512-BF16/AMX, "
           "or timed slower); bfloat16 skipped, pass --dtype bfloat16 to time it anyway",

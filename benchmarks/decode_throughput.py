@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
         pieces.append(([[tokenizer.piece(t) for t in row] for row in rows], steps))
 
     torch.manual_seed(cfg.seed)
-    speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)  # as training builds it
+    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training builds it
     ours = EosBanned(Transformer(cfg.model, vocab, pad, speed_paths), eos, bos).to(device).eval()
     marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
     marian = marian.to(device).eval()

@@ -88,7 +88,7 @@ from benchmarks.train_throughput import (
     write_fairseq_handover,
 )
 from pipeline import config as config_lib
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.environment import provenance
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.transformer import Transformer

@@ -33,12 +33,13 @@ from pathlib import Path
 
 from benchmarks.common import base_parser, print_json, print_table
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.environment import provenance
 
 CHILD_FLAG = "--child"
 
 
-def _config(overrides: list[str], steps: int, work: Path) -> config_lib.Config:
+def _config(overrides: list[str], steps: int, work: Path) -> config_schema.Config:
     return config_lib.compose(
         [
             "experiment=multi30k_tiny",

@@ -71,7 +71,7 @@ from benchmarks.common import (
 )
 from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
-from pipeline.config import Config, ModelConfig
+from pipeline.config_schema import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.kernels import SpeedPaths
@@ -170,7 +170,7 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
                   names: list[str]):  # fmt: skip
     """{name: (module, loss function)} of the in-process systems among `names`."""
     torch.manual_seed(cfg.seed)
-    speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)  # as training builds it
+    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training builds it
     ours = Transformer(cfg.model, vocab, tokens["pad_id"], speed_paths)
     peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"]) if "torch" in names else None
     marian = marian_model(cfg.model, vocab, tokens) if "marian" in names else None
@@ -180,7 +180,7 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
         states = ours.teacher_forced_states(batch["src"], batch["tgt_in"])
         return output_layer_loss(
             states, ours.output_projection, batch["tgt_out"], epsilon=epsilon, pad_id=pad_id,
-            chunk_rows=cfg.train.loss_chunk_rows, compiled=cfg.train.compile_loss,
+            chunk_rows=cfg.runtime.loss_chunk_rows, compiled=cfg.runtime.compile_loss,
         )[0]  # fmt: skip
 
     def marian_logits(src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -264,8 +264,8 @@ def write_fairseq_handover(folder: Path, cfg: Config, batch: dict, tokens: dict[
         "special_ids": tokens,
         "threads": torch.get_num_threads(),
         "cpu_memory": {
-            "mmap_threshold_mb": cfg.train.cpu_mmap_threshold_mb,
-            "onednn_primitive_cache": cfg.train.onednn_primitive_cache,
+            "mmap_threshold_mb": cfg.runtime.cpu_mmap_threshold_mb,
+            "onednn_primitive_cache": cfg.runtime.onednn_primitive_cache,
         },
     }
     return write_handover(folder, batch, spec)

@@ -92,8 +92,11 @@ def parse_args(argv: list[str] | None):
 def clean(argv: list[str] | None = None) -> list[Leftover]:
     args = parse_args(argv)
     from pipeline import config as config_lib
+    from pipeline import config_schema
 
-    paths = config_lib.load(args.params).paths if args.params.exists() else config_lib.PathsConfig()
+    paths = (
+        config_lib.load(args.params).paths if args.params.exists() else config_schema.PathsConfig()
+    )
     found = train_leftovers(Path(paths.train_dir))
     found += trial_leftovers(args.work_dir, args.results_dir)
     if not found:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import Config, DataConfig
+from pipeline.config_schema import Config, DataConfig
 from pipeline.data.corpus import corpus_splits
 from pipeline.data.download import sha256_of
 from pipeline.data.sources import DEFAULT_CACHE_DIR, locate_multi30k, text_file_paths

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.errors import DataError
 
 SUMMARY_FILE = "summary.json"  # in paths.metrics_dir

@@ -60,7 +60,8 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-from pipeline.config import Config, to_dict
+from pipeline.config import to_dict
+from pipeline.config_schema import Config
 from pipeline.redaction import hide_passwords
 
 MODE_ENV = "WANDB_MODE"

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.cli import main
 from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
@@ -44,7 +45,7 @@ class Translator:
     `eval` section of the config the model was trained with.
     """
 
-    def __init__(self, model, tokenizer, eval_cfg: config_lib.EvalConfig):
+    def __init__(self, model, tokenizer, eval_cfg: config_schema.EvalConfig):
         self.model, self.tokenizer, self.eval_cfg = model, tokenizer, eval_cfg
 
     @classmethod
@@ -53,7 +54,7 @@ class Translator:
         checkpoint: str | Path,
         tokenizer: str | Path | None = None,
         device: str = "cpu",
-        config: config_lib.Config | None = None,
+        config: config_schema.Config | None = None,
     ) -> Translator:
         """`checkpoint`: a training checkpoint or the evaluate stage's `model.ckpt`;
         `tokenizer`: its spm.model (default: `paths.tokenized/spm.model` of `config`, which

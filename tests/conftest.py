@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 
 # One intra-op thread for the tests and every process they start: with torch's default of one
 # thread per core, two processes on this 2-core machine (DDP ranks, sweep workers, pytest beside
@@ -46,7 +47,7 @@ def multi30k_dir() -> Path:
     return path
 
 
-def redirect_paths(cfg: config_lib.Config, root: Path) -> config_lib.Config:
+def redirect_paths(cfg: config_schema.Config, root: Path) -> config_schema.Config:
     """Point every output directory of `cfg` under `root` (tests never write into the repo)."""
     for name in vars(cfg.paths):
         setattr(cfg.paths, name, str(root / getattr(cfg.paths, name)))
@@ -137,7 +138,7 @@ def malicious_checkpoint(tmp_path):
 def make_config(tmp_path, multi30k_dir):
     """Compose conf/ with Hydra overrides, outputs under tmp_path, data from the real corpus."""
 
-    def _make(*overrides: str, root: Path | None = None) -> config_lib.Config:
+    def _make(*overrides: str, root: Path | None = None) -> config_schema.Config:
         cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", *overrides])
         return redirect_paths(cfg, root or tmp_path)
 
@@ -177,14 +178,14 @@ def sliced_corpus(tmp_path, multi30k_dir) -> Path:
 
 @pytest.fixture
 def sliced_config(make_config, sliced_corpus, tmp_path):
-    def _make(*overrides: str) -> config_lib.Config:
+    def _make(*overrides: str) -> config_schema.Config:
         return make_config(f"data.raw_dir={sliced_corpus}", "data.download=false", *overrides)
 
     return _make
 
 
 @pytest.fixture(scope="session")
-def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """`experiment=smoke` with prepare + tokenize already run once (outputs in a session tmp dir).
 
     Shared by the whole session: treat it as read-only (`copy.deepcopy` it before changing a
@@ -202,7 +203,7 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_lib.Config:
 
 
 @pytest.fixture(scope="session")
-def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
     tokenized once per session; read-only like `tokenized_smoke`."""
     from pipeline.data.prepared import prepare
@@ -219,7 +220,7 @@ def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_lib.Config:
 
 
 @pytest.fixture(scope="session")
-def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_lib.Config:
+def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_schema.Config:
     """`tokenized_smoke` trained once per session by `trainer.run` (experiment=smoke: 40 steps,
     step checkpoints at 20 and 40); paths.train_dir etc. in a session tmp dir. Read-only:
     `copy.deepcopy` it and point eval_dir/metrics_dir/plots_dir/wandb_dir elsewhere to write."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.errors import ConfigError
 from tests.conftest import REPO_ROOT, run_stage, write_params
 
@@ -29,7 +31,7 @@ def test_every_conf_key_is_in_the_schema():
         ["experiment=multi30k_wu2021"],
     ]:
         cfg = config_lib.compose(overrides)
-        assert isinstance(cfg, config_lib.Config)
+        assert isinstance(cfg, config_schema.Config)
 
 
 def test_override_reaches_the_typed_config():
@@ -64,6 +66,8 @@ def test_experiment_preset_selects_values():
         ("model.heads=abc", "model.heads"),
         ("+model.bogus=1", "model.bogus"),
         ("+train.max_tokns=10", "train.max_tokns"),
+        ("runtime.loss_chunk_rows=0", "runtime.loss_chunk_rows"),
+        ("runtime.bf16_min_speedup=0", "runtime.bf16_min_speedup"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
@@ -136,6 +140,29 @@ def test_missing_params_file_is_a_clear_error(tmp_path):
 def test_env_overrides_raw_dir(monkeypatch, tmp_path):
     monkeypatch.setenv(config_lib.RAW_DIR_ENV, str(tmp_path))
     assert config_lib.compose().data.raw_dir == str(tmp_path)
+
+
+# A committed record written while the host knobs sat in `train` (never rewritten)
+OLD_LAYOUT_RECORD = REPO_ROOT / "results" / "multi30k_tiny_rerun.en-de" / "params.yaml"
+
+
+def test_a_record_with_host_knobs_under_train_loads_them_into_runtime(tmp_path):
+    raw = yaml.safe_load(OLD_LAYOUT_RECORD.read_text())
+    recorded = {key: raw["train"][key] for key in config_schema.RUNTIME_KEYS}  # the older layout
+    assert "runtime" not in raw
+    cfg = config_lib.load(OLD_LAYOUT_RECORD)
+    assert {key: getattr(cfg.runtime, key) for key in config_schema.RUNTIME_KEYS} == recorded
+    # values other than the defaults move as well, by every loader
+    raw["train"].update(compile_loss=False, loss_chunk_rows=64, onednn_primitive_cache=None)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    for cfg in (config_lib.load(path), config_lib.from_dict(raw)):
+        assert cfg.runtime.compile_loss is False and cfg.runtime.loss_chunk_rows == 64
+        assert cfg.runtime.onednn_primitive_cache is None
+    raw["runtime"] = {"compile_loss": True}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"'train\.compile_loss'.*runtime\.compile_loss"):
+        config_lib.load(path)
 
 
 def test_dict_round_trip():

@@ -67,6 +67,6 @@ def test_a_users_onednn_setting_wins():
 
 @pytest.mark.parametrize("key", ["cpu_mmap_threshold_mb", "onednn_primitive_cache"])
 def test_settings_must_be_positive_or_null(key):
-    assert getattr(compose([f"train.{key}=null"]).train, key) is None
-    with pytest.raises(ConfigError, match=f"train.{key}"):
-        compose([f"train.{key}=0"])
+    assert getattr(compose([f"runtime.{key}=null"]).runtime, key) is None
+    with pytest.raises(ConfigError, match=f"runtime.{key}"):
+        compose([f"runtime.{key}=0"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import (
     Hypothesis,

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import docs_blocks
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from tests.conftest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"

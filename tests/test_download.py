@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import RAW_DIR_ENV, Config
+from pipeline.config import RAW_DIR_ENV
+from pipeline.config_schema import Config
 from pipeline.data.download import check_download_url
 from pipeline.data.prepared import prepare
 from pipeline.errors import ConfigError, DataError

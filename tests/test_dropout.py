@@ -48,7 +48,7 @@ def test_same_rng_state_same_mask(speed_paths):
 
 
 def test_paper_path_is_torch_dropout_with_p_as_given():
-    """Without the CPU path (a GPU run, or `train.cpu_speed_paths: false`) dropout is
+    """Without the CPU path (a GPU run, or `runtime.cpu_speed_paths: false`) dropout is
     `torch.nn.Dropout` itself, p not rounded, drawing the values torch's kernel draws."""
     for chosen in (dropout_module(0.3), dropout_module(0.3, PAPER)):
         assert type(chosen) is nn.Dropout and chosen.p == 0.3

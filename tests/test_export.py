@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pipeline import export
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import ConfigError, DataError

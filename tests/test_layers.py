@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
 from pipeline.model.layers import (
     DecoderLayer,

@@ -178,7 +178,7 @@ def test_a_chunk_function_that_fails_to_compile_warns_and_runs_eagerly(caplog):
         for ours, reference in zip(value, expected, strict=True):
             torch.testing.assert_close(ours, reference)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "train.compile_loss" in warnings[0]
+    assert len(warnings) == 1 and "runtime.compile_loss" in warnings[0]
     assert "No working C++ compiler" in warnings[0]
 
 

@@ -118,7 +118,7 @@ def test_module_saves_its_config_and_rebuilds_from_hyperparameters(make_config):
 
 @pytest.mark.parametrize("cpu_speed_paths", [True, False])
 def test_module_builds_the_speed_paths_its_config_names(make_config, cpu_speed_paths):
-    """train.cpu_speed_paths reaches every dropout and attention layer of the model, and a
+    """runtime.cpu_speed_paths reaches every dropout and attention layer of the model, and a
     module rebuilt from its saved hyperparameters (a resumed run) builds the same paths;
     off, every dropout is torch.nn.Dropout with model.dropout as given."""
     from torch import nn
@@ -129,7 +129,7 @@ def test_module_builds_the_speed_paths_its_config_names(make_config, cpu_speed_p
 
     cfg = make_config("model.d_model=32", "model.heads=2", "model.d_ff=64",
                       "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.3",
-                      f"train.cpu_speed_paths={str(cpu_speed_paths).lower()}")  # fmt: skip
+                      f"runtime.cpu_speed_paths={str(cpu_speed_paths).lower()}")  # fmt: skip
     expected = SpeedPaths.on_cpu(cpu_speed_paths)
     dropout_type = CpuDropout if cpu_speed_paths else nn.Dropout
     for module in (

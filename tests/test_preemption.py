@@ -23,6 +23,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.cli import main
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.training.checkpoints import LAST_NAME, PROGRESS_NAME, checkpoint_dir, read_checkpoint
@@ -115,7 +116,7 @@ SCRIPT = textwrap.dedent(
 # ---------------------------------------------------------------------- helpers
 
 
-def _config(tokenized_smoke, root: Path, *overrides: str) -> config_lib.Config:
+def _config(tokenized_smoke, root: Path, *overrides: str) -> config_schema.Config:
     """`RUN` on the tokenized smoke data, every output under `root`."""
     cfg = config_lib.compose([f"data.raw_dir={tokenized_smoke.data.raw_dir}", "experiment=smoke",
                               *RUN, *overrides])  # fmt: skip
@@ -125,7 +126,7 @@ def _config(tokenized_smoke, root: Path, *overrides: str) -> config_lib.Config:
     return cfg
 
 
-def _start(cfg: config_lib.Config, *args: str) -> subprocess.Popen:
+def _start(cfg: config_schema.Config, *args: str) -> subprocess.Popen:
     """The training script on `cfg` in a process group of its own, in `paths.train_dir`/.."""
     folder = Path(cfg.paths.train_dir).parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,7 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, stderr
 
 
-def _batches(cfg: config_lib.Config, rank: int = 0) -> list[tuple[int, list[int]]]:
+def _batches(cfg: config_schema.Config, rank: int = 0) -> list[tuple[int, list[int]]]:
     """[(step, example ids)] the script recorded (a line cut by SIGKILL is ignored)."""
     path = Path(cfg.paths.train_dir).parent / f"batches.rank{rank}.jsonl"
     rows = []
@@ -165,18 +166,18 @@ def _batches(cfg: config_lib.Config, rank: int = 0) -> list[tuple[int, list[int]
     return rows
 
 
-def _last(cfg: config_lib.Config) -> dict:
+def _last(cfg: config_schema.Config) -> dict:
     return read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
 
 
-def _progress_step(cfg: config_lib.Config) -> int:
+def _progress_step(cfg: config_schema.Config) -> int:
     try:
         return json.loads((checkpoint_dir(cfg.paths.train_dir) / PROGRESS_NAME).read_text())["step"]
     except (OSError, ValueError):
         return -1
 
 
-def _logged(cfg: config_lib.Config) -> dict[str, list[tuple[int, float]]]:
+def _logged(cfg: config_schema.Config) -> dict[str, list[tuple[int, float]]]:
     """What DVCLive wrote for `dvc plots`: [(step, value)] per metric ("train/loss", "lr",
     "val/loss", ...; a row being written is left out)."""
     folder = Path(cfg.paths.plots_dir) / "train" / "plots" / "metrics"
@@ -188,7 +189,7 @@ def _logged(cfg: config_lib.Config) -> dict[str, list[tuple[int, float]]]:
     return logged
 
 
-def _assert_same_logs(cfg: config_lib.Config, uninterrupted: dict) -> None:
+def _assert_same_logs(cfg: config_schema.Config, uninterrupted: dict) -> None:
     """Every logged metric of the resumed run equals the uninterrupted run's, one row per step
     (the value of `train/tokens_per_sec` measures this process's speed, not the run)."""
     logged, expected = _logged(cfg), uninterrupted["logged"]
@@ -201,7 +202,7 @@ def _assert_same_logs(cfg: config_lib.Config, uninterrupted: dict) -> None:
             assert value == pytest.approx(reference, rel=1e-5, abs=1e-6), (name, step)
 
 
-def _corrupt_newest(cfg: config_lib.Config) -> int:
+def _corrupt_newest(cfg: config_schema.Config) -> int:
     """Flip a byte in the middle of last.ckpt and of every checkpoint of its step (as a failing
     disk might): resume must go back to an older one. Returns that step."""
     directory = checkpoint_dir(cfg.paths.train_dir)

@@ -4,6 +4,7 @@ is kept from the next checkout and put back."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from pipeline.training.checkpoints import (
 )
 from pipeline.training.resume import (
     check_resumable,
+    check_same_run,
     config_differences,
     restore_preempted_run,
     resume_checkpoint,
@@ -125,9 +127,28 @@ def test_a_checkpoint_older_than_a_config_key_resumes_as_its_default(make_config
     resumes (a study's interrupted trial after a code update); another value is refused."""
     cfg = make_config()
     saved = config_lib.to_dict(cfg)
-    del saved["train"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
+    del saved["runtime"]["cpu_speed_paths"], saved["train"]["float32_matmul_precision"]
     fixed, _ = config_differences(saved, cfg)
     assert fixed == []
-    cfg.train.cpu_speed_paths = False  # not what the older code ran
+    cfg.runtime.cpu_speed_paths = False  # not what the older code ran
     fixed, _ = config_differences(saved, cfg)
-    assert fixed == ["train.cpu_speed_paths"]
+    assert fixed == ["runtime.cpu_speed_paths"]
+
+
+def test_a_checkpoint_with_host_knobs_under_train_resumes(make_config, tmp_path):
+    """A checkpoint saved before `runtime` had its own section holds the host knobs under
+    `train.`: the same run resumes without a warning, a knob that changes the run
+    (cpu_speed_paths) is still refused, and one that cannot (compile_loss) is only listed."""
+    cfg = make_config()
+    saved = config_lib.to_dict(cfg)
+    saved["train"].update(saved.pop("runtime"))  # the older layout
+    checkpoint = tmp_path / "last.ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_same_run(checkpoint, cfg, "refused", saved) == []
+    cfg.runtime.compile_loss = not cfg.runtime.compile_loss
+    free = check_same_run(checkpoint, cfg, "refused", saved)
+    assert len(free) == 1 and free[0].startswith("'runtime.compile_loss'")
+    cfg.runtime.cpu_speed_paths = not cfg.runtime.cpu_speed_paths
+    with pytest.raises(ConfigError, match="'runtime.cpu_speed_paths' differs"):
+        check_same_run(checkpoint, cfg, "refused", saved)

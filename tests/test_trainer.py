@@ -19,6 +19,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback, EarlyStopping
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
 from pipeline.model.decoding import greedy_decode
@@ -66,7 +67,7 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
+def tokenized_200(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
@@ -82,7 +83,7 @@ def tokenized_200(tmp_path_factory, multi30k_dir) -> config_lib.Config:
 def train_config(tokenized_200, tmp_path):
     """A config on the 200-pair data with `overrides`, writing under tmp_path/<name>."""
 
-    def _make(*overrides: str, name: str = "run") -> config_lib.Config:
+    def _make(*overrides: str, name: str = "run") -> config_schema.Config:
         raw_dir = tokenized_200.data.raw_dir
         cfg = config_lib.compose([f"data.raw_dir={raw_dir}", *DATA, *overrides])
         cfg = redirect_paths(cfg, tmp_path / name)
@@ -93,7 +94,7 @@ def train_config(tokenized_200, tmp_path):
     return _make
 
 
-def _train_batches_per_epoch(cfg: config_lib.Config) -> int:
+def _train_batches_per_epoch(cfg: config_schema.Config) -> int:
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
     return len(datamodule.train_dataloader())
@@ -146,7 +147,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     cfg = train_config(
         "model.dropout=0",
         "train.label_smoothing=0",
-        "train.compile_loss=true",  # the default recipes' compiled loss must fit the data too
+        "runtime.compile_loss=true",  # the default recipes' compiled loss must fit the data too
         "train.max_steps=300",
         "train.warmup_steps=40",
         "train.lr_factor=0.3",
@@ -218,7 +219,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
 @pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes
 def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config, speed_paths):
     common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3",
-              f"train.cpu_speed_paths={speed_paths}", "model.dropout=0.1"]  # fmt: skip
+              f"runtime.cpu_speed_paths={speed_paths}", "model.dropout=0.1"]  # fmt: skip
     steps = 6
     interrupted = train_config(*common, f"train.max_steps={steps}", name="interrupted")
     per_epoch = _train_batches_per_epoch(interrupted)
@@ -264,14 +265,14 @@ def test_a_resumed_auto_precision_run_keeps_the_precision_it_trained_in(train_co
     common = [*TINY, "train.precision=auto", "train.val_check_interval=3"]
     steps = 6
     interrupted = train_config(*common, f"train.max_steps={steps}",
-                               "train.bf16_min_speedup=0.001", name="interrupted")  # fmt: skip
+                               "runtime.bf16_min_speedup=0.001", name="interrupted")  # fmt: skip
     assert run(interrupted)["precision"] == "bf16-mixed"
     resumed_cfg = copy.deepcopy(interrupted)
     resumed_cfg.train.max_steps = 2 * steps
-    resumed_cfg.train.bf16_min_speedup = 1e9  # auto, deciding now, would pick 32-true
+    resumed_cfg.runtime.bf16_min_speedup = 1e9  # auto, deciding now, would pick 32-true
     resumed = run(resumed_cfg)
     straight_cfg = train_config(*common, f"train.max_steps={2 * steps}",
-                                "train.bf16_min_speedup=0.001", name="straight")  # fmt: skip
+                                "runtime.bf16_min_speedup=0.001", name="straight")  # fmt: skip
     straight = run(straight_cfg)
 
     assert resumed["resumed_from"]

@@ -224,7 +224,7 @@ def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float
     cfg = copy.deepcopy(cfg)
     cfg.model.dropout = 0.0  # masks cannot be shared between the two
     cfg.train.compile = False
-    cfg.train.compile_loss = False
+    cfg.runtime.compile_loss = False
     torch.set_num_threads(threads)
     updates, vocab_size = our_updates(cfg, count)
     torch.manual_seed(cfg.seed)

@@ -122,9 +122,9 @@ def recipe_changes(params: dict, preset: dict) -> list[str]:
     """`<section>.<key> <value>` for each setting of RECIPE_KEYS in which a recorded row differs
     from Wu et al.'s `preset` (`wu_preset`; a key the row predates has the default of its
     config dataclass, as it had then)."""
-    from pipeline import config
+    from pipeline import config, config_schema
 
-    defaults = config.to_dict(config.Config())
+    defaults = config.to_dict(config_schema.Config())
     changes = []
     for section, keys in RECIPE_KEYS.items():
         recorded = {**defaults[section], **params.get(section, {})}

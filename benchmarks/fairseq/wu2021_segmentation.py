@@ -27,7 +27,7 @@ from pathlib import Path
 
 from benchmarks.fairseq import train_peer
 from pipeline.cli import main
-from pipeline.config import TokenizerConfig
+from pipeline.config_schema import TokenizerConfig
 from pipeline.data.tokenizer import word_vocab_size
 
 # train_peer's subsets -> our split names (conf/data/multi30k.yaml)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import DataConfig
+from pipeline.config_schema import DataConfig
 from pipeline.errors import ConfigError, DataError
 
 PERCENTILES = (50, 90, 99)  # of sentence lengths in words, reported in metrics/prepare.json

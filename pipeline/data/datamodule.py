@@ -31,7 +31,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
 from pipeline.data.prepared import prepared_path
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized

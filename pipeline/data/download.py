@@ -20,7 +20,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from pipeline.atomic import usual_mode
-from pipeline.config import RAW_DIR_ENV, DataConfig
+from pipeline.config import RAW_DIR_ENV
+from pipeline.config_schema import DataConfig
 from pipeline.errors import ConfigError, DataError
 
 DOWNLOAD_TIMEOUT_S = 60.0  # per network read; a stalled server fails instead of hanging

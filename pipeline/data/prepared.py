@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.atomic import atomic_directory, write_json_atomic
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.data.corpus import ParallelText, clean_split, corpus_splits, read_pair, write_lines
 from pipeline.data.sources import read_corpus
 from pipeline.errors import DataError

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import RAW_DIR_ENV, DataConfig
+from pipeline.config import RAW_DIR_ENV
+from pipeline.config_schema import DataConfig
 from pipeline.data.corpus import ParallelText, corpus_splits, read_pair
 from pipeline.data.download import (
     check_download_url,

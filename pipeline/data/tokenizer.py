@@ -53,7 +53,7 @@ import sentencepiece as spm
 from tqdm.auto import tqdm
 
 from pipeline.atomic import atomic_directory, write_json_atomic
-from pipeline.config import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
+from pipeline.config_schema import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.data.corpus import ParallelText
 from pipeline.data.download import sha256_of
 from pipeline.data.moses import moses_detokenize, moses_tokenize

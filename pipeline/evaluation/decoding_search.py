@@ -26,7 +26,7 @@ from sacrebleu.metrics import BLEU
 from pipeline import config
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.data.prepared import read_prepared
 from pipeline.errors import PipelineError
 from pipeline.evaluation.evaluate import (

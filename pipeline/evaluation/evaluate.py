@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.atomic import atomic_directory, write_json_atomic
-from pipeline.config import Config, DataConfig, EvalConfig
+from pipeline.config_schema import Config, DataConfig, EvalConfig
 from pipeline.data.corpus import ParallelText, write_lines
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer

@@ -9,9 +9,9 @@ tensor, and only runs for tensors on a CPU:
 - `cpu_attention`: the explicit attention formula instead of torch's fused kernel under
   bf16/fp16 autocast and for a single query (`pipeline.kernels.cpu_attention`).
 
-Training builds them from `train.cpu_speed_paths` (`SpeedPaths.on_cpu`); off, a CPU run takes
+Training builds them from `runtime.cpu_speed_paths` (`SpeedPaths.on_cpu`); off, a CPU run takes
 the path a GPU takes, so the tests run both paths against the same oracles. Dropout's mask
-stream differs between the two, so a resumed run keeps `train.cpu_speed_paths`.
+stream differs between the two, so a resumed run keeps `runtime.cpu_speed_paths`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class SpeedPaths:
 
     @classmethod
     def on_cpu(cls, enabled: bool) -> SpeedPaths:
-        """Every CPU speed path on (`train.cpu_speed_paths: true`) or off."""
+        """Every CPU speed path on (`runtime.cpu_speed_paths: true`) or off."""
         return cls(cpu_dropout=enabled, cpu_attention=enabled)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import KeyValueCache, MultiHeadAttention
 from pipeline.model.dropout import dropout_module

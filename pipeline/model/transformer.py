@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
 from pipeline.model.dropout import dropout_module

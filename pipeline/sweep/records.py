@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
 from pipeline.sweep.spec import TrialPaths
@@ -154,7 +155,7 @@ def _record(
     return curve
 
 
-def validation_curve(cfg: config_lib.Config) -> list[dict[str, float]]:
+def validation_curve(cfg: config_schema.Config) -> list[dict[str, float]]:
     """Every validation of the run by step ({"step", "val/bleu", "val/loss", "val/ppl"}), from
     DVCLive's files, which a resumed run appends to (a step logged twice keeps its last row)."""
     from pipeline.training.trainer import DVCLIVE_SUBDIR

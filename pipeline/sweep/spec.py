@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.errors import ConfigError, PipelineError
 
 RESULTS_ROOT = Path("ablations/results")
@@ -243,7 +244,7 @@ def _overrides_text(overrides: dict[str, Any]) -> str:
     return ", ".join(_as_override(k, v) for k, v in overrides.items())
 
 
-def point_config(spec: StudySpec, params: dict[str, Any]) -> config_lib.Config:
+def point_config(spec: StudySpec, params: dict[str, Any]) -> config_schema.Config:
     """A trial's config before its paths are set (what variants are compared by)."""
     return trial_config(spec, params, TrialPaths(Path("/nonexistent"), Path("/nonexistent")))
 
@@ -276,7 +277,9 @@ class TrialPaths:
         return self.study_results.parent.parent / "wandb" / self.study_results.name
 
 
-def trial_config(spec: StudySpec, params: dict[str, Any], paths: TrialPaths) -> config_lib.Config:
+def trial_config(
+    spec: StudySpec, params: dict[str, Any], paths: TrialPaths
+) -> config_schema.Config:
     """The full config of one trial: conf/ + base experiment + budget + the trial's values."""
     overrides = [f"experiment={spec.base_experiment}"]
     overrides += [_as_override(k, v) for k, v in spec.budget.items()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from pipeline import config as config_lib
+from pipeline import config_schema
 from pipeline.errors import Preempted
 from pipeline.sweep.ddp import _one_ddp_launch
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
@@ -77,7 +77,7 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
     )
 
 
-def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_lib.Config, wandb_run) -> dict:
+def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_schema.Config, wandb_run) -> dict:
     """`trainer.run` with the pruning callback; raises `optuna.TrialPruned` once training has
     stopped on the pruner's word (on every rank: the others stop at the same step)."""
     from pipeline.training import trainer
@@ -116,7 +116,7 @@ def run_trial_rank(
         _train(spec, trial, cfg, wandb_run=None)
 
 
-def ensure_data(cfg: config_lib.Config, data_root: Path) -> None:
+def ensure_data(cfg: config_schema.Config, data_root: Path) -> None:
     """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize

@@ -17,7 +17,7 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.errors import ConfigError
 
 GPU_ACCELERATORS = ("gpu", "cuda")

@@ -126,7 +126,7 @@ class _CompiledChunk:
                 return self.compiled(logits, target, epsilon, grad_dtype)
             except Exception as err:  # torch._dynamo / inductor errors have no common base
                 self.failed = True
-                log.warning("train.compile_loss: torch.compile failed (%s); the loss runs "
+                log.warning("runtime.compile_loss: torch.compile failed (%s); the loss runs "
                             "eagerly (slower)", err)  # fmt: skip
         return _chunk_loss_and_grad(logits, target, epsilon, grad_dtype)
 
@@ -203,7 +203,7 @@ def output_layer_loss(
     hidden (B, T, d_model), target (B, T) -> (smoothed loss, nll) summed over non-pad tokens.
     Padding rows are dropped before the output layer; the matmuls run in the autocast dtype
     when autocast is on (as `nn.Linear` would), the softmax in float32; `compiled`: each chunk's
-    softmax, loss and gradient as one `torch.compile`d function (`train.compile_loss`)."""
+    softmax, loss and gradient as one `torch.compile`d function (`runtime.compile_loss`)."""
     is_token = target.ne(pad_id)
     rows = hidden[is_token]  # (N, d_model), N = non-pad target tokens
     device_type = hidden.device.type

@@ -27,7 +27,8 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 from torchmetrics import MeanMetric, Metric
 
-from pipeline.config import Config, from_dict, to_dict
+from pipeline.config import from_dict, to_dict
+from pipeline.config_schema import Config
 from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
 from pipeline.kernels import SpeedPaths
@@ -156,9 +157,9 @@ class TranslationModule(L.LightningModule):
         self.cfg = cfg
         special = cfg.data.tokenizer
         self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
-        # train.cpu_speed_paths: a host choice that changes dropout's mask stream, so it is
+        # runtime.cpu_speed_paths: a host choice that changes dropout's mask stream, so it is
         # part of the saved config and a resumed run keeps it.
-        speed_paths = SpeedPaths.on_cpu(cfg.train.cpu_speed_paths)
+        speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)
         self.model = Transformer(cfg.model, vocab_size, self.pad_id, speed_paths)
         # train.compile: a compiled forward function (not a module, so the state_dict keys
         # stay `model.*`); the plain module otherwise.
@@ -232,7 +233,7 @@ class TranslationModule(L.LightningModule):
         loss_sum, nll_sum = output_layer_loss(
             states, self.model.output_projection, batch["tgt_out"],
             epsilon=self.cfg.train.label_smoothing, pad_id=self.pad_id,
-            chunk_rows=self.cfg.train.loss_chunk_rows, compiled=self.cfg.train.compile_loss,
+            chunk_rows=self.cfg.runtime.loss_chunk_rows, compiled=self.cfg.runtime.compile_loss,
         )  # fmt: skip
         return loss_sum, nll_sum, int(batch["num_tgt_tokens"])
 

@@ -6,7 +6,7 @@ or slower depending on the machine (docs/training.md has the measured figures); 
 either, torch emulates them far slower. So on a CPU with the instructions, `auto` times the
 matrix products of the model's
 feed-forward layer both ways (interleaved, median) and keeps bf16 only above
-`train.bf16_min_speedup`.
+`runtime.bf16_min_speedup`.
 
 The choice is made once per job: it is kept (with the sizes it was made for) in an environment
 variable that DDP's worker processes inherit, so that every rank trains in the same precision.

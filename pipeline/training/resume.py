@@ -18,7 +18,8 @@ from pathlib import Path
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from pipeline.atomic import remove_stale_temps
-from pipeline.config import Config, leaves, subtree, to_dict
+from pipeline.config import leaves, subtree, to_dict, with_runtime_section
+from pipeline.config_schema import Config
 from pipeline.errors import ConfigError
 from pipeline.training.checkpoints import (
     checkpoint_dir,
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # A resumed run must compute what an uninterrupted one would: every key of these sections must
 # match the checkpoint's, except RESUME_FREE_KEYS.
-RESUME_FIXED_KEYS = ("seed", "model", "data", "train")
+RESUME_FIXED_KEYS = ("seed", "model", "data", "train", "runtime")
 # Keys that cannot change the weights a run ends with (where the corpus is read from, how
 # often it validates and logs, on which devices and how fast it runs, how many checkpoints it
 # keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
@@ -52,19 +53,19 @@ RESUME_FREE_KEYS = (
     "train.strategy",
     "train.ddp_timeout",
     "train.float32_matmul_precision",  # GPU numerics, like the device itself
-    "train.bf16_min_speedup",
     "train.num_workers",
     "train.save_top_k",
     "train.early_stopping_patience",
     "train.resume",
     "train.compile",
-    "train.compile_loss",
-    "train.cpu_mmap_threshold_mb",
-    "train.onednn_primitive_cache",
     "train.log_every_n_steps",
     "train.progress_bar",
     "train.progress_every",
     "train.deterministic",
+    "runtime.bf16_min_speedup",
+    "runtime.compile_loss",
+    "runtime.cpu_mmap_threshold_mb",
+    "runtime.onednn_primitive_cache",
 )
 REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
 # <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
@@ -74,6 +75,7 @@ PREEMPTED_SUFFIX = ".preempted"
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
+    saved = with_runtime_section(saved)  # a checkpoint of the older layout compares as today's
     current, defaults = to_dict(cfg), to_dict(Config())
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
@@ -107,6 +109,7 @@ def check_same_run(
     config when the caller has already read it (else it is read from `checkpoint_path`)."""
     if saved is None:
         saved = read_checkpoint(checkpoint_path)["hyper_parameters"]["config"]
+    saved = with_runtime_section(saved, str(checkpoint_path))
     fixed, free = config_differences(saved, cfg)
     if fixed:
         details = "; ".join(_describe(key, saved, cfg) for key in fixed)

@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pipeline.atomic import write_json_atomic
-from pipeline.config import Config
+from pipeline.config_schema import Config
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import PipelineError, Preempted
 from pipeline.tracking import PipelineWandbLogger, wandb_logger
@@ -138,7 +138,7 @@ def build_trainer(
     else:
         precision = resolve_precision(
             t.precision, accelerator, d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
-            min_speedup=t.bf16_min_speedup,
+            min_speedup=cfg.runtime.bf16_min_speedup,
         )  # fmt: skip
     strategy = build_strategy(cfg, accelerator)
     silence_lightning_noise()
@@ -224,8 +224,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     started = time.perf_counter()
     accelerator = resolve_accelerator(cfg.train.accelerator)
     check_cluster_launch(cfg.train.num_nodes, device_count(cfg.train.devices, accelerator))
-    if accelerator == "cpu" and cfg.train.cpu_speed_paths:
-        configure_cpu_memory(cfg.train.cpu_mmap_threshold_mb, cfg.train.onednn_primitive_cache)
+    if accelerator == "cpu" and cfg.runtime.cpu_speed_paths:
+        configure_cpu_memory(cfg.runtime.cpu_mmap_threshold_mb, cfg.runtime.onednn_primitive_cache)
     on_gpu = accelerator in GPU_ACCELERATORS
     if on_gpu:  # TF32 tensor cores for float32 matmuls (32-true); bf16-mixed is unaffected
         torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batching, decode_throughput, train_throughput
 from benchmarks.common import marian_model, tokenized_corpus
-from pipeline.config import ModelConfig
+from pipeline.config_schema import ModelConfig
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.decoding import beam_search

@@ -532,8 +532,8 @@ def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
         assert torch.equal(read[key], batch[key])
     assert spec["vocab_size"] == 1000 and spec["special_ids"] == tokens
     assert spec["threads"] == torch.get_num_threads()
-    assert spec["cpu_memory"] == {"mmap_threshold_mb": cfg.train.cpu_mmap_threshold_mb,
-                                  "onednn_primitive_cache": cfg.train.onednn_primitive_cache}  # fmt: skip
+    assert spec["cpu_memory"] == {"mmap_threshold_mb": cfg.runtime.cpu_mmap_threshold_mb,
+                                  "onednn_primitive_cache": cfg.runtime.onednn_primitive_cache}  # fmt: skip
     flags = flag_values(spec["flags"])
     expected = {
         "--arch": "transformer", "--share-all-embeddings": None, "--activation-fn": "relu",
