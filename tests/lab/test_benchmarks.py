@@ -217,3 +217,21 @@ def test_fairseq_flags_name_the_device_and_precision(make_config, device, precis
     assert all(flag in flags for flag in expected)
     assert not any(flag in flags for flag in absent)
     assert flags[flags.index("--encoder-embed-dim") + 1] == "128"
+
+
+def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the_seam():
+    """The decoding ratios docs/performance.md quotes for the speed-path move are the means of
+    the committed runs' ratios, and each side holds the same number of runs."""
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads(
+        (root / "benchmarks/results/decode_throughput_speed_path_seam.json").read_text()
+    )
+    page = " ".join((root / "docs/performance.md").read_text().split())
+    runs = record["runs"]
+    assert len(runs["before"]) == len(runs["after"]) >= 3
+    for dtype in ("float32", "bfloat16"):
+        means = [
+            np.mean([r["results"][dtype]["ratio"]["cached_vs_marian"] for r in runs[side]])
+            for side in ("before", "after")
+        ]
+        assert f"{means[0]:.2f} -> {means[1]:.2f}" in page, dtype
