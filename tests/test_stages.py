@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pipeline.config import leaves, subtree
 from tests.conftest import REPO_ROOT
 
 PIPELINE = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
@@ -85,3 +87,24 @@ def test_check_stage_comes_first_and_always_runs():
     assert check["always_changed"] is True
     record = _resolve(next(iter(check["outs"][0])))
     assert record in [_resolve(dep) for dep in PIPELINE["stages"]["prepare"]["deps"]]
+
+
+def test_the_committed_run_record_is_one_run_of_the_committed_params():
+    """dvc.lock, metrics/summary.json and data/corpus.json are committed together from one
+    `dvc repro` of the default experiment: the two files are the outputs the lock recorded, and
+    every parameter the lock says the run used is what params.yaml holds (a changed default
+    needs a new run before its result is committed)."""
+    lock = yaml.safe_load((REPO_ROOT / "dvc.lock").read_text())["stages"]
+    assert set(lock) == set(PIPELINE["stages"])
+    recorded = {out["path"]: out["md5"] for stage in lock.values() for out in stage["outs"]}
+    for committed in ("metrics/summary.json", PARAMS["paths"]["corpus_record"]):
+        md5 = hashlib.md5((REPO_ROOT / committed).read_bytes()).hexdigest()
+        assert recorded[committed] == md5, committed
+    differing = [
+        key
+        for stage in lock.values()
+        for section, value in stage.get("params", {}).get("params.yaml", {}).items()
+        for key, used in leaves(value, section).items()
+        if used != subtree(PARAMS, key)
+    ]
+    assert differing == []
