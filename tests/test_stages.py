@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import ruamel.yaml
 import yaml
 
 from pipeline.config import leaves, subtree
@@ -94,7 +95,8 @@ def test_the_committed_run_record_is_one_run_of_the_committed_params():
     `dvc repro` of the default experiment: the two files are the outputs the lock recorded, and
     every parameter the lock says the run used is what params.yaml holds (a changed default
     needs a new run before its result is committed)."""
-    lock = yaml.safe_load((REPO_ROOT / "dvc.lock").read_text())["stages"]
+    # DVC writes YAML 1.2, where `1e-09` is a number (PyYAML's YAML 1.1 reads it as text)
+    lock = ruamel.yaml.YAML(typ="safe").load((REPO_ROOT / "dvc.lock").read_text())["stages"]
     assert set(lock) == set(PIPELINE["stages"])
     recorded = {out["path"]: out["md5"] for stage in lock.values() for out in stage["outs"]}
     for committed in ("metrics/summary.json", PARAMS["paths"]["corpus_record"]):
