@@ -185,3 +185,16 @@ def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_check
     (metrics / "train.json").write_text(json.dumps({**train, "train/target_tokens": 1234}))
     results.record("new", "make repro", metrics, params, tmp_path / "results")
     assert json.loads((tmp_path / "results/new/run.json").read_text())["target_tokens"] == 1234
+
+
+def test_readme_states_the_default_recipes_range_over_every_recorded_run_of_it():
+    """README's sentence on the default recipe spans every recorded `make repro` row."""
+    rows = [
+        row
+        for row in results.load_rows(REPO_ROOT / "results")
+        if row[results.RUN_FILE]["command"] == "make repro"
+    ]
+    scores = [row["eval.json"][results.TEST_SPLIT]["bleu_lc"] for row in rows]
+    count = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}[len(rows)]
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert f"reaches {min(scores):.1f}-{max(scores):.1f} over {count} runs" in readme
