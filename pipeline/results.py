@@ -91,11 +91,12 @@ def run_totals(metrics_dir: Path) -> dict:
     if not train.get("checkpoint_dir"):
         return {}
     from pipeline.training.checkpoints import LAST_NAME, read_checkpoint
+    from pipeline.training.throughput import TOTALS_KEY
 
     last = metrics_dir.resolve().parent / train["checkpoint_dir"] / LAST_NAME
     if not last.exists():
         return {}
-    totals = read_checkpoint(last).get("run_totals", {})
+    totals = read_checkpoint(last).get(TOTALS_KEY, {})
     return {"target_tokens": int(totals["train_tokens"])} if "train_tokens" in totals else {}
 
 
