@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -49,6 +50,14 @@ def hardware() -> str:
     bf16 = set(CPU_BF16_FLAGS) & cpu_flags()
     extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
     return f"{model}, {os.cpu_count()} cores{extra}"
+
+
+def hardware_class(hardware: str) -> str:
+    """The processor and its bf16 kernels, without the core or device count
+    ('AMD EPYC, 2 cores, avx512_bf16' -> 'AMD EPYC, avx512_bf16'; 'NVIDIA H200 x 1' ->
+    'NVIDIA H200')."""
+    parts = [p for p in hardware.split(", ") if not re.fullmatch(r"\d+ cores?", p)]
+    return re.sub(r" x \d+$", "", ", ".join(parts))
 
 
 def git_commit() -> str | None:

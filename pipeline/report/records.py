@@ -4,10 +4,10 @@ under: the report compares trials only under one commit, hardware class and prec
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.environment import hardware_class
 from pipeline.sweep.records import RUN_FILE
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -59,14 +59,6 @@ class RunConditions:
 
     def __str__(self) -> str:
         return f"commit {self.commit}, {self.hardware}, {self.precision}"
-
-
-def hardware_class(hardware: str) -> str:
-    """The processor and its bf16 kernels, without the core or device count
-    ('AMD EPYC, 2 cores, avx512_bf16' -> 'AMD EPYC, avx512_bf16'; 'NVIDIA H200 x 1' ->
-    'NVIDIA H200')."""
-    parts = [p for p in hardware.split(", ") if not re.fullmatch(r"\d+ cores?", p)]
-    return re.sub(r" x \d+$", "", ", ".join(parts))
 
 
 def conditions_text(conditions: RunConditions | None) -> str:

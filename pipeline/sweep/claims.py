@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -51,14 +52,19 @@ class RetryInterruptedTrial:
         )  # fmt: skip
 
 
-def claim_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
-    """Atomically move one WAITING trial to RUNNING for this worker (None when none is left).
+def claim_waiting_trial(
+    study: optuna.Study, accept: Callable[[optuna.trial.FrozenTrial], bool] | None = None
+) -> optuna.Trial | None:
+    """Atomically move one WAITING trial to RUNNING for this worker (None when none is left,
+    or none that `accept` takes: one that fits before the worker's deadline, say).
 
     Retries of interrupted points first (RetryInterruptedTrial queues them last): they resume
     from their checkpoints, while a fresh point starts from step 0; each group by number."""
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     waiting.sort(key=lambda trial: ("failed_trial" not in trial.system_attrs, trial.number))
     for frozen in waiting:
+        if accept is not None and not accept(frozen):
+            continue
         try:
             # Its first heartbeat comes from `heartbeat` as the trial starts; a worker that dies
             # in between leaves a trial `fail_trials_without_heartbeat` retries.

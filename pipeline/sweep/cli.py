@@ -17,6 +17,7 @@ from pipeline.redaction import hide_password
 from pipeline.sweep import launch
 from pipeline.sweep.claims import FINISHED, _count, retry_failed
 from pipeline.sweep.ddp import TRIAL_ENV
+from pipeline.sweep.deadline import Deadline, parse_deadline
 from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, _overrides_text, load_spec
 from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
 from pipeline.sweep.summary import study_summary
@@ -58,6 +59,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="start this many workers on this machine, sharing its device (threads = cores / "
         "N each; CUDA MPS where installed); see pipeline.sweep.launch",
     )
+    parser.add_argument(
+        "--deadline",
+        help="stop by this time: a duration (2h30m) or a local clock time (18:40): start only "
+        "trials expected to finish by then, stop a running one at a checkpoint at the deadline "
+        "and exit 0 (for a scheduler's time limit, a spot instance, a machine lent for hours)",
+    )
+    parser.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="run even where this worker's commit, hardware class or precision differs from "
+        "the study's pin (its trials are then reported apart from the pinned ones)",
+    )
+    parser.add_argument(
+        "--commit",
+        action="store_true",
+        help="git commit the study's records and storage after each finished trial (only "
+        "them, in the checkout that holds --results-dir)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
@@ -85,17 +104,27 @@ def cli(argv: list[str] | None = None) -> None:
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
         run_trial_rank(spec, storage, args.results_dir, int(os.environ[TRIAL_ENV]), args.work_dir)
         return
+    deadline = parse_deadline(args.deadline) if args.deadline else None
     if args.workers > 1:
-        command = launch.worker_command(args.spec, storage, args.results_dir,
-                                              args.work_dir, args.n_trials)  # fmt: skip
+        command = launch.worker_command(args.spec, storage, args.results_dir, args.work_dir,
+                                        args.n_trials, worker_flags(args, deadline))  # fmt: skip
         raise SystemExit(launch.launch_workers(command, args.workers))
-    study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir)
+    study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir,
+                       deadline=deadline, allow_mixed=args.allow_mixed,
+                       commit=args.commit)  # fmt: skip
     finished = _count(study, FINISHED)
     print(study_summary(study, spec))
     print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
     from pipeline.disk_usage import leftovers_message
 
     print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
+
+
+def worker_flags(args: argparse.Namespace, deadline: Deadline | None) -> list[str]:
+    """The flags the launcher passes on to each of its workers (one deadline for all)."""
+    flags = ["--deadline", deadline.iso()] if deadline is not None else []
+    flags += ["--allow-mixed"] if args.allow_mixed else []
+    return flags + (["--commit"] if args.commit else [])
 
 
 def console() -> None:

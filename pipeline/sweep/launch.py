@@ -98,13 +98,13 @@ def mps_daemon(enabled: bool) -> Iterator[dict[str, str]]:
 
 
 def worker_command(spec: str, storage: str, results_dir: Path, work_dir: Path,
-                   n_trials: int | None) -> list[str]:  # fmt: skip
+                   n_trials: int | None, flags: Sequence[str] = ()) -> list[str]:  # fmt: skip
     """One ordinary worker's command line (the single-worker CLI, without --workers)."""
     command = [sys.executable, "-m", "pipeline.sweep", spec, "--storage", storage,
                "--results-dir", str(results_dir), "--work-dir", str(work_dir)]  # fmt: skip
     if n_trials is not None:
         command += ["--n-trials", str(n_trials)]
-    return command
+    return command + list(flags)
 
 
 def launch_workers(command: Sequence[str], workers: int, cores: int | None = None,

@@ -18,6 +18,7 @@ from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
+from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
 
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
@@ -149,6 +150,8 @@ def _record(
         "parameters": train_metrics.get("num_parameters"),
         "record": record.name,
         "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
+        # what a worker's --deadline expects a trial of this variant to take
+        WALL_TIME_ATTR: round(run["train_wall_time_s"] + run["eval_wall_time_s"], 1),
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, value)

@@ -36,6 +36,9 @@ class SweepSettings:
     max_retries: int = 2  # re-runs of a trial whose worker died (preemptions are not counted)
     grid_ready_timeout: float = 120.0  # seconds a late worker waits for the creator's grid
     poll_interval: float = 2.0  # seconds between looks at a study still running elsewhere
+    # How long one trial takes on one worker, before any of a variant has finished (a worker's
+    # --deadline starts only trials expected to finish in time; then the measured median).
+    trial_minutes_estimate: float | None = None
 
 
 @dataclass

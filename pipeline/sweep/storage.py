@@ -5,12 +5,14 @@ consistent copy of a SQLite storage staged for a commit."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.storages import RDBStorage
@@ -23,7 +25,13 @@ from pipeline.sweep.claims import RetryInterruptedTrial
 from pipeline.sweep.pruning import _pruner
 from pipeline.sweep.spec import StudySpec, SweepSettings
 
+if TYPE_CHECKING:
+    from pipeline.sweep.pin import Pin
+
+log = logging.getLogger(__name__)
+
 GRID_READY_ATTR = "grid_enqueued"
+PIN_ATTR = "pin"  # the study's commit, hardware class and precision (pipeline.sweep.pin)
 
 
 def default_storage(spec: StudySpec, results_root: Path) -> str:
@@ -111,8 +119,12 @@ def _sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=spec.sampler_seed)
 
 
-def open_study(spec: StudySpec, storage: RDBStorage) -> optuna.Study:
-    """Create the study (and, for a grid, enqueue its points once) or load it."""
+def open_study(
+    spec: StudySpec, storage: RDBStorage, pin: Callable[[], Pin] | None = None
+) -> optuna.Study:
+    """Create the study (and, for a grid, enqueue its points once) or load it. `pin`: what a
+    new study is pinned to (`pipeline.sweep.pin`), recorded before its grid is ready, so that
+    every worker that waits for the grid finds the pin."""
     kwargs = dict(
         study_name=spec.study, storage=storage, sampler=_sampler(spec), pruner=_pruner(spec)
     )
@@ -128,6 +140,8 @@ def open_study(spec: StudySpec, storage: RDBStorage) -> optuna.Study:
         return study
     with _experimental_ok():
         study.set_metric_names([spec.metric])  # the dashboard's name for the objective
+    if pin is not None:
+        study.set_user_attr(PIN_ATTR, asdict(pin()))
     if spec.kind == "grid":
         for point in spec.grid():
             study.enqueue_trial(point, skip_if_exists=False)
@@ -165,13 +179,43 @@ def git_add_study(study_results: Path) -> None:
     """`git add` the study's records and its SQLite storage while holding the storage's write
     lock, so that the committed database is a consistent snapshot even while workers run
     (they wait on the lock for the moment it takes)."""
+    with _storage_locked(study_results):
+        _git(study_results, "add", "--", ".")
+
+
+def commit_study(study_results: Path, message: str) -> bool:
+    """Commit the study's records and storage, and nothing else that is staged, in the git
+    checkout that holds them (which may be another than the worker's code: a pinned worktree
+    writing into the main checkout's results). A failure (another git command holds the
+    index, a merge in progress) is logged, not raised: the next finished trial commits both."""
+    try:
+        with _storage_locked(study_results):
+            _git(study_results, "add", "--", ".")
+            _git(study_results, "commit", "--quiet", "--only", "-m", message, "--", ".")
+    except subprocess.CalledProcessError as err:
+        log.warning("could not commit %s: %s", study_results, (err.stderr or "").strip())
+        return False
+    return True
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def _storage_locked(study_results: Path):
+    """Hold the study's SQLite write lock (none for a server storage): no worker is then
+    mid-transaction, and the database file is a consistent snapshot."""
     import sqlite3
 
     database = study_results / "study.db"
+    if not database.exists():
+        yield
+        return
     connection = sqlite3.connect(database, timeout=120, isolation_level=None)
     try:
         connection.execute("BEGIN IMMEDIATE")  # no writer can be mid-transaction now
-        subprocess.run(["git", "add", "--", str(study_results)], check=True)
+        yield
         connection.execute("ROLLBACK")
     finally:
         connection.close()

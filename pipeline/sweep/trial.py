@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from pipeline import config_schema
 from pipeline.errors import Preempted
 from pipeline.sweep.ddp import _one_ddp_launch
+from pipeline.sweep.deadline import CURRENT_DEADLINE, DeadlineCallback
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
 from pipeline.sweep.params import suggest_params, trial_paths
 from pipeline.sweep.pruning import StepPruningCallback, _pruner
@@ -21,17 +22,27 @@ from pipeline.sweep.records import _attempt_logged, _record
 from pipeline.sweep.spec import WORK_ROOT, StudySpec, trial_config
 from pipeline.sweep.storage import open_storage
 
+PRECISION_ATTR = "train_precision"  # what the trial trains at: its DDP ranks read it
+
 
 def run_trial(
-    spec: StudySpec, trial: optuna.Trial, results_root: Path, work_root: Path = WORK_ROOT
+    spec: StudySpec,
+    trial: optuna.Trial,
+    results_root: Path,
+    work_root: Path = WORK_ROOT,
+    precision: str | None = None,
 ) -> float:
-    """Train + evaluate one trial through the DVC stages' code; returns the objective."""
+    """Train + evaluate one trial through the DVC stages' code; returns the objective.
+
+    `precision`: what `train.precision: auto` stands for in this trial (the study's pinned
+    precision, decided once for the whole study; see `pipeline.sweep.pin`)."""
     from pipeline.evaluation import evaluate
     from pipeline.tracking import start_wandb_run
 
     params = suggest_params(spec, trial)
     paths = trial_paths(results_root, work_root, spec, trial)
-    cfg = trial_config(spec, params, paths)
+    cfg = _with_precision(trial_config(spec, params, paths), precision)
+    trial.set_user_attr(PRECISION_ATTR, cfg.train.precision)
     ensure_data(cfg, work_root / spec.study / "data")
     run = start_wandb_run(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
@@ -48,6 +59,12 @@ def run_trial(
     curve = _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
     report_curve(trial, spec.metric, curve)
     return train_metrics.get(spec.metric)
+
+
+def _with_precision(cfg: config_schema.Config, precision: str | None) -> config_schema.Config:
+    if precision is not None and cfg.train.precision == "auto":
+        cfg.train.precision = precision
+    return cfg
 
 
 def report_curve(trial: optuna.Trial, metric: str, curve: list[dict[str, float]]) -> None:
@@ -88,7 +105,9 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_schema.Config, wand
     pruning = StepPruningCallback(trial, monitor=spec.metric) if spec.pruner else None
     beat = CURRENT_HEARTBEAT.get()
     watchdog = HeartbeatWatchdog(beat, spec.settings) if beat is not None else None
-    callbacks = [callback for callback in (pruning, watchdog) if callback is not None]
+    deadline = CURRENT_DEADLINE.get()
+    at_deadline = DeadlineCallback(deadline) if deadline is not None else None
+    callbacks = [cb for cb in (pruning, watchdog, at_deadline) if cb is not None]
     with _one_ddp_launch(trial.number):
         # A point whose training finished before its worker stopped is not trained again.
         metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=callbacks, keep_finished=True)
@@ -109,7 +128,7 @@ def run_trial_rank(
     trial = optuna.Trial(study, frozen._trial_id)
     params = suggest_params(spec, trial)  # the values already drawn for this trial
     paths = trial_paths(results_root, work_root, spec, trial)
-    cfg = trial_config(spec, params, paths)
+    cfg = _with_precision(trial_config(spec, params, paths), frozen.user_attrs.get(PRECISION_ATTR))
     # done by rank 0: sets the paths
     ensure_data(cfg, work_root / spec.study / "data")
     with contextlib.suppress(optuna.TrialPruned):

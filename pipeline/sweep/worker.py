@@ -14,6 +14,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from pipeline.errors import Preempted
+from pipeline.sweep import pin
 from pipeline.sweep.claims import (
     FINISHED,
     RetryInterruptedTrial,
@@ -21,9 +22,18 @@ from pipeline.sweep.claims import (
     claim_waiting_trial,
     fail_trials_without_heartbeat,
 )
+from pipeline.sweep.deadline import (
+    CURRENT_DEADLINE,
+    Deadline,
+    expected_seconds,
+    fits,
+    hours,
+    trial_variant,
+)
 from pipeline.sweep.heartbeat import heartbeat
+from pipeline.sweep.params import point_name
 from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, StudySpec
-from pipeline.sweep.storage import _experimental_ok, open_storage, open_study
+from pipeline.sweep.storage import _experimental_ok, commit_study, open_storage, open_study
 from pipeline.sweep.summary import trial_line
 from pipeline.sweep.trial import run_trial
 
@@ -40,20 +50,31 @@ def run_worker(
     n_trials: int | None = None,
     trial_fn: TrialFn | None = None,
     work_root: Path = WORK_ROOT,
+    deadline: Deadline | None = None,
+    allow_mixed: bool = False,
+    commit: bool = False,
 ) -> optuna.Study:
-    """Run trials until the study is done (or this worker has run `n_trials`).
+    """Run trials until the study is done (or this worker has run `n_trials`, or nothing left
+    fits before `deadline`).
 
     `trial_fn(spec, trial, results_root) -> objective` defaults to `run_trial` (train +
-    evaluate, in `work_root`).
+    evaluate, in `work_root`). The worker checks the study's pin first (`pipeline.sweep.pin`;
+    a study it creates is pinned to it). `commit`: commit the study's records after each
+    finished trial (`storage.commit_study`).
     """
+    storage = open_storage(storage_url, spec.settings)
+    study = open_study(spec, storage, pin=lambda: pin.this_worker(spec))
+    pinned = pin.Pin.from_attr(study.user_attrs.get(pin.PIN_ATTR))
+    worker = pin.this_worker(spec, pinned)
+    pin.check_pin(study, spec, worker, allow_mixed)
     if trial_fn is None:
 
         def trial_fn(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float:
-            return run_trial(spec, trial, results_root, work_root)
+            return run_trial(spec, trial, results_root, work_root, precision=worker.precision)
 
-    storage = open_storage(storage_url, spec.settings)
-    study = open_study(spec, storage)
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
+    estimate = spec.settings.trial_minutes_estimate
+    accept = fits(study, deadline, estimate)
     ran = 0
     while n_trials is None or ran < n_trials:
         with _experimental_ok():
@@ -62,20 +83,60 @@ def run_worker(
         if _count(study, FINISHED) >= target:
             break
         if spec.kind == "grid":
-            trial = claim_waiting_trial(study)
+            trial = claim_waiting_trial(study, accept)
             if trial is None:
+                if deadline is not None and _count(study, (TrialState.WAITING,)):
+                    print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
+                    break  # what waits does not fit in the time left
                 if _count(study, (TrialState.RUNNING,)) == 0:
                     break  # nothing waiting, nothing running: exhausted (failed trials remain)
                 time.sleep(spec.settings.poll_interval)  # others are finishing; a retry may come
                 continue
         else:
+            expected = expected_seconds(study, None, estimate)
+            if deadline is not None and expected is not None and expected > deadline.left():
+                print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
+                break
             trial = study.ask()
         started = time.perf_counter()
-        _run_and_tell(study, spec, trial, storage, results_root, trial_fn)
+        token = CURRENT_DEADLINE.set(deadline)
+        try:
+            _run_and_tell(study, spec, trial, storage, results_root, trial_fn)
+        except Preempted:
+            if deadline is None or not deadline.passed():
+                raise
+            print(_stopping_at_deadline(study, spec, deadline, target, stopped=trial), flush=True)
+            break
+        finally:
+            CURRENT_DEADLINE.reset(token)
         ran += 1
-        print(trial_line(study, spec, storage.get_trial(trial._trial_id), target,
-                         time.perf_counter() - started), flush=True)  # fmt: skip
+        frozen = storage.get_trial(trial._trial_id)
+        print(trial_line(study, spec, frozen, target, time.perf_counter() - started), flush=True)
+        if commit and frozen.state == TrialState.COMPLETE:
+            commit_study(results_root / spec.study, f"{spec.study}: {point_name(spec, frozen)} "
+                         f"finished ({_count(study, FINISHED)}/{target})")  # fmt: skip
     return study
+
+
+def _stopping_at_deadline(study: optuna.Study, spec: StudySpec, deadline: Deadline,
+                          target: int | None, stopped: optuna.Trial | None = None) -> str:  # fmt: skip
+    """What a worker says as its deadline stops it: the trial it stopped, and what is left."""
+    left = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    expected = [expected_seconds(study, trial_variant(t), spec.settings.trial_minutes_estimate)
+                for t in left]  # fmt: skip
+    known = [seconds for seconds in expected if seconds is not None]
+    head = f"deadline {deadline.clock()}: "
+    if stopped is not None:
+        head += (f"trial {stopped.number} stopped at a checkpoint and queued again "
+                 "(it resumes from there); ")  # fmt: skip
+    else:
+        head += f"no waiting trial fits in the {deadline.left() / 60:.0f} min left; "
+    finished = _count(study, FINISHED)
+    of = f" of {target}" if target else ""
+    tail = f"{finished}{of} trials finished, {len(left)} waiting"
+    if known:
+        tail += f" (about {hours(sum(known))} of one worker at the measured times)"
+    return head + tail
 
 
 def _run_and_tell(

@@ -1,0 +1,143 @@
+"""A study's pin: the code version, hardware class and precision every trial of it runs at.
+
+A long study crosses many machines and many days; its trials compare only when they ran the
+same code on the same kind of machine at the same precision (a change of any of them moves one
+seed's BLEU by more than many of Table 3's effects). The worker that creates a study records
+the three as the study's user attribute `pin`; every later worker checks its own before it
+claims a trial and refuses (exit 2) where one differs, saying how to run at the pin (a git
+worktree at the pinned commit), or goes on under `--allow-mixed`, whose trials the report
+shows apart (their records carry their own commit, hardware and precision).
+
+- code version: the commit of the checkout the worker's code comes from; uncommitted changes
+  to the code, configuration or study specs make it `<commit>+dirty.<hash of the changes>`,
+  which matches only the same changes (the study's own results folder is not code).
+- hardware class: `environment.hardware_class` (the processor or GPU and its bf16 kernels,
+  without the core or device count).
+- precision: `train.precision: auto` is decided once, by the creator (its timing probe can
+  come out otherwise on a busy machine), and every trial of the study with `auto` trains at
+  the pinned precision; a worker whose config sets another precision differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from pipeline.environment import REPO_ROOT, git_commit, hardware, hardware_class
+from pipeline.errors import ConfigError
+from pipeline.sweep.spec import StudySpec, point_config
+from pipeline.sweep.storage import PIN_ATTR
+
+AUTO = "auto"
+# What a trial's result depends on in the checkout: uncommitted changes here make it dirty.
+CODE_PATHS = ("pipeline", "conf", "ablations", "pyproject.toml", "requirements.lock")
+NOT_CODE = ("ablations/results", "ablations/wandb")  # studies' records and W&B runs
+
+
+@dataclass(frozen=True)
+class Pin:
+    commit: str
+    hardware: str
+    precision: str
+
+    @classmethod
+    def from_attr(cls, value: Any) -> Pin | None:
+        if not isinstance(value, dict):
+            return None
+        return cls(**{key: str(value.get(key)) for key in ("commit", "hardware", "precision")})
+
+
+def code_version(repo: Path = REPO_ROOT) -> str:
+    """The checkout's commit, `+dirty.<8 hex>` when its code has uncommitted changes."""
+    commit = git_commit() or "unknown"
+    pathspec = [*CODE_PATHS, *(f":(exclude){path}" for path in NOT_CODE)]
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *pathspec)
+    if not status.strip():
+        return commit
+    digest = hashlib.sha256(_git(repo, "diff", "HEAD", "--binary", "--", *pathspec).encode())
+    for line in sorted(status.splitlines()):
+        if line.startswith("??"):  # an untracked file: its name and content
+            path = repo / line[3:].strip('"')
+            digest.update(line.encode())
+            if path.is_file():
+                digest.update(path.read_bytes())
+    return f"{commit}+dirty.{digest.hexdigest()[:8]}"
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _first_point(spec: StudySpec):
+    """The config of the study's first point, where the study's precision is decided."""
+    first = spec.grid()[0] if spec.kind == "grid" else {"seed": spec.seeds[0]}
+    return point_config(
+        spec, {**spec.variants.get(first.get("variant"), {}), "seed": first["seed"]}
+    )
+
+
+def configured_precision(spec: StudySpec) -> str:
+    """`train.precision` of the study's first point (`auto` unless the recipe sets one)."""
+    return _first_point(spec).train.precision
+
+
+def resolved_precision(spec: StudySpec) -> str:
+    """The precision `auto` picks here for the study's model (its timing probe on a CPU)."""
+    from pipeline.training.hardware import resolve_accelerator
+    from pipeline.training.precision import resolve_precision
+
+    cfg = _first_point(spec)
+    return resolve_precision(
+        cfg.train.precision, resolve_accelerator(cfg.train.accelerator),
+        d_model=cfg.model.d_model, d_ff=cfg.model.d_ff,
+        min_speedup=cfg.runtime.bf16_min_speedup,
+    )  # fmt: skip
+
+
+def this_worker(spec: StudySpec, pinned: Pin | None = None) -> Pin:
+    """This worker's code version, hardware class and precision (the one its trials train
+    at). `auto` on the pinned hardware class is the pinned precision, without a timing probe."""
+    machine = hardware_class(hardware())
+    configured = configured_precision(spec)
+    if configured != AUTO:
+        precision = configured
+    elif pinned is not None and pinned.hardware == machine:
+        precision = pinned.precision
+    else:
+        precision = resolved_precision(spec)
+    return Pin(code_version(), machine, precision)
+
+
+def differences(pinned: Pin, worker: Pin) -> list[str]:
+    """'commit: pinned X, this worker Y' for each field that differs."""
+    return [
+        f"{field}: pinned {value}, this worker {getattr(worker, field)}"
+        for field, value in asdict(pinned).items()
+        if getattr(worker, field) != value
+    ]
+
+
+def check_pin(study: optuna.Study, spec: StudySpec, worker: Pin, allow_mixed: bool) -> Pin | None:
+    """Refuse (ConfigError, exit 2) a worker that differs from the study's pin, before it claims
+    a trial, unless `allow_mixed`. Returns the pin (None: a study created before pins)."""
+    pinned = Pin.from_attr(study.user_attrs.get(PIN_ATTR))
+    if pinned is None:
+        return None
+    differ = differences(pinned, worker)
+    if differ and not allow_mixed:
+        commit = pinned.commit.split("+", 1)[0]
+        raise ConfigError(
+            f"study '{spec.study}' is pinned and this worker differs ({'; '.join(differ)}). "
+            f"Run its workers from a clean checkout of the pinned commit on a "
+            f"{pinned.hardware} machine: `git worktree add ../{spec.study}-pinned {commit}`, "
+            f"then the same command from there (--results-dir and --storage pointing at this "
+            f"study). Or pass --allow-mixed to run anyway: its trials are then reported apart "
+            f"from the pinned ones."
+        )
+    return pinned

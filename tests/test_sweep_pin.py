@@ -1,0 +1,111 @@
+"""pipeline.sweep.pin: a study pins the commit, hardware class and precision it runs at, and a
+worker from another checkout refuses before it claims a trial. Real workers (the sweep CLI) in
+real git worktrees of this repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from pipeline.sweep import pin
+from tests.conftest import REPO_ROOT
+
+
+def git(folder: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def worktree(tmp_path):
+    """A clean checkout of this repository's HEAD in a worktree of its own (removed after)."""
+    path = tmp_path / "pinned"
+    git(REPO_ROOT, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
+    yield path
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT)
+
+
+def write_spec(folder: Path) -> Path:
+    spec = {
+        "study": f"pinned-{uuid.uuid4().hex[:8]}",
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": [1, 2],
+        "variants": {"base": {}, "heads_1": {"model.heads": 1}},
+    }
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def worker(checkout: Path, spec: Path, results: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`python -m pipeline.sweep` with the code of `checkout`, claiming no trial."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--results-dir", str(results), "--work-dir", str(results.parent / "work"), *flags],
+        cwd=checkout, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def study_of(spec: Path, results: Path) -> optuna.Study:
+    name = yaml.safe_load(spec.read_text())["study"]
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{results / name / 'study.db'}")
+
+
+def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(tmp_path, worktree):
+    spec, results = write_spec(tmp_path), tmp_path / "results"
+    created = worker(worktree, spec, results)
+    assert created.returncode == 0, created.stderr
+    study = study_of(spec, results)
+    pinned = study.user_attrs["pin"]
+    assert pinned["commit"] == git(worktree, "rev-parse", "--short", "HEAD")
+    assert pinned["precision"] in ("bf16-mixed", "32-true")
+    assert pinned["hardware"] and "cores" not in pinned["hardware"]
+
+    # The same clean checkout again: accepted.
+    assert worker(worktree, spec, results).returncode == 0
+
+    # Uncommitted code: a different version of the code, refused.
+    (worktree / "conf" / "extra.yaml").write_text("lr: 1\n")
+    dirty = worker(worktree, spec, results)
+    assert dirty.returncode == 2, dirty.stderr
+    assert (
+        f"commit: pinned {pinned['commit']}, this worker {pinned['commit']}+dirty." in dirty.stderr
+    )
+    assert "Traceback" not in dirty.stderr
+
+    # Another commit: refused, naming both and how to run at the pin.
+    git(worktree, "add", "conf/extra.yaml")
+    git(worktree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "another")
+    other = git(worktree, "rev-parse", "--short", "HEAD")
+    refused = worker(worktree, spec, results)
+    assert refused.returncode == 2, refused.stderr
+    message = refused.stderr
+    assert f"commit: pinned {pinned['commit']}, this worker {other}" in message
+    assert f"git worktree add ../{study.study_name}-pinned {pinned['commit']}" in message
+    assert "--allow-mixed" in message
+    states = [t.state for t in study_of(spec, results).trials]
+    assert states == [TrialState.WAITING] * 4  # nothing claimed
+
+    mixed = worker(worktree, spec, results, "--allow-mixed")
+    assert mixed.returncode == 0, mixed.stderr
+    assert study_of(spec, results).user_attrs["pin"] == pinned  # the pin stays
+
+
+def test_differences_name_each_field():
+    pinned = pin.Pin("abc1234", "AMD EPYC, avx512_bf16", "bf16-mixed")
+    worker = pin.Pin("abc1234", "Intel(R) Xeon(R) Processor, amx_bf16/avx512_bf16", "32-true")
+    assert pin.differences(pinned, worker) == [
+        "hardware: pinned AMD EPYC, avx512_bf16, this worker Intel(R) Xeon(R) Processor, "
+        "amx_bf16/avx512_bf16",
+        "precision: pinned bf16-mixed, this worker 32-true",
+    ]
+    assert pin.differences(pinned, pinned) == []
