@@ -260,13 +260,18 @@ def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_s
     welch = {v: welch_p(rows[v].test_bleu, base)
              for v in ("heads_1", "heads_8", "heads_2", "heads_16", "learned_positions")}  # fmt: skip
     assert {v: rows[v].welch_p for v in welch} == pytest.approx(welch)
-    # Holm over the 5 comparisons under the base's conditions (not dropout_0.0's), by hand:
-    # the k-th smallest times 6 - k, kept non-decreasing
+    # Holm over the spec's 6 comparisons with the base, dropout_0.0's (other conditions: not
+    # made) counted as p = 1, by hand: the k-th smallest times 6 - k, kept non-decreasing
     order = sorted(welch, key=welch.get)
     running = 0.0
     for k, variant in enumerate(order):
-        running = max(running, min(1.0, (5 - k) * welch[variant]))
+        running = max(running, min(1.0, (6 - k) * welch[variant]))
         assert rows[variant].holm_p == pytest.approx(running)
+    assert report.family_size(spec) == 6
+    # the difference's interval is the one Welch's test inverts (scipy's), val PPL likewise
+    for variant in welch:
+        scipy_ci = stats.ttest_ind(rows[variant].test_bleu, base, equal_var=False)
+        assert rows[variant].delta_interval == pytest.approx(tuple(scipy_ci.confidence_interval()))
     # four large effects: Welch's p goes below the permutation test's floor of 2/252 and all
     # four pass Holm; heads_16 (as good as the base) does not
     assert min(welch.values()) < extreme
@@ -400,15 +405,17 @@ def test_power_statement_of_a_base_whose_seeds_score_alike(five_seed_study):
 def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references):
     spec, study_dir = study
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
-    assert "| 11.50 ± 0.71 |" in report.grid_table(rows) and "†" not in report.grid_table(rows)
+    low, high = stats.t.interval(0.95, 1, loc=11.5, scale=stats.sem([11.0, 12.0]))
+    cell = f"11.50 [{low:.2f}, {high:.2f}]"
+    assert f"| base | {cell} |" in report.ppl_table(rows) and "†" not in report.ppl_table(rows)
     assert report.ppl_note(rows).endswith("perplexity per target subword.")
     # the base's records as made before TokenMean: no `loss_average`
     for run_file in study_dir.glob(f"trials/base-seed*/{sweep.RUN_FILE}"):
         run = json.loads(run_file.read_text())
         run_file.write_text(json.dumps({k: v for k, v in run.items() if k != "loss_average"}))
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
-    assert "| 11.50 ± 0.71 † |" in report.grid_table(rows)
-    assert "| heads_1 | model.heads=1 | 1.00 M | 11.50 ± 0.71 |" in report.grid_table(rows)
+    assert f"| base | {cell} † |" in report.ppl_table(rows)
+    assert f"| heads_1 | {cell} | +0.00 [" in report.ppl_table(rows)
     assert "except where marked †" in report.ppl_note(rows)
 
 
@@ -438,7 +445,8 @@ def test_report_files_and_readme_block(study, tmp_path):
     spec, study_dir = study
     path = report.write_report(spec, study_dir, log_to_wandb=False)
     text = path.read_text()
-    assert "| base | (base recipe) | 1.00 M | 11.50 ± 0.71 | 31.50 ± 0.71 |" in text
+    assert "| base | (base recipe) | 1.00 M | 31.50 ± 0.71 |" in text
+    assert "| base | 11.50 [" in text  # the val PPL table
     assert "| heads_1 | model.heads=1 |" in text and "-0.6 (PPL +0.29), (A) h=1 vs h=4 |" in text
     assert "| cannot tell |" in text and "A/A check: the base's 2 seeds" in text
     assert "**In short**" in text and "Are 2 seeds enough?" in text
@@ -474,7 +482,7 @@ def test_no_finished_trial_is_a_clear_error(tmp_path):
         report.write_report(spec, tmp_path / "smoke", log_to_wandb=False)
 
 
-@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
+@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing", "table3_seeds"])
 def test_the_docs_ablation_block_is_the_reports_output(study_name):
     """docs/ablation-results.md's section of each committed study (and README's summary, where
     README has one) is exactly what `python -m pipeline.report <study> --update-docs` makes of
@@ -731,3 +739,60 @@ def test_spec_comments_state_what_five_seeds_detect():
         f"{detect(1.0, 5, alpha=0.05 / m):.1f} seed-level SDs with 80% power "
         f"({per_comparison:.1f} per comparison)"
     ) in text
+
+
+def test_a_pinned_study_still_running_shows_interim_estimates_and_its_progress(
+    tmp_path, references
+):
+    """A pinned study reports its pinned trials only; a trial run elsewhere (--allow-mixed) is
+    shown apart; until every planned seed has finished there is no test and no verdict, and the
+    progress says what is done per variant and how many hours are left."""
+    import optuna
+
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3]
+    spec.settings.trial_minutes_estimate = 90
+    refs = references[:200]
+    study_dir = tmp_path / "results" / spec.study
+    storage = f"sqlite:///{study_dir / 'study.db'}"
+    study_dir.mkdir(parents=True)
+    pin = {"commit": "abc1234", "hardware": "AMD EPYC, avx512_bf16", "precision": "bf16-mixed"}
+    optuna.create_study(study_name=spec.study, storage=storage).set_user_attr("pin", pin)
+    hours = {("base", 1): 0.5, ("base", 2): 0.7, ("heads_1", 1): 1.0}
+    for (variant, seed), spent in hours.items():
+        write_trial(study_dir, variant, seed, damaged(refs, 2 + seed), refs)
+        run_file = study_dir / "trials" / f"{variant}-seed{seed}" / sweep.RUN_FILE
+        run = json.loads(run_file.read_text())
+        run.update(train_wall_time_s=spent * 3600 - 60, eval_wall_time_s=60)
+        run_file.write_text(json.dumps(run))
+    elsewhere = {**RAN_AT, "commit": "fedcba9"}
+    write_trial(study_dir, "heads_1", 2, damaged(refs, 5), refs, elsewhere)
+
+    pinned = report.study_pin(spec, study_dir)
+    assert pinned == report.RunConditions("abc1234", "AMD EPYC, avx512_bf16", "bf16-mixed")
+    every_row = report.variant_rows(spec, report.load_records(study_dir), refs, pinned)
+    rows = {r.variant: r for r in every_row if r.conditions == pinned}
+    assert [r.seeds for r in every_row if r.conditions != pinned] == [[2]]
+    assert rows["heads_1"].seeds == [1] and rows["base"].seeds == [1, 2]
+    assert all(r.interim and r.welch_p is None and r.holm_p is None for r in rows.values())
+    assert rows["heads_1"].verdict is None
+    text = report.markdown(spec, study_dir, with_states=False)
+    assert "3 of 6 planned trials finished at the study's pin (commit abc1234" in text
+    assert "1 more ran elsewhere and are shown apart" in text
+    assert "| base | 2 of 3 (1, 2) | 0.60 [0.50, 0.70] |" in text
+    assert "| heads_1 | 1 of 3 (1) | 1.00 [1.00, 1.00] |" in text
+    # left: base seed 3 at its median 0.6 h, heads_1 seeds 2 and 3 at its 1.0 h
+    assert "About 2.6 hours of one worker are left (1.3 h with two side by side)" in text
+    assert f"| {report.INTERIM} |" in text and "ran at commit fedcba9" in text
+    assert "the study is still running; its verdicts" in text
+
+
+def test_readmes_table3_sentence_states_the_studys_own_design():
+    """The numbers README's Table 3 paragraph states are the spec's: its trials, seeds and the
+    size of its Holm family."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
+    text = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"{len(spec.grid())} trials pinned to one commit" in text
+    assert f"over the study's {report.family_size(spec)} comparisons with the base" in text
+    number_words = {2: "two", 3: "three", 5: "five", 10: "ten"}
+    assert f"{number_words[len(spec.seeds)]} seeds each" in text

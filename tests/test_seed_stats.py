@@ -13,6 +13,7 @@ import pytest
 from scipy import optimize, stats
 
 from pipeline.evaluation import seed_stats
+from tests.conftest import REPO_ROOT
 
 ALPHA = seed_stats.ALPHA
 
@@ -264,3 +265,31 @@ def test_more_seeds_detect_less_and_a_single_seed_detects_nothing():
     assert seed_stats.detectable_difference(sd, 5, alpha=ALPHA / 10) > five
     with pytest.raises(ValueError, match="two or more runs a side"):
         seed_stats.detectable_difference(sd, 1)
+
+
+@pytest.mark.slow
+def test_the_simulated_rates_the_docs_quote_come_out_the_same_with_another_seed():
+    """docs/ablations.md quotes the A/A, one-comparison and ten-comparison false-positive rates
+    to the digits that two independent simulations of `NULL_SIMULATIONS` each agree on."""
+    page = (REPO_ROOT / "docs" / "ablations.md").read_text(encoding="utf-8")
+    runs = [seed_stats.null_rates(seed=seed) for seed in (0, 1)]
+    # the sentence of each rate, and the decimals it gives
+    quoted = {"aa_2_vs_3": ("the rate is {} for five seeds split 2 against 3", 3),
+              "five_vs_five": ("{} for 5 against 5", 3),
+              "study_of_ten": ("makes any false call in {} of studies", 2)}  # fmt: skip
+    for name, (sentence, decimals) in quoted.items():
+        values = {f"{getattr(run, name):.{decimals}f}" for run in runs}
+        assert len(values) == 1, (name, values)
+        assert sentence.format(values.pop()) in " ".join(page.split()), name
+    for run in runs:
+        assert run.study_of_ten <= ALPHA and run.five_vs_five <= ALPHA
+    # and the detectable differences it quotes for five seeds a side, per comparison and at
+    # Holm's strictest step over ten
+    detect = [{f"{seed_stats.detectable_difference(1.0, 5, alpha=a, seed=seed):.1f}"
+               for seed in (0, 1)} for a in (ALPHA, ALPHA / 10)]  # fmt: skip
+    assert all(len(values) == 1 for values in detect), detect
+    (per_comparison,), (strictest,) = detect
+    assert (
+        f"detects {per_comparison} seed-level SDs per comparison, and {strictest} SDs at "
+        "Holm's strictest step over ten comparisons"
+    ) in " ".join(page.split())

@@ -11,8 +11,11 @@ about training runs, so here the sample is the seed-level score of each run:
   relabelling of the runs enumerated), distribution-free, shown beside it: with n runs a side
   its p can never fall below `smallest_p(n, n)` (2/252 at five), which can lie above Holm's
   strictest step, so it cannot be the verdict of a many-comparison study;
+- `welch_interval`: the t-interval of the difference of seed means that Welch's test inverts;
 - `holm`: Holm's step-down adjustment across a study's comparisons;
 - `aa_splits`: the A/A check, Welch's test applied to every split of one config's seeds in two;
+- `null_rates`: the false-positive rates of the A/A check, one comparison and a Holm study of
+  ten, by simulation;
 - `detectable_difference`: the smallest difference a study of n seeds a side detects with a
   given power by Welch's test, at the spread of the base's seeds.
 Student's t distribution (quantiles, tail areas) is scipy's.
@@ -95,6 +98,20 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult:
     t = difference / math.sqrt(se_a + se_b)
     df = (se_a + se_b) ** 2 / (se_a**2 / (len(x) - 1) + se_b**2 / (len(y) - 1))
     return WelchResult(difference, t, df, float(2 * stats.t.sf(abs(t), df)))
+
+
+def welch_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float | None, float | None]:
+    """The two-sided t-interval of mean(a) - mean(b) at Welch's degrees of freedom (the
+    interval that Welch's test inverts); (None, None) where the test gives no p."""
+    result = welch_test(a, b)
+    if result.p is None:
+        return None, None
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    standard_error = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
+    half = float(stats.t.ppf(0.5 + confidence / 2, result.df)) * standard_error
+    return result.difference - half, result.difference + half
 
 
 def _welch_p_values(scores: np.ndarray, n_a: int) -> np.ndarray:
@@ -195,6 +212,43 @@ def false_positive_rate(p_values: Sequence[float | None], alpha: float = ALPHA) 
     """The share of tests (those that gave a p) at or below alpha; None where none did."""
     tested = [p for p in p_values if p is not None]
     return sum(p <= alpha for p in tested) / len(tested) if tested else None
+
+
+NULL_SIMULATIONS = 1_000_000  # per rate: a rerun with another seed gives the digits quoted
+NULL_CHUNK = 50_000  # simulated configs at once (bounds memory)
+
+
+@dataclass(frozen=True)
+class NullRates:
+    """How often Welch's test calls runs of one config different, by simulation (seed-level
+    scores from one normal distribution): the A/A check's 2-against-3 splits of five runs
+    (all 10 splits of each config counted), one 5-against-5 comparison, and a study of ten
+    such comparisons with one base under Holm (any call at all: the family-wise error)."""
+
+    aa_2_vs_3: float
+    five_vs_five: float
+    study_of_ten: float
+
+
+def null_rates(
+    simulations: int = NULL_SIMULATIONS, seed: int = POWER_SEED, alpha: float = ALPHA
+) -> NullRates:
+    rng = np.random.default_rng(seed)
+    splits = [list(a) + [i for i in range(5) if i not in a]
+              for a in itertools.combinations(range(5), 2)]  # fmt: skip
+    calls = np.zeros(3)
+    for start in range(0, simulations, NULL_CHUNK):
+        size = min(NULL_CHUNK, simulations - start)
+        five = rng.standard_normal((size, 5))
+        calls[0] += sum((_welch_p_values(five[:, order], 2) <= alpha).sum() for order in splits)
+        calls[1] += (_welch_p_values(rng.standard_normal((size, 10)), 5) <= alpha).sum()
+        base = np.repeat(rng.standard_normal((size, 1, 5)), 10, axis=1)
+        study = np.concatenate([rng.standard_normal((size, 10, 5)), base], axis=2)
+        p = _welch_p_values(study.reshape(-1, 10), 5).reshape(size, 10)
+        # Holm calls something different exactly when its first step does: min p * m <= alpha
+        calls[2] += (p.min(axis=1) * p.shape[1] <= alpha).sum()
+    aa, pair, family = calls / [simulations * len(splits), simulations, simulations]
+    return NullRates(float(aa), float(pair), float(family))
 
 
 def welch_power(

@@ -41,6 +41,7 @@ from pipeline.report.docs import (
     update_docs,
 )
 from pipeline.report.document import markdown, trial_states, write_report
+from pipeline.report.progress import hours_left, progress, study_pin
 from pipeline.report.prose import aa_check, findings, power_statement, summary
 from pipeline.report.records import (
     P_METRIC,
@@ -60,20 +61,27 @@ from pipeline.report.rows import (
     HOLDS,
     SIGNIFICANCE,
     VariantRow,
+    family_size,
     pooled_p_value,
     variant_rows,
     verdict,
 )
 from pipeline.report.tables import (
+    INTERIM,
     grid_table,
     other_conditions_table,
     pair_label,
     ppl_note,
+    ppl_table,
     search_table,
     transfer_table,
 )
 
 __all__ = [
+    "INTERIM",
+    "hours_left",
+    "progress",
+    "study_pin",
     "BASE_VARIANT",
     "CANNOT_TELL",
     "CHARTS",
@@ -94,6 +102,7 @@ __all__ = [
     "cli",
     "console",
     "docs_block",
+    "family_size",
     "findings",
     "grid_table",
     "hardware_class",
@@ -104,6 +113,7 @@ __all__ = [
     "pooled_p_value",
     "power_statement",
     "ppl_note",
+    "ppl_table",
     "search_table",
     "summary",
     "summary_block",

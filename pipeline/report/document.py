@@ -10,14 +10,16 @@ from optuna.trial import TrialState
 
 from pipeline.errors import PipelineError
 from pipeline.report.charts import CHARTS, charts
+from pipeline.report.progress import progress, study_pin
 from pipeline.report.prose import aa_check, findings, power_statement, summary
 from pipeline.report.records import load_records, test_references
-from pipeline.report.rows import SIGNIFICANCE, factor_text, variant_rows
+from pipeline.report.rows import SIGNIFICANCE, factor_text, family_size, variant_rows
 from pipeline.report.tables import (
     grid_table,
     other_conditions_table,
     pair_label,
     ppl_note,
+    ppl_table,
     search_table,
     transfer_table,
 )
@@ -35,7 +37,8 @@ def markdown(
     """The report's Markdown (table, states, findings, charts), from the committed files; with
     `transfer`, the same grid's studies on other language pairs beside this one."""
     records = load_records(study_dir)
-    rows = variant_rows(spec, records, test_references(spec))
+    pinned = study_pin(spec, study_dir)
+    rows = variant_rows(spec, records, test_references(spec), pinned)
     states = trial_states(spec, study_dir) if with_states else ""
     apart = other_conditions_table(rows)
     lines = [
@@ -43,14 +46,19 @@ def markdown(
         + (f" ({states})" if states else "")
         + f"; budget {factor_text(spec.budget)}.",
         "",
+        *([progress(spec, records, pinned), ""] if pinned is not None else []),
         grid_table(rows),
+        "",
+        ppl_table(rows),
         "",
         *([apart, ""] if apart else []),
         "BLEU (lc) is sacreBLEU's lowercased BLEU of the averaged checkpoints' beam search; "
         f"{ppl_note(rows)} The test2016 interval is the 95% t-interval of the mean over seeds. "
+        "Δ is the difference of seed means with the 95% interval that Welch's test inverts. "
         "The verdict comes only from Welch's t-test of the difference of seed means (the unit is "
         "the training run; each group its own variance), with Holm's correction across the "
-        "comparisons shown (p (Holm)): 'holds' is a difference significant at α = "
+        f"spec's {family_size(spec)} comparisons with the base (p (Holm); a comparison not made "
+        "counts as p = 1): 'holds' is a difference significant at α = "
         f"{SIGNIFICANCE} in the paper's direction, 'contradicts' one against it, "
         "'differs' one where the paper has no row, 'cannot tell' no significant difference "
         "(or no test: a single seed on a side, or no spread on either). "
@@ -101,7 +109,9 @@ def trial_states(spec: StudySpec, study_dir: Path) -> str:
     counts = {s.name.lower(): 0 for s in TrialState}
     for trial in study.get_trials(deepcopy=False):
         counts[trial.state.name.lower()] += 1
-    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + " in study.db"
+    failed = counts.get("fail", 0)
+    note = "; a failed attempt was stopped or killed, and its point ran again" if failed else ""
+    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" in study.db{note}"
 
 
 def write_report(
@@ -117,7 +127,7 @@ def write_report(
         raise PipelineError(
             f"{study_dir}: no finished trials of study '{spec.study}' yet: run the sweep first"
         )
-    rows = variant_rows(spec, records, test_references(spec))
+    rows = variant_rows(spec, records, test_references(spec), study_pin(spec, study_dir))
     figures = charts(spec, rows, records, study_dir)
     report = study_dir / "report.md"
     report.write_text(

@@ -62,6 +62,14 @@ def findings(rows: list[VariantRow]) -> list[str]:
         if r.delta is None or base is None:
             continue
         paper = f" vs the paper's {r.paper['bleu']:+.1f}" if r.paper else ""
+        if r.interim and r.comparable:
+            low, high = r.delta_interval
+            interval = "" if low is None else f" [{low:+.2f}, {high:+.2f}]"
+            lines.append(
+                f"- {r.variant}: interim estimate {r.delta:+.2f}{interval} BLEU ({len(r.seeds)} vs "
+                f"{len(base.seeds)} seeds){paper}: no test until every planned seed has finished."
+            )
+            continue
         if not r.comparable:
             lines.append(
                 f"- {r.variant}: {r.delta:+.2f} BLEU{paper}: {CANNOT_TELL}, not compared: the "
@@ -87,6 +95,11 @@ def findings(rows: list[VariantRow]) -> list[str]:
 
 def summary(rows: list[VariantRow]) -> str:
     """The findings in one sentence, grouped by verdict."""
+    if any(r.interim for r in rows):
+        return (
+            "**In short**: the study is still running; its verdicts (Welch's test over seeds, "
+            f"Holm at α = {SIGNIFICANCE}) come once every planned seed has finished."
+        )
     groups: dict[str, list[str]] = {}
     for r in rows:
         if r.delta is None:

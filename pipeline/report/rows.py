@@ -57,6 +57,14 @@ class VariantRow:
     ppl_delta: float | None = None
     # every seed's val PPL on one side of every base seed's
     ppl_seeds_apart: bool = False
+    # the Welch intervals of the differences, and val PPL's own Welch and Holm p (a family of
+    # its own: the same comparisons on the other measure)
+    delta_interval: tuple[float | None, float | None] = (None, None)
+    ppl_delta_interval: tuple[float | None, float | None] = (None, None)
+    ppl_welch_p: float | None = None
+    ppl_holm_p: float | None = None
+    # an estimate from a study whose planned seeds have not all finished: no test, no verdict
+    interim: bool = False
 
     @property
     def test_mean(self) -> float:
@@ -71,6 +79,10 @@ class VariantRow:
         return self.delta is not None and self.comparable
 
     @property
+    def ppl_interval(self) -> tuple[float | None, float | None]:
+        return seed_stats.t_interval(self.val_ppl)[1:]
+
+    @property
     def test_half_width(self) -> float | None:
         return statistics.fmean(self.test_half_widths) if self.test_half_widths else None
 
@@ -80,14 +92,71 @@ def factor_text(overrides: dict[str, Any]) -> str:
 
 
 def variant_rows(
-    spec: StudySpec, records: list[TrialRecord], references: list[str]
+    spec: StudySpec,
+    records: list[TrialRecord],
+    references: list[str],
+    pinned: RunConditions | None = None,
 ) -> list[VariantRow]:
     """One row per variant with finished trials, in the spec's order. A variant run under the
-    base's conditions is compared with it by Welch's test over seeds (Holm-adjusted across all
-    such comparisons; its verdict comes from that alone) and, secondarily, by the exact
-    permutation test over seeds and a paired bootstrap over test sentences, the seeds both ran
-    pooled. One run under other conditions (or the base itself under several) is not
-    compared."""
+    base's conditions is compared with it by Welch's test over seeds (Holm-adjusted across the
+    spec's comparisons with the base, whether or not each could be made; its verdict comes from
+    that alone) and, secondarily, by the exact permutation test over seeds and a paired
+    bootstrap over test sentences, the seeds both ran pooled. One run under other conditions
+    (or the base itself under several) is not compared.
+
+    `pinned`: the conditions a pinned study runs at. Its rows are then its pinned trials; the
+    trials run elsewhere (`--allow-mixed`) come after them as rows never compared. Until every
+    planned point has a pinned trial, the rows are interim estimates: no test, no verdict."""
+    main, elsewhere = records, []
+    if pinned is not None:
+        main = [r for r in records if r.conditions == pinned]
+        elsewhere = [r for r in records if r.conditions != pinned]
+    rows = _rows(spec, main)
+    base_row = next((r for r in rows if r.variant == BASE_VARIANT), None)
+    interim = pinned is not None and len(main) < len(spec.grid())
+    base = {r.seed: r for r in main if r.variant == BASE_VARIANT}
+    for row in rows:
+        row.interim = interim
+        if base_row is None or row is base_row:
+            continue
+        row.comparable = base_row.conditions is not None and row.conditions == base_row.conditions
+        _compare(row, base_row)
+        if row.comparable and not interim:
+            welch = seed_stats.welch_test(row.test_bleu, base_row.test_bleu)
+            row.welch_p, row.no_test_reason = welch.p, welch.reason
+            row.ppl_welch_p = seed_stats.welch_test(row.val_ppl, base_row.val_ppl).p
+            row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
+            group = [r for r in main if r.variant == row.variant]
+            row.p_value = pooled_p_value(base, group, references)
+    # One family: every comparison the spec plans with the base, in the spec's order; one not
+    # made (not run, other conditions, no spread) stays in it as p = 1.
+    by_variant = {r.variant: r for r in rows if r.compared}
+    family = [by_variant.get(name) for name in spec.variants if name != BASE_VARIANT]
+    for measure, adjusted_name in (("welch_p", "holm_p"), ("ppl_welch_p", "ppl_holm_p")):
+        adjusted = seed_stats.holm([getattr(r, measure) if r else None for r in family])
+        for row, value in zip(family, adjusted):
+            if row is not None:
+                setattr(row, adjusted_name, value)
+    for row in rows:
+        if row.compared and not interim:
+            row.verdict = verdict(row.delta, row.holm_p, row.paper)
+        elif row.delta is not None and not row.comparable:
+            row.verdict = CANNOT_TELL
+    for row in _rows(spec, elsewhere):
+        row.comparable = False
+        if base_row is not None:
+            _compare(row, base_row)
+            row.verdict = CANNOT_TELL
+        rows.append(row)
+    return rows
+
+
+def family_size(spec: StudySpec) -> int:
+    """The comparisons Holm's correction counts: every variant of the spec against the base."""
+    return sum(name != BASE_VARIANT for name in spec.variants)
+
+
+def _rows(spec: StudySpec, records: list[TrialRecord]) -> list[VariantRow]:
     by_variant: dict[str, list[TrialRecord]] = {}
     for record in records:
         by_variant.setdefault(record.variant, []).append(record)
@@ -116,30 +185,19 @@ def variant_rows(
                 conditions=conditions.pop() if len(conditions) == 1 else None,
             )
         )
-    base = {r.seed: r for r in by_variant.get(BASE_VARIANT, [])}
-    base_row = next((r for r in rows if r.variant == BASE_VARIANT), None)
-    for row in rows:
-        if base_row is None or row is base_row:
-            continue
-        row.comparable = base_row.conditions is not None and row.conditions == base_row.conditions
-        row.delta = row.test_mean - base_row.test_mean
-        row.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(base_row.val_ppl)
-        row.ppl_seeds_apart = min(row.val_ppl) > max(base_row.val_ppl) or max(row.val_ppl) < min(
-            base_row.val_ppl
-        )
-        if row.comparable:
-            welch = seed_stats.welch_test(row.test_bleu, base_row.test_bleu)
-            row.welch_p, row.no_test_reason = welch.p, welch.reason
-            row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
-            row.p_value = pooled_p_value(base, by_variant[row.variant], references)
-    compared = [r for r in rows if r.compared]
-    for row, adjusted in zip(compared, seed_stats.holm([r.welch_p for r in compared])):
-        row.holm_p = adjusted
-        row.verdict = verdict(row.delta, adjusted, row.paper)
-    for row in rows:
-        if row.delta is not None and not row.comparable:
-            row.verdict = CANNOT_TELL
     return rows
+
+
+def _compare(row: VariantRow, base_row: VariantRow) -> None:
+    """The differences to the base and their intervals (estimates, whatever the conditions)."""
+    row.delta = row.test_mean - base_row.test_mean
+    row.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(base_row.val_ppl)
+    row.ppl_seeds_apart = min(row.val_ppl) > max(base_row.val_ppl) or max(row.val_ppl) < min(
+        base_row.val_ppl
+    )
+    if row.comparable:
+        row.delta_interval = seed_stats.welch_interval(row.test_bleu, base_row.test_bleu)
+        row.ppl_delta_interval = seed_stats.welch_interval(row.val_ppl, base_row.val_ppl)
 
 
 def verdict(delta: float, holm_p: float | None, paper: dict[str, Any]) -> str:

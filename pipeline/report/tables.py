@@ -38,26 +38,65 @@ def _paper_cell(paper: dict[str, Any]) -> str:
     return f"{paper['bleu']:+.1f}{ppl}, {paper['rows']}"
 
 
+INTERIM = "interim: no test yet"  # the verdict cell of a study whose planned seeds run on
+
+
+def _delta_interval(delta: float | None, interval: tuple[float | None, float | None]) -> str:
+    if delta is None:
+        return "-"
+    low, high = interval
+    return f"{delta:+.2f}" + ("" if low is None else f" [{low:+.2f}, {high:+.2f}]")
+
+
+def _verdict_cell(row: VariantRow) -> str:
+    if row.interim and row.delta is not None:
+        return INTERIM
+    return row.verdict or "-"
+
+
 def grid_table(rows: list[VariantRow]) -> str:
-    """The base and the variants compared with it (same run conditions)."""
+    """The base and the variants compared with it (same run conditions): test2016 BLEU, the
+    difference to the base with its interval, the tests and the verdict."""
     lines = [
-        "| variant | changed | parameters | val PPL | val BLEU (lc) | "
-        "test2016 BLEU (lc), mean [95% CI] | Δ test vs base | p (seeds, Welch) | "
-        "p (Holm) | verdict | p (seeds, exact permutation) | p (sentences, paired bootstrap) | "
-        "seeds | paper, Table 3: Δ BLEU (PPL) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | changed | parameters | val BLEU (lc) | test2016 BLEU (lc), mean [95% CI] | "
+        "Δ test vs base [95% CI] | p (seeds, Welch) | p (Holm) | verdict | "
+        "p (seeds, exact permutation) | p (sentences, paired bootstrap) | seeds | "
+        "paper, Table 3: Δ BLEU (PPL) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.delta is not None and not r.comparable:
             continue
         params = f"{r.parameters / 1e6:.2f} M" if r.parameters else "-"
-        delta = "-" if r.delta is None else f"{r.delta:+.2f}"
         lines.append(
-            f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_ppl)}{ppl_mark(r)} | "
-            f"{_mean_std(r.val_bleu)} | {_mean_interval(r)} | {delta} | {p_text(r.welch_p)} | "
-            f"{p_text(r.holm_p)} | {r.verdict or '-'} | {p_text(r.permutation_p)} | "
-            f"{p_text(r.p_value)} | "
+            f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_bleu)} | "
+            f"{_mean_interval(r)} | {_delta_interval(r.delta, r.delta_interval)} | "
+            f"{p_text(r.welch_p)} | {p_text(r.holm_p)} | {_verdict_cell(r)} | "
+            f"{p_text(r.permutation_p)} | {p_text(r.p_value)} | "
             f"{', '.join(map(str, r.seeds))} | {_paper_cell(r.paper)} |"
+        )
+    return "\n".join(lines)
+
+
+def ppl_table(rows: list[VariantRow]) -> str:
+    """Val perplexity of the same rows: its mean and interval over seeds, the difference to the
+    base with its interval, Welch's test and Holm's correction over the same comparisons."""
+    lines = [
+        "| variant | val PPL, mean [95% CI] | Δ val PPL vs base [95% CI] | p (seeds, Welch) | "
+        "p (Holm) | paper, Table 3: Δ PPL |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.delta is not None and not r.comparable:
+            continue
+        low, high = r.ppl_interval
+        mean = statistics.fmean(r.val_ppl)
+        cell = f"{mean:.2f}" + ("" if low is None else f" [{low:.2f}, {high:.2f}]")
+        paper = r.paper.get("ppl")
+        lines.append(
+            f"| {r.variant} | {cell}{ppl_mark(r)} | "
+            f"{_delta_interval(r.ppl_delta, r.ppl_delta_interval)} | {p_text(r.ppl_welch_p)} | "
+            f"{p_text(r.ppl_holm_p)} | {'-' if paper is None else f'{paper:+.2f}'} |"
         )
     return "\n".join(lines)
 
