@@ -123,13 +123,17 @@ def write_report(
     if spec.kind == "search":
         return _write_search_report(spec, study_dir)
     records = load_records(study_dir)
-    if not records:
+    pinned = study_pin(spec, study_dir)
+    if not records and pinned is None:
         raise PipelineError(
             f"{study_dir}: no finished trials of study '{spec.study}' yet: run the sweep first"
         )
-    rows = variant_rows(spec, records, test_references(spec), study_pin(spec, study_dir))
-    figures = charts(spec, rows, records, study_dir)
     report = study_dir / "report.md"
+    if not records:  # a pinned study that has just started: its progress alone
+        report.write_text(f"# Ablation study `{spec.study}`\n\n" + markdown(spec, study_dir))
+        return report
+    rows = variant_rows(spec, records, test_references(spec), pinned)
+    figures = charts(spec, rows, records, study_dir)
     report.write_text(
         f"# Ablation study `{spec.study}`\n\n" + markdown(spec, study_dir, transfer=transfer)
     )
