@@ -9,7 +9,9 @@ ran is not the one a user types, is that command). After a run:
     python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
     python -m pipeline.results table --update-docs  # docs/results.md and README.md, rewritten
 
-README shows the rows that `results/headline.txt` names, in its order, with fewer columns.
+README shows the rows that `results/headline.txt` names, in its order, with fewer columns; each
+must have its hypotheses committed (`val.hyp`, `test_2016_flickr.hyp`), so that every number on
+the front page can be rescored. The full table marks the rows without them.
 `tests/test_results.py` checks that both blocks are exactly `table` of the committed rows.
 """
 
@@ -41,6 +43,10 @@ HEADLINE_COLUMNS = ["recipe", "direction", "test2016 BLEU (lc)", "val BLEU (lc)"
                     "train + eval wall time", "hardware", "command"]  # fmt: skip
 TEST_SPLIT = "test_2016_flickr"
 VAL_SPLIT = "val"
+# A row can be rescored (by sacreBLEU, a paired bootstrap against another row) only with the
+# translations it was scored on; README's headline shows no row without them
+HYPOTHESES = tuple(f"{split}.hyp" for split in (VAL_SPLIT, TEST_SPLIT))
+NOT_RESCORABLE = "not rescorable (no hypotheses committed)"
 
 
 def record(
@@ -101,12 +107,14 @@ def run_totals(metrics_dir: Path) -> dict:
 
 
 def load_rows(root: Path) -> list[dict]:
-    """Every recorded row under `root`, sorted by name."""
+    """Every recorded row under `root`, sorted by name; `rescorable` says whether its
+    hypotheses are committed beside it."""
     rows = []
     for row in sorted(p for p in root.glob("*") if (p / RUN_FILE).exists()):
         files = {f: json.loads((row / f).read_text()) for f in (*METRICS_FILES, RUN_FILE)}
         params = yaml.safe_load((row / "params.yaml").read_text())
-        rows.append({"name": row.name, "params": params, **files})
+        rescorable = all((row / hypotheses).exists() for hypotheses in HYPOTHESES)
+        rows.append({"name": row.name, "params": params, "rescorable": rescorable, **files})
     return rows
 
 
@@ -135,8 +143,8 @@ def table(rows: list[dict]) -> str:
     header = (
         "| recipe | direction | averaged, length penalty | test2016 BLEU (lc) "
         "| test2016 BLEU (cased) | test2016 tokenized BLEU (lc) | chrF | val BLEU (lc) "
-        "| parameters | train + eval wall time | hardware | command |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| parameters | train + eval wall time | hardware | command | hypotheses |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [header]
     signatures: dict[str, str] = {}
@@ -159,7 +167,8 @@ def table(rows: list[dict]) -> str:
             f"| {_fmt(test.get('bleu'))} "
             f"| {_fmt(test.get(LITERATURE_METRIC))} | {_fmt(test.get('chrf'))} "
             f"| {_fmt(val.get('bleu_lc'))} | {train['num_parameters'] / 1e6:.2f} M | {wall} "
-            f"| {run['hardware']}, {train['precision']} | `{reproduce_command(run)}` |"
+            f"| {run['hardware']}, {train['precision']} | `{reproduce_command(run)}` "
+            f"| {'committed' if row['rescorable'] else NOT_RESCORABLE} |"
         )
         signatures.update(evaluation.get("signatures", {}))
     lines.append("")
@@ -168,7 +177,8 @@ def table(rows: list[dict]) -> str:
 
 
 def headline(rows: list[dict], root: Path) -> str:
-    """README's short table: the rows `root/headline.txt` names, in its order."""
+    """README's short table: the rows `root/headline.txt` names, in its order, each with its
+    hypotheses committed."""
     listing = root / HEADLINE_FILE
     if not listing.exists():
         raise DataError(f"{listing}: no such file (the names of README's rows, one a line)")
@@ -177,6 +187,12 @@ def headline(rows: list[dict], root: Path) -> str:
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise DataError(f"{listing}: no recorded row {', '.join(unknown)} under {root}")
+    bare = [name for name in names if not by_name[name]["rescorable"]]
+    if bare:
+        raise DataError(
+            f"{listing}: {', '.join(bare)} under {root} has no {' or '.join(HYPOTHESES)}: "
+            "README shows only rows that can be rescored"
+        )
     return docs_blocks.columns(table([by_name[name] for name in names]), HEADLINE_COLUMNS)
 
 

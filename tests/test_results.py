@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -123,7 +124,7 @@ def test_the_docs_results_table_and_readme_headline_are_the_committed_runs_table
 def test_table_update_docs_rewrites_only_its_blocks(tmp_path, capsys):
     metrics, params = _finished_run(tmp_path / "run", 41.26)
     results.record("a.en-de", "make repro", metrics, params, tmp_path / "results")
-    results.record("b.en-de", "x", metrics, params, tmp_path / "results")
+    results.record("b.en-de", "x", metrics, params, tmp_path / "results", tmp_path / "run" / "eval")
     (tmp_path / "results" / results.HEADLINE_FILE).write_text("b.en-de\n")
     pages = {tmp_path / results.PAGE: results.BLOCK, tmp_path / "README.md": results.HEADLINE_BLOCK}
     for page, block in pages.items():
@@ -187,14 +188,94 @@ def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_check
     assert json.loads((tmp_path / "results/new/run.json").read_text())["target_tokens"] == 1234
 
 
-def test_readme_states_the_default_recipes_range_over_every_recorded_run_of_it():
-    """README's sentence on the default recipe spans every recorded `make repro` row."""
-    rows = [
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def _flat(path) -> str:
+    """A page's text with its line breaks and runs of spaces made single spaces."""
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def _default_recipe_rows() -> list[dict]:
+    return [
         row
         for row in results.load_rows(REPO_ROOT / "results")
         if row[results.RUN_FILE]["command"] == "make repro"
     ]
+
+
+def test_readme_states_the_default_recipes_range_over_every_recorded_run_of_it():
+    """README's sentence on the default recipe spans every recorded `make repro` row: its
+    test2016 BLEU, its training wall time, the cores and the precision of the machines."""
+    rows = _default_recipe_rows()
     scores = [row["eval.json"][results.TEST_SPLIT]["bleu_lc"] for row in rows]
-    count = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}[len(rows)]
-    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
-    assert f"reaches {min(scores):.1f}-{max(scores):.1f} over {count} runs" in readme
+    train_min = [row["train.json"]["wall_time_s"] / 60 for row in rows]
+    (cores,) = {re.search(r"(\d+) cores", row[results.RUN_FILE]["hardware"])[1] for row in rows}
+    (precision,) = {row["train.json"]["precision"] for row in rows}
+    readme = _flat(REPO_ROOT / "README.md")
+    assert (
+        f"reaches {min(scores):.1f}-{max(scores):.1f} over {NUMBER_WORDS[len(rows)]} runs, "
+        f"training in {min(train_min):.0f}-{max(train_min):.0f} min on "
+        f"{NUMBER_WORDS[int(cores)]} CPU cores"
+    ) in readme
+    assert f"(AMD EPYC or Intel Xeon, {precision})" in readme
+
+
+def test_the_results_page_states_the_default_recipes_wall_times_over_its_runs():
+    rows = _default_recipe_rows()
+    train_min = [row["train.json"]["wall_time_s"] / 60 for row in rows]
+    eval_min = [row["eval.json"]["wall_time_s"] / 60 for row in rows]
+    (steps,) = {row["params"]["train"]["max_steps"] for row in rows}
+    (precision,) = {row["train.json"]["precision"] for row in rows}
+    page = _flat(REPO_ROOT / results.PAGE)
+    assert f"trains {steps} updates and evaluates. Over the {NUMBER_WORDS[len(rows)]} " in page
+    assert (
+        f"training took {min(train_min):.0f}-{max(train_min):.0f} min and evaluation "
+        f"{min(eval_min):.1f}-{max(eval_min):.1f} min"
+    ) in page
+    assert f"with bf16 instructions) in {precision}" in page
+
+
+def test_the_results_page_quotes_the_default_recipes_decoding_search():
+    """The recipe's decoding settings are the best of the committed search on val, and the
+    page gives that score and the range of the others."""
+    row = REPO_ROOT / "results" / "multi30k_tiny.en-de"
+    search = json.loads((row / "decoding_search.json").read_text())
+    decoding = yaml.safe_load((row / "params.yaml").read_text())["eval"]
+    chosen = (decoding["average"], decoding["length_penalty"])
+    scores = {(r["average"], r["length_penalty"]): r[search["metric"]] for r in search["rows"]}
+    others = [score for setting, score in scores.items() if setting != chosen]
+    assert search["split"] == "val" and scores[chosen] > max(others)
+    assert (
+        f"(last {chosen[0]}, {chosen[1]}) is the best on val ({scores[chosen]:.2f} lowercased; "
+        f"{min(others):.2f}-{max(others):.2f} for the others)"
+    ) in _flat(REPO_ROOT / results.PAGE)
+
+
+def test_every_headline_row_has_its_hypotheses_committed():
+    """Each number on README's front table can be rescored: its row's translations are there."""
+    root = REPO_ROOT / "results"
+    names = (root / results.HEADLINE_FILE).read_text().split()
+    assert names
+    for name in names:
+        for hypotheses in results.HYPOTHESES:
+            assert (root / name / hypotheses).stat().st_size > 0, f"{name}: no {hypotheses}"
+    # and the full table marks each row that cannot be rescored
+    page = docs_blocks.read(REPO_ROOT / results.PAGE, results.BLOCK)
+    bare = [p for p in root.iterdir() if (p / results.RUN_FILE).exists()
+            and not all((p / h).exists() for h in results.HYPOTHESES)]  # fmt: skip
+    assert bare and page.count(f"| {results.NOT_RESCORABLE} |") == len(bare)
+
+
+def test_a_headline_naming_a_row_without_hypotheses_is_an_error_naming_it(tmp_path):
+    metrics, params = _finished_run(tmp_path / "run", 41.26)
+    results.record("kept.en-de", "make repro", metrics, params, tmp_path / "results",
+                   tmp_path / "run" / "eval")  # fmt: skip
+    results.record("bare.en-de", "make repro", metrics, params, tmp_path / "results")
+    rows = results.load_rows(tmp_path / "results")
+    assert results.table(rows).count(f"| {results.NOT_RESCORABLE} |") == 1
+    (tmp_path / "results" / results.HEADLINE_FILE).write_text("kept.en-de\n")
+    assert "| 41.3 |" in results.headline(rows, tmp_path / "results")
+    (tmp_path / "results" / results.HEADLINE_FILE).write_text("kept.en-de\nbare.en-de\n")
+    with pytest.raises(DataError, match=r"headline.txt: bare.en-de .* has no val.hyp"):
+        results.headline(rows, tmp_path / "results")
