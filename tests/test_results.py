@@ -279,3 +279,57 @@ def test_a_headline_naming_a_row_without_hypotheses_is_an_error_naming_it(tmp_pa
     (tmp_path / "results" / results.HEADLINE_FILE).write_text("kept.en-de\nbare.en-de\n")
     with pytest.raises(DataError, match=r"headline.txt: bare.en-de .* has no val.hyp"):
         results.headline(rows, tmp_path / "results")
+
+
+# The variants table of docs/results.md: each row's first words, and the record it quotes
+VARIANT_RECORDS = {
+    "the recipe (`make repro`)": "multi30k_tiny.en-de",
+    "Adam betas (0.9, 0.999)": "multi30k_tiny_betas999.en-de",
+    "source eos and a 2000-update cool-down": "multi30k_tiny_srceos_cooldown.en-de",
+    "attention and activation dropout 0.1": "multi30k_tiny_attdrop.en-de",
+    "16384-token batches": "multi30k_tiny_batch16k.en-de",
+    "case-folded": "multi30k_tiny_casefold.en-de",
+    "de->en, 6000 updates": "multi30k_tiny.de-en",
+}
+
+
+def test_the_variants_table_quotes_each_variants_record():
+    """Each variant's val and test2016 BLEU (lc) cells, and the figures its last cell compares
+    with the recipe, are its record's."""
+    root = REPO_ROOT / "results"
+    rows = {row["name"]: row for row in results.load_rows(root)}
+    lines = (REPO_ROOT / results.PAGE).read_text(encoding="utf-8").splitlines()
+    recipe = rows[VARIANT_RECORDS["the recipe (`make repro`)"]]
+    lc = {name: {split: row["eval.json"][split]["bleu_lc"] for split in ("val", results.TEST_SPLIT)}
+          for name, row in rows.items()}  # fmt: skip
+    cells = {}
+    for start, name in VARIANT_RECORDS.items():
+        (line,) = [line for line in lines if line.startswith(f"| {start}")]
+        cells[name] = [cell.strip() for cell in line.strip("|").split(" | ")]
+        assert cells[name][1:3] == [f"{lc[name]['val']:.1f}", f"{lc[name][results.TEST_SPLIT]:.1f}"]
+    base = lc[recipe["name"]]
+    betas = rows["multi30k_tiny_betas999.en-de"]["train.json"]
+    assert (
+        f"best greedy val BLEU {betas['val/bleu']:.2f} (update {betas['best_step']}) against "
+        f"the recipe's {recipe['train.json']['val/bleu']:.2f}"
+    ) in cells["multi30k_tiny_betas999.en-de"][3]
+    folded = lc["multi30k_tiny_casefold.en-de"]
+    cased = rows["multi30k_tiny_casefold.en-de"]["eval.json"][results.TEST_SPLIT]["bleu"]
+    assert (
+        f"{folded['val'] - base['val']:+.2f} on val and "
+        f"{folded[results.TEST_SPLIT] - base[results.TEST_SPLIT]:+.2f} on test lowercased; "
+        f"its cased BLEU, {cased:.1f},"
+    ) in cells["multi30k_tiny_casefold.en-de"][3]
+    eos = lc["multi30k_tiny_srceos_cooldown.en-de"]
+    last = rows["multi30k_tiny_srceos_cooldown.en-de"]["train.json"]["last"]
+    assert (
+        f"(val loss {last['val/loss']:.2f} against {recipe['train.json']['last']['val/loss']:.2f}, "
+        f"greedy val BLEU {last['val/bleu']:.2f} against "
+        f"{recipe['train.json']['last']['val/bleu']:.2f})"
+    ) in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
+    assert (
+        f"val gains {eos['val'] - base['val']:.2f}"
+        in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
+        and f"test falls {base[results.TEST_SPLIT] - eos[results.TEST_SPLIT]:.1f}"
+        in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
+    )
