@@ -15,7 +15,9 @@ Rows come from two kinds of committed runs:
 Below the table, every budget (updates) that both systems ran is compared: ours minus fairseq
 in lowercased BLEU on val and test2016, with sacreBLEU's paired bootstrap (1000 resamples) of
 ours against fairseq, the seeds of each system paired in seed order and pooled
-(`scoring.pooled_paired_bootstrap`). Settings are chosen on val;
+(`scoring.pooled_paired_bootstrap`), and the seed-level 90% Welch interval of the difference
+(the unit the question is about: a training run), with whether it lies within the parity
+margin of +-0.3 BLEU. Settings are chosen on val;
 test2016 is reported, never tuned on.
 
 The figure (`parity.png`) shows what the comparison rests on: each seed's lowercased BLEU of
@@ -35,7 +37,7 @@ from pathlib import Path
 from pipeline import docs_blocks, results
 from pipeline.cli import main
 from pipeline.errors import DataError
-from pipeline.evaluation import scoring
+from pipeline.evaluation import scoring, seed_stats
 
 PARITY_DIR = results.RESULTS_ROOT / "parity"
 WU_RECIPE = "multi30k_wu2021"  # conf/experiment/multi30k_wu2021.yaml
@@ -47,6 +49,11 @@ P_METRIC = "bleu_lc"
 FIGURE = "parity.png"  # in PARITY_DIR
 # Wu et al. (2021), Table 1: their Transformer-tiny on test2016, tokenized lowercased BLEU, one seed
 LITERATURE_TEST_BLEU = 41.0
+# Parity's margin in BLEU: ours and fairseq count as equal where the seed-level difference is
+# shown to lie within +-EQUIVALENCE_MARGIN, i.e. where its two-sided INTERVAL_CONFIDENCE
+# interval lies inside it (two one-sided tests at (1 - INTERVAL_CONFIDENCE) / 2 each)
+EQUIVALENCE_MARGIN = 0.3
+INTERVAL_CONFIDENCE = 0.90
 
 
 @dataclass
@@ -288,29 +295,40 @@ def scoring_references(split: str, lang: str = "de") -> list[str]:
     return train_peer.raw_references(train_peer.default_corpus(), split, lang)
 
 
-def comparisons(runs: list[Run]) -> list[str]:
-    """Ours minus fairseq for each budget both ran with Wu et al.'s recipe: the recipe as it
-    is first, then each earlier setting of it that rows were recorded under (named)."""
-    lines = []
+def paired_groups(runs: list[Run]) -> list[tuple[str, int, list[Run], list[Run]]]:
+    """(our recipe, budget, our runs, fairseq's runs) for each budget both ran with Wu et al.'s
+    recipe: the recipe as it is first, then each earlier setting of it that rows were recorded
+    under; the runs of each side in seed order, as many of each as there are seed pairs."""
     theirs = [r for r in runs if r.system.startswith("fairseq")]
     ours = [r for r in runs if r.system == "ours" and r.experiment == WU_RECIPE]
     recipes = sorted({r.recipe for r in ours}, key=lambda recipe: (recipe != WU_RECIPE, recipe))
-    shared = [(recipe, budget) for recipe in recipes for budget in sorted(
-        {r.max_updates for r in ours if r.recipe == recipe} & {r.max_updates for r in theirs}
-    )]  # fmt: skip
+    groups = []
+    for recipe in recipes:
+        budgets = {r.max_updates for r in ours if r.recipe == recipe}
+        for budget in sorted(budgets & {r.max_updates for r in theirs}):
+            mine = sorted((r for r in ours if (r.recipe, r.max_updates) == (recipe, budget)),
+                          key=lambda r: r.seed)  # fmt: skip
+            other = sorted((r for r in theirs if r.max_updates == budget), key=lambda r: r.seed)
+            pairs = min(len(mine), len(other))
+            groups.append((recipe, budget, mine[:pairs], other[:pairs]))
+    return groups
+
+
+def comparisons(runs: list[Run]) -> list[str]:
+    """Ours minus fairseq for each budget both ran with Wu et al.'s recipe (`paired_groups`),
+    each earlier setting of the recipe named."""
+    lines = []
+    shared = paired_groups(runs)
     references = {split: scoring_references(split) for split in SPLITS} if shared else {}
-    for recipe, budget in shared:
-        mine = sorted((r for r in ours if (r.recipe, r.max_updates) == (recipe, budget)),
-                      key=lambda r: r.seed)  # fmt: skip
-        other = sorted((r for r in theirs if r.max_updates == budget), key=lambda r: r.seed)
-        pairs = min(len(mine), len(other))
+    for recipe, budget, mine, other in shared:
+        pairs = len(mine)
         cells, lengths = [], []
         for split in SPLITS:
-            delta = statistics.fmean(r.scores[split][P_METRIC] for r in mine[:pairs]) - (
-                statistics.fmean(r.scores[split][P_METRIC] for r in other[:pairs])
+            delta = statistics.fmean(r.scores[split][P_METRIC] for r in mine) - (
+                statistics.fmean(r.scores[split][P_METRIC] for r in other)
             )
-            our_seeds = [run.translations(split) for run in mine[:pairs]]
-            fairseq_seeds = [run.translations(split) for run in other[:pairs]]
+            our_seeds = [run.translations(split) for run in mine]
+            fairseq_seeds = [run.translations(split) for run in other]
             p = scoring.pooled_paired_bootstrap(
                 list(zip(fairseq_seeds, our_seeds)), references[split], P_METRIC
             )
@@ -328,7 +346,42 @@ def comparisons(runs: list[Run]) -> list[str]:
             "  - output length / reference length (the tokens of lowercased BLEU, what its "
             "brevity penalty sees), ours / fairseq: " + "; ".join(lengths)
         )
+        lines.append(seed_level_line(mine, other))
     return lines
+
+
+def seed_intervals(mine: list[Run], other: list[Run]) -> dict[str, tuple[float, float] | None]:
+    """Per split, the INTERVAL_CONFIDENCE Welch t-interval of ours - fairseq over the seeds'
+    lowercased BLEU (the unit is the training run), or None where Welch's test gives none (a
+    single seed a side)."""
+    intervals = {}
+    for split in SPLITS:
+        low, high = seed_stats.welch_interval(
+            [r.scores[split][P_METRIC] for r in mine],
+            [r.scores[split][P_METRIC] for r in other],
+            INTERVAL_CONFIDENCE,
+        )
+        intervals[split] = None if low is None or high is None else (low, high)
+    return intervals
+
+
+def seed_level_line(mine: list[Run], other: list[Run]) -> str:
+    """The seed-level interval of each split and whether it lies within the parity margin."""
+    intervals = seed_intervals(mine, other)
+    head = f"  - seed-level {INTERVAL_CONFIDENCE:.0%} interval of ours - fairseq (Welch's t"
+    if any(interval is None for interval in intervals.values()):
+        return f"{head}): none ({seed_stats.SINGLE_RUN})"
+    shown = "; ".join(
+        f"{split} [{low:.2f}, {high:.2f}]" for split, (low, high) in intervals.items()
+    )
+    inside = "; ".join(
+        f"{split} {'yes' if -EQUIVALENCE_MARGIN < low and high < EQUIVALENCE_MARGIN else 'no'}"
+        for split, (low, high) in intervals.items()
+    )
+    return (
+        f"{head}, {len(mine)} seeds a side): {shown}; within +-{EQUIVALENCE_MARGIN} BLEU "
+        f"(equivalence at the margin): {inside}"
+    )
 
 
 def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float:

@@ -4,15 +4,18 @@ comparisons are sacreBLEU's paired bootstrap of those runs' own translations."""
 from __future__ import annotations
 
 import json
+import re
+import statistics
 
 import pytest
 import sacrebleu
 import yaml
+from scipy import stats
 
 from benchmarks.fairseq import parity, train_peer
 from pipeline import config, docs_blocks, results
 from pipeline.errors import DataError
-from pipeline.evaluation import scoring
+from pipeline.evaluation import scoring, seed_stats
 from tests.conftest import REPO_ROOT
 
 SPLITS = ("val", "test_2016_flickr")
@@ -294,3 +297,102 @@ def test_the_figure_shows_fairseq_and_the_preset_as_it_is(committed, tmp_path):
     assert {(r.system, r.seed) for r in parity.drawn_runs(runs)} == {
         ("fairseq 0.12.3.1", 1), ("fairseq 0.12.3.1", 2), ("ours", 1), ("ours", 2)
     }  # fmt: skip
+
+
+def _scored_run(system: str, seed: int, val: float, test: float) -> parity.Run:
+    return parity.Run(
+        system=system, experiment=parity.WU_RECIPE, recipe=parity.WU_RECIPE, seed=seed,
+        updates=3000, max_updates=3000, target_tokens=None, train_wall_s=None,
+        tokens_per_s=None, scores={"val": {"bleu_lc": val}, "test_2016_flickr": {"bleu_lc": test}},
+        hardware="a CPU", command="c", hypotheses={},
+    )  # fmt: skip
+
+
+def test_the_seed_level_line_gives_welchs_interval_and_whether_it_lies_within_the_margin():
+    """Two seeds a side: the interval is scipy's Welch interval at 90%; a tight pair of groups
+    lies within +-0.3 on val, a spread pair does not on test2016. One seed a side: none."""
+    ours = [_scored_run("ours", 1, 41.00, 40.0), _scored_run("ours", 2, 41.02, 42.0)]
+    theirs = [_scored_run("fairseq", 1, 40.98, 40.5), _scored_run("fairseq", 2, 41.01, 41.5)]
+    line = parity.seed_level_line(ours, theirs)
+    for split, (a, b) in {"val": ([41.00, 41.02], [40.98, 41.01]),
+                          "test_2016_flickr": ([40.0, 42.0], [40.5, 41.5])}.items():  # fmt: skip
+        interval = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.90)
+        assert f"{split} [{interval.low:.2f}, {interval.high:.2f}]" in line
+    assert line.endswith(
+        "within +-0.3 BLEU (equivalence at the margin): val yes; test_2016_flickr no"
+    )
+    single = parity.seed_level_line(ours[:1], theirs[:1])
+    assert single.endswith(f"none ({seed_stats.SINGLE_RUN})")
+
+
+def _flat(path) -> str:
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+PARITY_BUDGET = 3000  # the budget at which both systems ran two seeds (the page's first line)
+NUMBER_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
+
+
+def test_the_parity_prose_states_the_seed_level_intervals_and_each_sides_machine():
+    """README and docs/parity.md give ours - fairseq at the equal budget with its seed-level 90%
+    intervals as the records make them, say whether those lie within the margin, and name the
+    machine and precision of each side from its records."""
+    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+    ((mine, other),) = [(m, o) for recipe, budget, m, o in parity.paired_groups(runs)
+                        if (recipe, budget) == (parity.WU_RECIPE, PARITY_BUDGET)]  # fmt: skip
+    intervals = parity.seed_intervals(mine, other)
+    delta = {split: statistics.fmean(r.scores[split]["bleu_lc"] for r in mine)
+             - statistics.fmean(r.scores[split]["bleu_lc"] for r in other) for split in SPLITS}  # fmt: skip
+    (val_low, val_high), (test_low, test_high) = intervals["val"], intervals["test_2016_flickr"]
+    margin = parity.EQUIVALENCE_MARGIN
+    within = [-margin < low and high < margin for low, high in intervals.values()]
+    assert not any(within), "the intervals now lie within the margin: say so in the prose"
+    (ours_hardware,) = {r.hardware for r in mine}
+    device, precision = ours_hardware.rsplit(", ", 1)
+    name, count = device.rsplit(" x ", 1)
+    ours = f"ours on {NUMBER_WORDS[int(count)]} {name} in {precision}"
+    (fairseq_cores,) = {re.search(r"(\d+) cores", r.hardware)[1] for r in other}
+    assert all(", fp32," in r.hardware for r in other)
+    fairseq = f"fairseq on {NUMBER_WORDS[int(fairseq_cores)]} CPU cores in fp32"
+
+    readme = _flat(REPO_ROOT / "README.md")
+    assert f"({PARITY_BUDGET} updates; {ours}, {fairseq})" in readme
+    assert (
+        f"is {delta['val']:+.2f} val and {delta['test_2016_flickr']:+.2f} test2016 BLEU" in readme
+    )
+    assert (
+        f"intervals, [{val_low:.2f}, {val_high:.2f}] and [{test_low:.2f}, {test_high:.2f}], "
+        f"are wider than ±{margin}"
+    ) in readme
+    page = _flat(REPO_ROOT / parity.PAGE)
+    assert f"at {PARITY_BUDGET} updates {ours} and {fairseq}" in page
+    assert f"seeds 1 and 2 ({ours}, {fairseq})" in page
+    assert (
+        f"ours - fairseq {delta['val']:+.2f} on val (p = " in page
+        and f"and {delta['test_2016_flickr']:+.2f} on test2016 (p = " in page
+    )
+    assert (
+        f"[{val_low:.2f}, {val_high:.2f}] on val and [{test_low:.2f}, {test_high:.2f}] on "
+        f"test2016, do not lie within ±{margin}: they allow ours to be up to "
+        f"{-val_low:.2f} (val) or {-test_low:.2f} (test2016) BLEU below fairseq"
+    ) in page
+    assert "are level" not in page + readme and "is met on both splits" not in page
+
+
+def test_the_parity_page_quotes_the_subword_counts_of_the_tokenize_records():
+    """Target subwords per training sentence of each segmentation of Wu et al.'s recipe, as
+    the tokenize stage counted them in every recorded row of it."""
+    per_sentence: dict[str, set[float]] = {}
+    for row in results.load_rows(REPO_ROOT / "results"):
+        if row["params"]["experiment_name"] != parity.WU_RECIPE:
+            continue
+        tokenize = row["tokenize.json"]
+        train = tokenize["splits"]["train"]
+        per_sentence.setdefault(tokenize["model_type"], set()).add(
+            round(train["tgt_tokens"] / train["sentences"], 2)
+        )
+    (sentencepiece,), (subword_nmt,) = per_sentence["bpe"], per_sentence["subword_nmt"]
+    assert (
+        f"On the training split (the tokenize stage's counts) sentencepiece cut the target side "
+        f"into {sentencepiece:.2f} subwords per sentence against subword-nmt's {subword_nmt:.2f}"
+    ) in _flat(REPO_ROOT / parity.PAGE)
