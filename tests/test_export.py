@@ -303,3 +303,33 @@ def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke
     int8 = payload["results"]["ctranslate2_int8"]
     assert payload["drop_vs_float32"]["bleu"] == pytest.approx(float32["bleu"] - int8["bleu"])
     assert payload["within_max_drop"] == (max(payload["drop_vs_float32"].values()) <= 0.5)
+
+
+def test_readme_and_the_evaluation_page_quote_the_recipe_models_export_record():
+    """What README and docs/evaluation.md say of the recipe model's CTranslate2 export is its
+    committed `benchmarks.export_quality` record: translations equal to ours, BLEU, speed."""
+    record = json.loads(
+        (REPO_ROOT / "results/multi30k_tiny_amx.en-de/export_quality.json").read_text()
+    )
+    systems = record["results"]
+    float32, int8 = systems["ctranslate2_float32"], systems["ctranslate2_int8"]
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert (
+        f"(float32: {float32['same_as_ours']} of the recipe model's {record['sentences']} "
+        "test2016 translations the same as ours)"
+    ) in readme
+    assert record["within_max_drop"]
+    page = (REPO_ROOT / "docs/evaluation.md").read_text()
+    names = {"ours": "ours", "ctranslate2_float32": "CTranslate2 float32",
+             "ctranslate2_int8": "CTranslate2 int8"}  # fmt: skip
+    for key, name in names.items():
+        s = systems[key]
+        assert (
+            f"| {name} | {s['bleu']:.1f} | {s['bleu_lc']:.1f} | {s['chrf']:.1f} "
+            f"| {s['same_as_ours']} | {s['sentences_per_s']:.0f} |"
+        ) in page
+    changed = record["sentences"] - int8["same_as_ours"]
+    assert (
+        f"int8 changes {changed} of the {record['sentences']} translations and loses nothing "
+        f"({int8['bleu'] - float32['bleu']:+.1f} BLEU"
+    ) in page
