@@ -57,7 +57,11 @@ Left unmatched: which hypotheses CTranslate2 returns is decided by its own penal
 2k - 1 finished), and the live beams that a finished one displaces at the limit are not
 returned; both change the result only when CTranslate2's and GNMT's rankings disagree near the
 top. Sources longer than `model.max_positions` tokens are cut there by both, but CTranslate2
-keeps the source eos last (we cut it). `tests/test_export.py` checks token-for-token equality.
+keeps the source eos last (we cut it). `tests/test_export.py` checks that every hypothesis
+either search returns gets the same score from both models, and that the translations are the
+same or differ only in these ways or on a tie of the float32 arithmetic.
+`nbest_with_ctranslate2` returns CTranslate2's k hypotheses so ranked, `score_with_ctranslate2`
+the exported model's log-probs of given hypotheses.
 """
 
 from __future__ import annotations
@@ -320,6 +324,40 @@ def translate_with_ctranslate2(
     tokens per CTranslate2 batch (0: each group of sentences with one length limit is one
     batch)."""
     from pipeline.model.decoding import Hypothesis
+
+    nbest = nbest_with_ctranslate2(
+        exported, src_ids, beam_size=beam_size, length_penalty=length_penalty,
+        max_len_a=max_len_a, max_len_b=max_len_b, max_tokens=max_tokens,
+        length_normalization=length_normalization,
+    )  # fmt: skip
+    results = [hypotheses[0] if hypotheses else Hypothesis([], 0.0) for hypotheses in nbest]
+    tokenizer = exported.tokenizer
+    never = {tokenizer.pad_id, tokenizer.bos_id}
+    generated = sum(bool(never & set(h.tokens)) for h in results)
+    if generated:
+        log.warning(
+            "%d translation(s) contain pad or bos, which our search never generates (an "
+            "untrained model?): they differ from pipeline.model.decoding's",
+            generated,
+        )
+    return results
+
+
+def nbest_with_ctranslate2(
+    exported: ExportedModel,
+    src_ids: Sequence[Sequence[int]],
+    *,
+    beam_size: int,
+    length_penalty: float,
+    max_len_a: float,
+    max_len_b: int,
+    max_tokens: int = 0,
+    length_normalization: str = "gnmt",
+) -> list[list]:
+    """`translate_with_ctranslate2`'s search, every hypothesis CTranslate2 returns: for each
+    sentence its `beam_size` finished hypotheses (one for beam 1, none for an empty source or
+    a limit of 0 tokens), rescored and ranked by our length normalisation, best first."""
+    from pipeline.model.decoding import Hypothesis
     from pipeline.model.length_penalty import length_normalizer
 
     tokenizer, limit, translator = exported.tokenizer, exported.max_positions, exported.translator
@@ -329,7 +367,7 @@ def translate_with_ctranslate2(
             max_len = max_output_length(min(len(ids), limit), max_len_a, max_len_b, limit)
             groups.setdefault(max_len, []).append(i)
     ct2_penalty = length_penalty or MIN_CT2_LENGTH_PENALTY
-    results = [Hypothesis([], 0.0) for _ in src_ids]
+    results: list[list] = [[] for _ in src_ids]
     for max_len, indices in groups.items():
         if max_len == 0:  # only eos is allowed: an empty translation (CTranslate2 needs >= 1)
             continue
@@ -357,22 +395,33 @@ def translate_with_ctranslate2(
         ]
         _rescore_at_limit(translator, tokenizer, sources, nbest, limit)
         for i, hypotheses in zip(indices, nbest):
-            best_ids, log_prob = max(
-                ((ids, log_prob / length_normalizer(_with_eos(ids, tokenizer), length_penalty,
-                                                    length_normalization))
-                 for ids, log_prob in hypotheses),
-                key=lambda pair: pair[1],
-            )  # fmt: skip
-            results[i] = Hypothesis(_strip_eos(best_ids, tokenizer), log_prob)
-    never = {tokenizer.pad_id, tokenizer.bos_id}
-    generated = sum(bool(never & set(h.tokens)) for h in results)
-    if generated:
-        log.warning(
-            "%d translation(s) contain pad or bos, which our search never generates (an "
-            "untrained model?): they differ from pipeline.model.decoding's",
-            generated,
-        )
+            ranked = [
+                Hypothesis(_strip_eos(ids, tokenizer),
+                           log_prob / length_normalizer(_with_eos(ids, tokenizer), length_penalty,
+                                                        length_normalization))
+                for ids, log_prob in hypotheses
+            ]  # fmt: skip
+            results[i] = sorted(ranked, key=lambda h: h.score, reverse=True)
     return results
+
+
+def score_with_ctranslate2(
+    exported: ExportedModel, src_ids: Sequence[Sequence[int]], hypotheses: Sequence[Sequence[int]]
+) -> list[list[float]]:
+    """The exported model's log-probs of each hypothesis's tokens (no bos/eos) followed by eos,
+    teacher-forced (`score_batch`), for sources as `translate_with_ctranslate2` reads them:
+    `pipeline.evaluation.evaluate.hypothesis_log_probs`' entries, computed by CTranslate2."""
+    tokenizer = exported.tokenizer
+    sources = [_source_pieces(ids, tokenizer) for ids in src_ids]
+    return _log_probs(exported.translator, tokenizer, sources, hypotheses, exported.max_positions)
+
+
+def _log_probs(translator, tokenizer: Tokenizer, sources, hypotheses, limit: int) -> list:
+    """Per-token log-probs of `hypotheses` (ids without eos; score_batch adds it)."""
+    scored = translator.score_batch(
+        sources, [[tokenizer.piece(t) for t in ids] for ids in hypotheses], max_input_length=limit
+    )
+    return [list(result.log_probs) for result in scored]
 
 
 def _rescore_at_limit(translator, tokenizer: Tokenizer, sources, nbest, limit: int) -> None:
@@ -383,13 +432,10 @@ def _rescore_at_limit(translator, tokenizer: Tokenizer, sources, nbest, limit: i
            if not ids or ids[-1] != eos]  # fmt: skip
     if not cut:
         return
-    scored = translator.score_batch(
-        [sources[s] for s, _ in cut],
-        [[tokenizer.piece(t) for t in nbest[s][h][0]] for s, h in cut],  # score_batch adds eos
-        max_input_length=limit,
-    )
-    for (s, h), result in zip(cut, scored):
-        nbest[s][h] = ([*nbest[s][h][0], eos], float(sum(result.log_probs)))
+    scored = _log_probs(translator, tokenizer, [sources[s] for s, _ in cut],
+                        [nbest[s][h][0] for s, h in cut], limit)  # fmt: skip
+    for (s, h), log_probs in zip(cut, scored):
+        nbest[s][h] = ([*nbest[s][h][0], eos], float(sum(log_probs)))
 
 
 def _source_pieces(ids: Sequence[int], tokenizer: Tokenizer) -> list[str]:

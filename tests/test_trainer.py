@@ -159,6 +159,9 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     )
     metrics = run(cfg)
 
+    # Memorising 200 pairs (no dropout, no smoothing) drives the loss toward 0; a model that does
+    # not fit them stays at several nats (each token guessed from its frequency): 0.5 lies
+    # between the two, not at a level measured on one machine.
     assert metrics["last"]["train/loss"] < 0.5
     assert metrics["steps"] == 300
     assert metrics["num_parameters"] > 0 and metrics["train/tokens_per_sec"] > 0

@@ -235,20 +235,18 @@ def probe_difference(model, probe: dict, fairseq_logits: torch.Tensor, pad_id: i
 
 def model_scores(model, src_ids, hypotheses, eval_cfg, eos_id: int, bos_id: int) -> list[float]:
     """Each hypothesis's log-probability under the model, eos included, divided by the
-    length penalty of `eval_cfg` (what beam search ranks finished hypotheses by)."""
+    length penalty of `eval_cfg` (what beam search ranks finished hypotheses by); batched by
+    its `max_tokens`."""
+    from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
     from pipeline.model.length_penalty import length_normalizer
 
-    scores = []
-    with torch.no_grad():
-        for src, tokens in zip(src_ids, hypotheses):
-            target = torch.tensor([[*tokens, eos_id]])
-            logits = model(torch.tensor([list(src)]), torch.tensor([[bos_id, *tokens]]))
-            log_p = torch.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1))
-            normalizer = length_normalizer(
-                target.size(1), eval_cfg.length_penalty, eval_cfg.length_normalization
-            )
-            scores.append(float(log_p.sum()) / normalizer)
-    return scores
+    rows = hypothesis_log_probs(model, src_ids, hypotheses, bos_id=bos_id,
+                                max_tokens=eval_cfg.max_tokens)  # fmt: skip
+    return [
+        summed_log_prob(log_probs, tokens, eos_id)
+        / length_normalizer(len(tokens) + 1, eval_cfg.length_penalty, eval_cfg.length_normalization)
+        for log_probs, tokens in zip(rows, hypotheses)
+    ]
 
 
 def segmented_by_subword_nmt(cfg) -> bool:

@@ -231,6 +231,43 @@ def translate_ids(
     return results
 
 
+@torch.no_grad()
+def hypothesis_log_probs(
+    model: torch.nn.Module,
+    src_ids: Sequence[Sequence[int]],
+    hypotheses: Sequence[Sequence[int]],
+    *,
+    bos_id: int,
+    max_tokens: int,
+) -> list[torch.Tensor]:
+    """The model's float32 log-probs, teacher-forced, at every position of each hypothesis
+    (tokens without bos/eos) and the eos after it: (len(tokens) + 1, vocab) per hypothesis,
+    row t the distribution its token t is drawn from, so the entries of its tokens and eos sum
+    to log P(tokens + eos | src), what beam search scores a finished hypothesis by
+    (`summed_log_prob`). Sources are cut at `model.cfg.max_positions`, as `translate_ids`
+    cuts them, and batched as it batches them (`max_tokens`, e.g. `eval.max_tokens`)."""
+    limit, pad_id = model.cfg.max_positions, model.pad_id
+    device = next(model.parameters()).device
+    sources = [list(ids)[:limit] for ids in src_ids]
+    targets = [[bos_id, *tokens] for tokens in hypotheses]
+    rows: list[torch.Tensor] = [torch.empty(0)] * len(targets)
+    lengths = [max(len(s), len(t)) for s, t in zip(sources, targets)]  # never 0: bos
+    for batch in length_batches(lengths, max_tokens):
+        src = pad_batch([sources[i] for i in batch], pad_id).to(device)
+        tgt_in = pad_batch([targets[i] for i in batch], pad_id).to(device)
+        # A position sees only those before it: the padding after a hypothesis changes nothing.
+        log_probs = torch.log_softmax(model(src, tgt_in).float(), dim=-1)
+        for row, i in enumerate(batch):
+            rows[i] = log_probs[row, : len(targets[i])]
+    return rows
+
+
+def summed_log_prob(log_probs: torch.Tensor, tokens: list[int], eos_id: int) -> float:
+    """log P(tokens + eos | src) from `hypothesis_log_probs`' rows of that hypothesis."""
+    target = torch.tensor([*tokens, eos_id], device=log_probs.device)
+    return float(log_probs.gather(1, target[:, None]).sum())
+
+
 def one_line(text: str) -> str:
     """Collapse whitespace (newlines included) so every hypothesis stays on its own line."""
     return " ".join(text.split())

@@ -129,7 +129,8 @@ def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
     )
     assert difference <= decode_checkpoint.PROBE_TOLERANCE
     assert len(hypotheses) == len(sources)
-    eval_cfg = argparse.Namespace(length_penalty=1.0, length_normalization="fairseq")
+    eval_cfg = argparse.Namespace(length_penalty=1.0, length_normalization="fairseq",
+                                  max_tokens=cfg.eval.max_tokens)  # fmt: skip
     ours = decode_checkpoint.model_scores(model, sources, [h["tokens"] for h in hypotheses],
                                        eval_cfg, SPECIAL["eos_id"], SPECIAL["bos_id"])  # fmt: skip
     for hypothesis, score in zip(hypotheses, ours):
