@@ -248,7 +248,7 @@ def _from_mapping(cls: type, raw: Any, path: Path, prefix: str) -> Any:
         if is_dataclass(hints[f.name]):
             values[f.name] = _from_mapping(hints[f.name], value or {}, path, f"{name}.")
             continue
-        problem = domain_problem(value, hints[f.name], f.metadata[DOMAIN])
+        problem = domain_problem(value, hints[f.name], f.metadata.get(DOMAIN, Domain()))
         if problem:
             raise ConfigError(f"{path}: key '{name}': {problem}")
         values[f.name] = value
