@@ -12,7 +12,11 @@ exception: `MULTI30K_DIR` overrides `data.raw_dir` (applied in `load`).
 from __future__ import annotations
 
 import os
+import types
+import typing
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Union
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -54,10 +58,35 @@ def _to_config(raw: DictConfig | dict, origin: str) -> Config:
         merged = OmegaConf.merge(schema, raw)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "?"
+        key = getattr(err, "full_key", None)
         first_line = str(err.msg).splitlines()[0]
+        if not key:
+            key, first_line = _misplaced_container(raw, Config) or ("?", first_line)
         raise ConfigError(f"{origin}: config key '{key}': {first_line}") from None
     return cfg
+
+
+def _misplaced_container(
+    raw: DictConfig | dict, cls: type, prefix: str = ""
+) -> tuple[str, str] | None:
+    """The key of `cls` where `raw` holds a list for a mapping or a mapping for a list (which
+    OmegaConf's merge refuses without naming a key), and what it must be; or None."""
+    if isinstance(raw, DictConfig):
+        raw = OmegaConf.to_container(raw, resolve=False)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        name, hint, value = f"{prefix}{f.name}", hints[f.name], raw.get(f.name)
+        expected = hint if is_dataclass(hint) else typing.get_origin(hint)
+        if typing.get_origin(hint) in (Union, types.UnionType):  # Optional[list[str]]
+            expected = typing.get_origin(typing.get_args(hint)[0])
+        kind = dict if expected is dict or is_dataclass(expected) else expected
+        if isinstance(value, (list, dict)) and kind in (list, dict) and not isinstance(value, kind):
+            return name, f"must be a {'list' if kind is list else 'mapping'}, got {value!r}"
+        if is_dataclass(hint) and isinstance(value, dict):
+            found = _misplaced_container(value, hint, f"{name}.")
+            if found:
+                return found
+    return None
 
 
 def leaves(tree, prefix: str) -> dict:

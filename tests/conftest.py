@@ -64,6 +64,103 @@ def write_params(directory: Path, *overrides: str) -> None:
     (Path(directory) / "params.yaml").write_text(params)
 
 
+def outside_domain(hint, domain: config_schema.Domain):
+    """A hypothesis strategy of values a key of type `hint` and `domain` refuses, of every
+    class its domain has: the wrong type, below its minimum, above its maximum, not one of its
+    choices, not matching its pattern, empty, of the wrong length, holding a bad item or key.
+    Only values that YAML and OmegaConf keep as they are (no number written as a string)."""
+    import math
+    import re
+    import typing
+
+    from hypothesis import strategies as st
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or type(hint).__name__ == "UnionType":
+        hint = next(arg for arg in args if arg is not type(None))  # null is in the domain
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def special(value) -> bool:
+        return any(type(value) is type(s) and value == s for s in domain.also)
+
+    words = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=10)
+    wrong_type = {
+        int: [words, st.floats(allow_nan=False, allow_infinity=False).filter(
+            lambda x: not float(x).is_integer()), st.just([1, 2]), st.just({"a": 1})],
+        float: [words, st.just(math.nan), st.just(math.inf), st.just([1.0]), st.just({"a": 1})],
+        bool: [words.filter(lambda w: w not in {"y", "n", "yes", "no", "on", "off", "true",
+                                                "false"}), st.just([True])],
+        str: [st.just(["a"]), st.just({"a": "b"})],
+    }  # fmt: skip
+    classes = []
+    if hint is typing.Any:
+        classes += [st.just({"a": 1}), st.just(1.5)]
+        if domain.choices:
+            classes.append(words.filter(lambda w: w not in domain.choices))
+    elif origin is list:
+        classes += [words, st.just({"a": 1})]
+        if domain.nonempty:
+            classes.append(st.just([]))
+        if domain.length is not None:
+            classes.append(st.lists(st.just(0.5), max_size=domain.length + 2).filter(
+                lambda items: len(items) != domain.length))  # fmt: skip
+        if domain.items is not None:
+            classes.append(outside_domain(args[0], domain.items).map(lambda bad: [bad]))
+    elif origin is dict:
+        classes += [words, st.just([1, 2])]
+        valid_item = {} if typing.get_origin(args[1]) is dict else 1
+        if domain.keys is not None and domain.keys.pattern:
+            classes.append(st.just({"a/b": valid_item}))  # no pattern here takes a slash
+        if domain.items is not None:
+            valid_key = domain.keys.choices[0] if domain.keys and domain.keys.choices else "a"
+            classes.append(outside_domain(args[1], domain.items).map(
+                lambda bad: {valid_key: bad}))  # fmt: skip
+    else:
+        classes += wrong_type[hint]
+    if hint in (int, float, typing.Any):
+        number = (
+            st.integers
+            if hint is not float
+            else (lambda **bound: st.floats(allow_nan=False, allow_infinity=False, **bound))
+        )
+        if domain.ge is not None or domain.gt is not None:
+            low = domain.ge if domain.ge is not None else domain.gt
+            if hint is float:
+                below = number(max_value=low, exclude_max=domain.ge is not None)
+            else:
+                below = number(max_value=math.ceil(low) - 1 if domain.ge is not None else low)
+            classes.append(below.filter(lambda x: not special(x)))
+        if domain.le is not None or domain.lt is not None:
+            high = domain.le if domain.le is not None else domain.lt
+            if hint is float:
+                above = number(min_value=high, exclude_min=domain.le is not None)
+            else:
+                above = number(min_value=math.floor(high) + 1 if domain.le is not None else high)
+            classes.append(above.filter(lambda x: not special(x)))
+    if hint is str:
+        if domain.choices:
+            classes.append(words.filter(lambda w: w not in domain.choices))
+        if domain.nonempty:
+            classes.append(st.just(""))
+        if domain.pattern:
+            classes.append(st.sampled_from(["a/b", "two words", "new\nline", "-dash", "x" * 300])
+                           .filter(lambda w: not re.fullmatch(domain.pattern, w)))  # fmt: skip
+    return st.one_of(classes)
+
+
+def set_key(tree: dict, dotted: str, value) -> dict:
+    """A deep copy of `tree` with the key at `dotted` ("data.tokenizer.vocab_size") = value."""
+    import copy
+
+    tree = copy.deepcopy(tree)
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return tree
+
+
 def run_stage(
     stage: str, cwd: Path, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:

@@ -332,6 +332,9 @@ def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
     missing = smoke / "models" / "nope.ckpt"
     for bad, named in [
         (["model.heads=3"], "config key 'model.heads'"),  # the train stage's
+        # outside their domains: the tokenize stage crashed; the train stage divided by zero
+        (["seed=-1"], "config key 'seed'"),
+        (["train.log_every_n_steps=0"], "config key 'train.log_every_n_steps'"),
         ([f"eval.checkpoint={missing}"], "config key 'eval.checkpoint'"),  # the evaluate stage's
         (["data.download=false", "data.test_splits=[test_2016_flickr,test_2099]"],
          "test_2099.en"),  # the prepare stage's

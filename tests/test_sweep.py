@@ -199,7 +199,10 @@ def test_a_spec_extending_another_reruns_the_chosen_variants_under_its_own_study
         ({"variants": ["heads_3"]}, r"child\.yaml: variants \['heads_3'\] are not variants of"),
         ({"study": "parent"}, r"child\.yaml: key 'study' must name a study of its own"),
         ({"extends": "nowhere.yaml"}, r"child\.yaml: extends: .*nowhere\.yaml not found"),
-        ({"extends": None, "variants": ["heads_1"]}, r"child\.yaml: 'variants' is a list"),
+        (
+            {"extends": None, "variants": ["heads_1"]},
+            r"child\.yaml: key 'variants': a list of names is for a spec that 'extends'",
+        ),
     ],
 )
 def test_a_bad_extending_spec_is_named(tmp_path, child, message):

@@ -45,7 +45,7 @@ def _spec(study: str) -> StudySpec:
     path = Path(study)
     if path.suffix not in (".yaml", ".yml"):
         path = Path("ablations") / f"{study}.yaml"
-    return load_spec(path)
+    return load_spec(path, allow_large_grid=True)  # reading a study, not creating one
 
 
 def cli(argv: list[str] | None = None) -> None:

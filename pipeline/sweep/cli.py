@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the study's pin (its trials are then reported apart from the pinned ones)",
     )
     parser.add_argument(
+        "--allow-large-grid",
+        action="store_true",
+        help="run a grid of more points (variants x seeds) than the spec's "
+        "settings.max_grid_points: its creator enqueues every point at once",
+    )
+    parser.add_argument(
         "--commit",
         action="store_true",
         help="git commit the study's records and storage after each finished trial (only "
@@ -80,13 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.n_trials is not None and args.n_trials < 0:
+        parser.error(f"--n-trials must be >= 0, got {args.n_trials}")
     return args
 
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, allow_large_grid=args.allow_large_grid)
     storage = args.storage or default_storage(spec, args.results_dir)
     if args.git_add:
         git_add_study(args.results_dir / spec.study)
@@ -124,6 +132,7 @@ def worker_flags(args: argparse.Namespace, deadline: Deadline | None) -> list[st
     """The flags the launcher passes on to each of its workers (one deadline for all)."""
     flags = ["--deadline", deadline.iso()] if deadline is not None else []
     flags += ["--allow-mixed"] if args.allow_mixed else []
+    flags += ["--allow-large-grid"] if args.allow_large_grid else []
     return flags + (["--commit"] if args.commit else [])
 
 

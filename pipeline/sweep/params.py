@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 
 from pipeline import config as config_lib
+from pipeline.config_schema import SEED_LIMIT
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, TrialPaths, _as_override, point_config
 
@@ -36,7 +37,8 @@ def suggest_params(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
             )
         else:
             raise ConfigError(f"study '{spec.study}': space.{key}.type '{kind}' is not supported")
-    params.setdefault("seed", spec.sampler_seed + trial.number)
+    # within what a seed can be (config_schema.SEED_LIMIT), however many trials follow
+    params.setdefault("seed", (spec.sampler_seed + trial.number) % SEED_LIMIT)
     return params
 
 

@@ -7,8 +7,7 @@ import logging
 import optuna
 from optuna_integration.pytorch_lightning import PyTorchLightningPruningCallback
 
-from pipeline.errors import ConfigError
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.spec import PRUNERS, StudySpec
 
 log = logging.getLogger(__name__)
 
@@ -16,17 +15,9 @@ log = logging.getLogger(__name__)
 def _pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
     if not spec.pruner:
         return optuna.pruners.NopPruner()
-    kind = spec.pruner.get("type", "median")
+    kind = spec.pruner.get("type", "median")  # load_spec checked it and the options
     options = {k: v for k, v in spec.pruner.items() if k != "type"}
-    pruners = {
-        "median": optuna.pruners.MedianPruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-        "threshold": optuna.pruners.ThresholdPruner,
-    }
-    if kind not in pruners:
-        raise ConfigError(f"study '{spec.study}': pruner.type must be one of {sorted(pruners)}")
-    return pruners[kind](**options)
+    return getattr(optuna.pruners, PRUNERS[kind])(**options)
 
 
 class StepPruningCallback(PyTorchLightningPruningCallback):

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+import re
+import typing
+from collections import Counter
+from dataclasses import MISSING as MISSING_DEFAULT
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,14 @@ import yaml
 
 from pipeline import config as config_lib
 from pipeline import config_schema
+from pipeline.config_schema import (
+    DOMAIN,
+    NAME_PATTERN,
+    SEED_LIMIT,
+    Domain,
+    domain_problem,
+    key,
+)
 from pipeline.errors import ConfigError, PipelineError
 
 RESULTS_ROOT = Path("ablations/results")
@@ -27,44 +39,81 @@ WORK_ROOT = (
 )
 
 
+# A study or variant name: one folder name (<results-dir>/<study>/,
+# <work-dir>/<study>/<variant>-seed<n>/), short enough for the file system's limit on one
+NAME_MAX = 100
+FOLDER_NAME = rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}"
+CONFIG_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"  # model.heads, +train.x
+OVERRIDE_KEY = rf"[+~]{{0,2}}{CONFIG_KEY}"
+# What a trial's training returns to be optimized (TranslationModule's validation metrics)
+OBJECTIVE_METRICS = ("val/bleu", "val/loss", "val/nll_loss", "val/ppl")
+# pruner.type: Optuna's pruners by name (pipeline.sweep.pruning builds them)
+PRUNERS = {
+    "median": "MedianPruner",
+    "hyperband": "HyperbandPruner",
+    "successive_halving": "SuccessiveHalvingPruner",
+    "threshold": "ThresholdPruner",
+}
+SPACE_TYPES = ("categorical", "float", "int")
+
+
 @dataclass
 class SweepSettings:
     """How workers cooperate; the same for every study unless a spec overrides it."""
 
-    heartbeat_interval: int = 10  # seconds between a running trial's heartbeats
-    grace_period: int = 30  # a heartbeat older than this marks the trial's worker dead
-    max_retries: int = 2  # re-runs of a trial whose worker died (preemptions are not counted)
-    grid_ready_timeout: float = 120.0  # seconds a late worker waits for the creator's grid
-    poll_interval: float = 2.0  # seconds between looks at a study still running elsewhere
+    heartbeat_interval: int = key(10, ge=1)  # seconds between a running trial's heartbeats
+    # a heartbeat older than this marks the trial's worker dead (> heartbeat_interval)
+    grace_period: int = key(30, ge=2)
+    # re-runs of a trial whose worker died (preemptions are not counted)
+    max_retries: int = key(2, ge=0)
+    # seconds a late worker waits for the creator's grid
+    grid_ready_timeout: float = key(120.0, gt=0.0)
+    # seconds between looks at a study still running elsewhere
+    poll_interval: float = key(2.0, gt=0.0)
     # How long one trial takes on one worker, before any of a variant has finished (a worker's
     # --deadline starts only trials expected to finish in time; then the measured median).
-    trial_minutes_estimate: float | None = None
+    trial_minutes_estimate: float | None = key(None, gt=0.0)
+    # The most grid points (variants x seeds) a study enqueues without --allow-large-grid:
+    # every point is a row of the storage, written when the study is created
+    max_grid_points: int = key(1000, ge=1)
+
+
+@dataclass
+class Objective:
+    """What the study optimizes: a validation metric of the trial's training, and whither."""
+
+    metric: str = key(choices=OBJECTIVE_METRICS)
+    direction: str = key(choices=("maximize", "minimize"))
 
 
 @dataclass
 class StudySpec:
-    study: str
-    kind: str  # grid | search
-    base_experiment: str
-    objective: dict[str, str]
-    budget: dict[str, Any] = field(default_factory=dict)
-    seeds: list[int] = field(default_factory=lambda: [1])
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    space: dict[str, dict[str, Any]] = field(default_factory=dict)
-    n_trials: int | None = None
-    sampler_seed: int = 0
-    pruner: dict[str, Any] | None = None
+    study: str = key(pattern=FOLDER_NAME)
+    kind: str = key(choices=("grid", "search"))
+    base_experiment: str = key(pattern=NAME_PATTERN, note="a file of conf/experiment/")
+    objective: Objective = key()
+    # config overrides applied to every trial
+    budget: dict[str, Any] = key(factory=dict, keys=Domain(pattern=OVERRIDE_KEY))
+    seeds: list[int] = key(factory=lambda: [1], nonempty=True,
+                           items=Domain(ge=0, lt=SEED_LIMIT, note="what a trial's seed can be"))  # fmt: skip
+    variants: dict[str, dict[str, Any]] = key(
+        factory=dict, keys=Domain(pattern=FOLDER_NAME), items=Domain(keys=Domain(
+            pattern=OVERRIDE_KEY)))  # fmt: skip
+    space: dict[str, dict[str, Any]] = key(factory=dict, keys=Domain(pattern=OVERRIDE_KEY))
+    n_trials: int | None = key(None, ge=1)
+    sampler_seed: int = key(0, ge=0, lt=SEED_LIMIT)
+    pruner: dict[str, Any] | None = key(None)
     # The paper's own result for a variant, for the report: {variant: {bleu, ppl, rows}}
-    paper: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paper: dict[str, dict[str, Any]] = key(factory=dict)
     settings: SweepSettings = field(default_factory=SweepSettings)
 
     @property
     def metric(self) -> str:
-        return self.objective["metric"]
+        return self.objective.metric
 
     @property
     def direction(self) -> str:
-        return self.objective["direction"]
+        return self.objective.direction
 
     def grid(self) -> list[dict[str, Any]]:
         """Every (variant, seed) point of the GridSampler space, variant-major as the spec reads."""
@@ -84,48 +133,55 @@ PAPER_REQUIRED = {"bleu", "rows"}
 PAPER_OPTIONAL = {"ppl", "no_difference"}
 
 
-def load_spec(path: str | Path) -> StudySpec:
-    """Read and validate a study spec, naming the file and key of any problem."""
+def load_spec(path: str | Path, allow_large_grid: bool = False) -> StudySpec:
+    """Read and validate a study spec, naming the file and key of any problem. Every key is
+    held to its type and domain before anything is composed, opened or written; a grid larger
+    than `settings.max_grid_points` needs `allow_large_grid` (`check_grid_size`)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: study spec not found (see ablations/*.yaml)")
     raw = _read_spec(path)
-    known = set(StudySpec.__dataclass_fields__)
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
-    for key in ("study", "kind", "base_experiment", "objective"):
-        if key not in raw:
-            raise ConfigError(f"{path}: missing key '{key}'")
     # Names become folders (<results-dir>/<study>/, <work-dir>/<study>/<variant>-seed<n>/):
     # checked before anything is composed, opened or written.
-    _check_folder_name(path, "study", raw["study"])
+    if "study" in raw:
+        _check_folder_name(path, "study", raw["study"])
     if isinstance(raw.get("variants"), dict):
         for name in raw["variants"]:
             _check_folder_name(path, f"variants.{name}", name)
-    settings = SweepSettings(**(raw.pop("settings", None) or {}))
-    spec = StudySpec(**raw, settings=settings)
-    if spec.kind not in ("grid", "search"):
-        raise ConfigError(f"{path}: key 'kind' must be 'grid' or 'search', got '{spec.kind}'")
-    if spec.direction not in ("maximize", "minimize"):
-        raise ConfigError(f"{path}: key 'objective.direction' must be maximize or minimize")
+        raw["variants"] = {str(name): value for name, value in raw["variants"].items()}
+    spec = _from_mapping(StudySpec, raw, path, "")
     if spec.kind == "grid" and not spec.variants:
         raise ConfigError(f"{path}: a grid study needs 'variants'")
+    if spec.kind == "search" and (not spec.space or not spec.n_trials):
+        raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")
+    check_grid_size(spec, path, allow_large_grid)
+    beats = spec.settings.heartbeat_interval
+    if spec.settings.grace_period <= beats:
+        raise ConfigError(
+            f"{path}: key 'settings.grace_period': must exceed settings.heartbeat_interval = "
+            f"{beats}, got {spec.settings.grace_period} (every running trial would look dead)"
+        )
+    repeated = sorted(seed for seed, count in Counter(spec.seeds).items() if count > 1)
+    if repeated:
+        raise ConfigError(f"{path}: key 'seeds': {repeated} listed twice (a point would run "
+                          "twice)")  # fmt: skip
+    if not (config_lib.CONF_DIR / "experiment" / f"{spec.base_experiment}.yaml").is_file():
+        raise ConfigError(
+            f"{path}: key 'base_experiment': no experiment '{spec.base_experiment}' in "
+            f"{config_lib.CONF_DIR / 'experiment'}"
+        )
+    for name, dist in spec.space.items():
+        _check_distribution(path, f"space.{name}", dist)
+    _check_pruner(path, spec.pruner)
     for name, entry in spec.paper.items():
         if name not in spec.variants:
             raise ConfigError(f"{path}: paper.{name}: no such variant")
-        if (
-            not isinstance(entry, dict)
-            or not PAPER_REQUIRED <= set(entry)
-            or not set(entry) <= PAPER_REQUIRED | PAPER_OPTIONAL
-        ):
+        if not PAPER_REQUIRED <= set(entry) or not set(entry) <= PAPER_REQUIRED | PAPER_OPTIONAL:
             raise ConfigError(
                 f"{path}: paper.{name} needs {sorted(PAPER_REQUIRED)} and may give "
                 f"{sorted(PAPER_OPTIONAL)} (no_difference: the paper's words where it finds "
                 f"none), got {entry}"
             )
-    if spec.kind == "search" and (not spec.space or not spec.n_trials):
-        raise ConfigError(f"{path}: a search study needs 'space' and 'n_trials'")
     # Trials share one prepared + tokenized copy of the data (see ensure_data).
     varied = [*(k for v in spec.variants.values() for k in v), *spec.space]
     if any(key.startswith("data.") for key in varied):
@@ -155,20 +211,114 @@ def load_spec(path: str | Path) -> StudySpec:
     return spec
 
 
+def check_grid_size(spec: StudySpec, path: str | Path, allow_large: bool) -> None:
+    """Refuse a grid of more than `settings.max_grid_points` points unless `allow_large`
+    (--allow-large-grid): the study's creator enqueues every point before any trial runs."""
+    points = len(spec.variants) * len(spec.seeds)
+    if spec.kind == "grid" and points > spec.settings.max_grid_points and not allow_large:
+        raise ConfigError(
+            f"{path}: key 'settings.max_grid_points': the grid holds {points} points "
+            f"({len(spec.variants)} variants x {len(spec.seeds)} seeds), more than "
+            f"{spec.settings.max_grid_points}; every point is written to the storage when the "
+            "study is created. Pass --allow-large-grid to run it, or raise "
+            "settings.max_grid_points"
+        )
+
+
+def _from_mapping(cls: type, raw: Any, path: Path, prefix: str) -> Any:
+    """`cls` from the spec's mapping at `prefix`: unknown and missing keys refused, and every
+    key held to its type and domain (a nested section, recursively)."""
+    where = f"key '{prefix.rstrip('.')}': " if prefix else ""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {where}must be a mapping of keys, got {raw!r}")
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(raw) - set(known), key=str)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {[prefix + str(k) for k in unknown]}; "
+                          f"known: {sorted(prefix + k for k in known)}")  # fmt: skip
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        name = prefix + f.name
+        if f.name not in raw:
+            if f.default is MISSING_DEFAULT and f.default_factory is MISSING_DEFAULT:
+                raise ConfigError(f"{path}: missing key '{name}'")
+            continue
+        value = raw[f.name]
+        if is_dataclass(hints[f.name]):
+            values[f.name] = _from_mapping(hints[f.name], value or {}, path, f"{name}.")
+            continue
+        problem = domain_problem(value, hints[f.name], f.metadata.get(DOMAIN, Domain()))
+        if problem:
+            raise ConfigError(f"{path}: key '{name}': {problem}")
+        values[f.name] = value
+    return cls(**values)
+
+
+def _check_distribution(path: Path, name: str, dist: dict[str, Any]) -> None:
+    """A search space entry: {type: categorical, choices: [...]} or {type: float|int, low,
+    high, log}, as Optuna's suggest_* take them."""
+    kind = dist.get("type")
+    if kind not in SPACE_TYPES:
+        raise ConfigError(f"{path}: key '{name}.type': must be one of {list(SPACE_TYPES)}, "
+                          f"got {kind!r}")  # fmt: skip
+    allowed = {"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log"}
+    unknown = sorted(set(dist) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: key '{name}': unknown key(s) {unknown} for type {kind}; "
+                          f"known: {sorted(allowed)}")  # fmt: skip
+    if kind == "categorical":
+        choices = dist.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{path}: key '{name}.choices': must be a list of at least one "
+                              f"value, got {choices!r}")  # fmt: skip
+        return
+    number = config_schema.Domain()
+    hint = int if kind == "int" else float
+    for bound in ("low", "high"):
+        problem = domain_problem(dist.get(bound), hint, number)
+        if problem:
+            raise ConfigError(f"{path}: key '{name}.{bound}': {problem}")
+    log = dist.get("log", False)
+    if not isinstance(log, bool):
+        raise ConfigError(f"{path}: key '{name}.log': must be true or false, got {log!r}")
+    if not dist["low"] < dist["high"] or (log and dist["low"] <= 0):
+        raise ConfigError(
+            f"{path}: key '{name}': needs low < high{' and low > 0 (log)' if log else ''}, "
+            f"got low={dist['low']}, high={dist['high']}"
+        )
+
+
+def _check_pruner(path: Path, pruner: dict[str, Any] | None) -> None:
+    """`pruner.type` one of PRUNERS, its other keys that pruner's options (built here once, so
+    a bad option is refused now rather than in each worker)."""
+    if not pruner:
+        return
+    import optuna
+
+    kind = pruner.get("type", "median")
+    if kind not in PRUNERS:
+        raise ConfigError(f"{path}: key 'pruner.type': must be one of {sorted(PRUNERS)}, "
+                          f"got {kind!r}")  # fmt: skip
+    options = {k: v for k, v in pruner.items() if k != "type"}
+    try:
+        getattr(optuna.pruners, PRUNERS[kind])(**options)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{path}: key 'pruner': {kind} pruner refuses {options}: {err}") from None
+
+
 def _check_folder_name(path: Path, key: str, name: Any) -> None:
-    """Refuse a study or variant name that is not one folder name: empty, `.` or `..`, or
-    holding a path separator (an absolute path included), which would put the study's files
-    outside --results-dir and --work-dir."""
+    """Refuse a study or variant name that is not one folder name: empty, `.` or `..`, holding
+    a path separator (an absolute path included), a newline or other character a file name
+    should not have, or longer than NAME_MAX, which would put the study's files outside
+    --results-dir and --work-dir or fail once storage was written."""
     if isinstance(name, int) and not isinstance(name, bool):
-        name = str(name)  # `variants: {1: ...}` in YAML
-    if (
-        not isinstance(name, str)
-        or name in ("", ".", "..")
-        or any(sep in name for sep in ("/", "\\", "\0"))
-    ):
+        name = str(name)  # `variants: {1: ...}` in YAML, a folder "1" like a name "1"
+    if not isinstance(name, str) or not re.fullmatch(FOLDER_NAME, name):
         raise ConfigError(
             f"{path}: key '{key}': {name!r} is not a folder name (it names the study's or the "
-            "variant's folder); use letters, digits, '_', '-' and '.', without '/' or '..'"
+            f"variant's folder); use up to {NAME_MAX} letters, digits, '_', '-' and '.', "
+            "starting with a letter or digit"
         )
 
 
@@ -216,7 +366,8 @@ def _read_spec(path: Path, extended_by: tuple[Path, ...] = ()) -> dict[str, Any]
     parent_name = raw.pop("extends", None)
     if parent_name is None:
         if isinstance(raw.get("variants"), list):
-            raise ConfigError(f"{path}: 'variants' is a list of names only under 'extends'")
+            raise ConfigError(f"{path}: key 'variants': a list of names is for a spec that "
+                              "'extends' another; give a mapping {name: overrides}")  # fmt: skip
         return raw
     parent_path = _parent_spec_path(path, parent_name)
     chain = (*extended_by, path)

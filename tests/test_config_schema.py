@@ -1,0 +1,123 @@
+"""pipeline.config_schema: every key has a domain (type, range, choices), and the check stage
+refuses any value outside it, naming the key, before anything is written."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from pipeline import config as config_lib
+from pipeline import config_schema
+from pipeline.cli import main
+from pipeline.stages import check
+from tests.conftest import outside_domain, run_stage, set_key, write_params
+
+LEAVES = config_schema.schema_leaves(config_schema.Config)
+
+
+@functools.cache
+def default_params() -> dict:
+    """conf/ composed with no overrides: what params.yaml holds (valid)."""
+    return OmegaConf.to_container(config_lib.compose_dict())
+
+
+def names_the_key(stderr: str, key: str) -> bool:
+    """`error: ... config key '<key>'...`: the key itself, or a part of it (an item, an entry)."""
+    return re.search(rf"config key '{re.escape(key)}[.\['[]", stderr) is not None
+
+
+def test_every_key_of_the_schema_has_a_domain():
+    """A key added without a domain fails here: the check stage could not hold it to one."""
+    assert len(LEAVES) > 100
+    assert [name for name, _, domain in LEAVES if domain is None] == []
+
+
+def test_the_default_and_every_preset_are_inside_every_domain():
+    for experiment in ("smoke", "multi30k_tiny", "multi30k_base", "multi30k_wu2021"):
+        config_lib.compose([f"experiment={experiment}"])
+    config_lib.compose([])
+
+
+@pytest.mark.parametrize(("key", "hint", "domain"), LEAVES, ids=[name for name, *_ in LEAVES])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_value_outside_its_domain_is_refused_by_the_check_stage_naming_the_key(
+    key, hint, domain, data
+):
+    """For every key of the schema, a value outside its domain (of the wrong type, below its
+    minimum, above its maximum, not a choice, ...) in params.yaml: the check stage's entry point
+    exits 2 naming the key, without a traceback, and writes nothing."""
+    bad = data.draw(outside_domain(hint, domain), label=key)
+    with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        params = Path("params.yaml")
+        params.write_text(yaml.safe_dump(set_key(default_params(), key, bad)))
+        written = params.read_bytes()
+        stderr = io.StringIO()
+        with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(stderr):
+            main(check.run, stage="check")
+        assert exit.value.code == 2, stderr.getvalue()
+        assert names_the_key(stderr.getvalue(), key), stderr.getvalue()
+        assert [p.name for p in Path().iterdir()] == ["params.yaml"]
+        assert params.read_bytes() == written
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        # values that passed, and then crashed a later stage or quietly did something else
+        ("seed=-1", "seed"),  # sentencepiece's TypeError in the tokenize stage
+        (f"seed={2**70}", "seed"),
+        ("train.log_every_n_steps=0", "train.log_every_n_steps"),  # ZeroDivisionError
+        ("data.max_train_pairs=-5", "data.max_train_pairs"),  # all but the last 5 pairs
+        ("data.max_train_pairs=0", "data.max_train_pairs"),
+        ("data.tokenizer.vocab_size=10000000", "data.tokenizer.vocab_size"),  # above its max
+        ("eval.heatmaps=-3", "eval.heatmaps"),  # below its min
+        ("train.precision=fp8", "train.precision"),  # not a choice
+        ("train.devices={a: 1}", "train.devices"),  # the wrong type
+    ],
+)
+def test_the_check_stage_refuses_a_value_outside_its_domain(tmp_path, override, key):
+    """`python -m pipeline.stages.check` as DVC runs it, on params.yaml as `dvc exp run -S`
+    writes it: exit 2 naming the key and its domain, no traceback, nothing written."""
+    write_params(tmp_path, override)
+    result = run_stage("check", tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(f"error: config key '{key}': must be "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("value", "hint", "domain", "refused"),
+    [
+        (-1, int, config_schema.Domain(ge=1, also={-1: "all"}), False),
+        (-1.0, int, config_schema.Domain(ge=1, also={-1: "all"}), True),  # not the integer -1
+        (True, int, config_schema.Domain(), True),  # YAML's true is no number
+        (float("inf"), float, config_schema.Domain(), True),
+        (None, config_schema.Optional[int], config_schema.Domain(ge=1), False),
+        (
+            [0, 1],
+            config_schema.Any,
+            config_schema.Domain(choices=("auto",), items=config_schema.Domain(ge=0)),
+            False,
+        ),  # fmt: skip
+        (
+            {"x": "y"},
+            dict[str, str],
+            config_schema.Domain(keys=config_schema.Domain(choices=("x",))),
+            False,
+        ),  # fmt: skip
+    ],
+)
+def test_a_domain_holds_type_range_and_specials(value, hint, domain, refused):
+    assert (config_schema.domain_problem(value, hint, domain) is not None) == refused
