@@ -30,88 +30,22 @@ power), `charts`, `document` (the report's Markdown and report.md), `docs` (the 
 site and README), `wandb_summary` and `cli`. The names below are the package's public API.
 """
 
-from pipeline.report.charts import CHARTS
-from pipeline.report.cli import cli, console
-from pipeline.report.docs import (
-    PAGE,
-    SUMMARY_COLUMNS,
-    block_name,
-    docs_block,
-    summary_block,
-    update_docs,
-)
-from pipeline.report.document import markdown, trial_states, write_report
-from pipeline.report.prose import aa_check, findings, power_statement, summary
-from pipeline.report.records import (
-    P_METRIC,
-    TEST_SPLIT,
-    VAL_SPLIT,
-    RunConditions,
-    TrialRecord,
-    hardware_class,
-    load_records,
-    test_references,
-)
-from pipeline.report.rows import (
-    BASE_VARIANT,
-    CANNOT_TELL,
-    CONTRADICTS,
-    DIFFERS,
-    HOLDS,
-    SIGNIFICANCE,
-    VariantRow,
-    pooled_p_value,
-    variant_rows,
-    verdict,
-)
-from pipeline.report.tables import (
-    grid_table,
-    other_conditions_table,
-    pair_label,
-    ppl_note,
-    search_table,
-    transfer_table,
-)
+from pipeline.lazy import lazy_exports
 
-__all__ = [
-    "BASE_VARIANT",
-    "CANNOT_TELL",
-    "CHARTS",
-    "CONTRADICTS",
-    "DIFFERS",
-    "HOLDS",
-    "PAGE",
-    "P_METRIC",
-    "RunConditions",
-    "SIGNIFICANCE",
-    "SUMMARY_COLUMNS",
-    "TEST_SPLIT",
-    "TrialRecord",
-    "VAL_SPLIT",
-    "VariantRow",
-    "aa_check",
-    "block_name",
-    "cli",
-    "console",
-    "docs_block",
-    "findings",
-    "grid_table",
-    "hardware_class",
-    "load_records",
-    "markdown",
-    "other_conditions_table",
-    "pair_label",
-    "pooled_p_value",
-    "power_statement",
-    "ppl_note",
-    "search_table",
-    "summary",
-    "summary_block",
-    "test_references",
-    "transfer_table",
-    "trial_states",
-    "update_docs",
-    "variant_rows",
-    "verdict",
-    "write_report",
-]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "charts": ["CHARTS"],
+        "cli": ["cli", "console"],
+        "docs": ["PAGE", "SUMMARY_COLUMNS", "block_name", "docs_block", "summary_block",
+                 "update_docs"],
+        "document": ["markdown", "trial_states", "write_report"],
+        "prose": ["aa_check", "findings", "power_statement", "summary"],
+        "records": ["P_METRIC", "TEST_SPLIT", "VAL_SPLIT", "RunConditions", "TrialRecord",
+                    "hardware_class", "load_records", "test_references"],
+        "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
+                 "VariantRow", "pooled_p_value", "variant_rows", "verdict"],
+        "tables": ["grid_table", "other_conditions_table", "pair_label", "ppl_note",
+                   "search_table", "transfer_table"],
+    },
+)  # fmt: skip
