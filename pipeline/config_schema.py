@@ -26,6 +26,9 @@ INITS = ("xavier", "fairseq")
 LOSS_NORMALIZATIONS = ("batch", "update")
 
 
+NO_STEP_LIMIT = -1  # train.max_steps (Lightning's convention): train.max_epochs ends the run
+
+
 def _check(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"config key '{key}': {message}")
@@ -234,12 +237,6 @@ class TrainConfig:
         _check(self.warmup_steps > 0, f"{prefix}.warmup_steps", "must be positive")
         _check(self.lr_factor > 0, f"{prefix}.lr_factor", "must be positive")
         _check(
-            self.cooldown_steps == 0 or 0 < self.cooldown_steps <= self.max_steps,
-            f"{prefix}.cooldown_steps",
-            f"must be 0 or in [1, {prefix}.max_steps = {self.max_steps}], got "
-            f"{self.cooldown_steps}",
-        )
-        _check(
             len(self.adam_betas) == 2, f"{prefix}.adam_betas", "must be two numbers [beta1, beta2]"
         )
         _check(
@@ -247,9 +244,22 @@ class TrainConfig:
         )
         _check_one_of(self.loss_normalization, LOSS_NORMALIZATIONS, f"{prefix}.loss_normalization")
         _check(
-            self.max_steps > 0 or self.max_epochs > 0,
+            self.max_steps > 0 or self.max_steps == NO_STEP_LIMIT,
             f"{prefix}.max_steps",
-            "set max_steps or max_epochs",
+            f"must be a positive number of optimizer steps (or {NO_STEP_LIMIT}: no step limit, "
+            f"{prefix}.max_epochs ends the run), got {self.max_steps}",
+        )
+        _check(
+            self.max_steps > 0 or self.max_epochs > 0,
+            f"{prefix}.max_epochs",
+            f"must be positive when {prefix}.max_steps is {NO_STEP_LIMIT} (no step limit), got "
+            f"{self.max_epochs}: set one of them",
+        )
+        _check(
+            self.cooldown_steps == 0 or 0 < self.cooldown_steps <= self.max_steps,
+            f"{prefix}.cooldown_steps",
+            f"must be 0 or in [1, {prefix}.max_steps = {self.max_steps}], got "
+            f"{self.cooldown_steps}",
         )
         _check(self.val_check_interval > 0, f"{prefix}.val_check_interval", "must be positive")
         _check(
