@@ -59,19 +59,19 @@ def disk_full_error(path, previous_existed: bool) -> DiskFullError:
 
 
 def not_a_file(path: str | Path) -> str | None:
-    """Why `path` cannot be read as a file, in words (`not found`, `a folder, not a file`, ...);
-    None when it is a file."""
+    """Why `path` cannot be read as a file, to follow its name (`not found`, `is a folder, not a
+    file`, ...); None when it is a file."""
     path = Path(path)
     try:
         if path.is_file():
             return None
         if path.is_dir():
-            return "a folder, not a file"
+            return "is a folder, not a file"
         path.stat()
     except OSError as err:
         if err.errno == errno.ELOOP:
-            return "a symbolic link loop"
+            return "is a symbolic link loop"
         if err.errno != errno.ENOENT:
-            return f"unreadable ({err.strerror})"
+            return f"is unreadable ({err.strerror})"
         return "not found"
-    return "not a regular file"
+    return "is not a regular file"

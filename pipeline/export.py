@@ -447,7 +447,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Every file and value of the command line, before any model is loaded."""
     if problem := not_a_file(args.checkpoint):
         raise DataError(
-            f"checkpoint {args.checkpoint}: {problem}; `dvc repro evaluate` writes the averaged "
+            f"checkpoint {args.checkpoint} {problem}: `dvc repro evaluate` writes the averaged "
             "model eval/model.ckpt; or pass a training checkpoint (models/train/checkpoints/)"
         )
     if not args.tokenizer.is_file():

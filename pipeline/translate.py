@@ -179,7 +179,7 @@ def translate(argv: list[str] | None = None) -> None:
     checkpoint = args.checkpoint or default_checkpoint
     if problem := not_a_file(checkpoint):
         raise DataError(
-            f"checkpoint {checkpoint}: {problem}; train and evaluate with `dvc repro evaluate` "
+            f"checkpoint {checkpoint} {problem}: train and evaluate with `dvc repro evaluate` "
             f"(it runs `dvc repro train` first and writes {default_checkpoint}), "
             f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
         )

@@ -303,3 +303,10 @@ def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke
     int8 = payload["results"]["ctranslate2_int8"]
     assert payload["drop_vs_float32"]["bleu"] == pytest.approx(float32["bleu"] - int8["bleu"])
     assert payload["within_max_drop"] == (max(payload["drop_vs_float32"].values()) <= 0.5)
+
+
+def test_the_readmes_export_folder_is_not_tracked_by_git():
+    """README exports to exported/: a model to ship, never a file `git add -A` picks up."""
+    for path in ("exported/ct2/model.bin", "exported/ct2/shared_vocabulary.json"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT)
+        assert ignored.returncode == 0, path

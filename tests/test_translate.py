@@ -242,3 +242,10 @@ def test_nbest_length_penalty_and_device_match_the_python_api(trained_smoke, smo
     other = translator.translate_batch(sentences, beam_size=3, num_hypotheses=3,
                                        length_penalty=0.0)  # fmt: skip
     assert [t.scores for t in other] != [t.scores for t in batch]
+
+
+def test_a_checkpoint_path_that_is_a_folder_says_so(make_config, tmp_path):
+    params = write_params(make_config(), tmp_path / "params.yaml")
+    result = run_translate("--params", str(params), "--checkpoint", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: checkpoint {tmp_path} is a folder, not a file:")

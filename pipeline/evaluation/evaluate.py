@@ -70,7 +70,7 @@ def source_checkpoints(cfg: Config) -> list[Path]:
         path = Path(cfg.eval.checkpoint)
         if problem := not_a_file(path):
             raise DataError(
-                f"eval.checkpoint={path}: {problem}; point it at a checkpoint under "
+                f"eval.checkpoint={path} {problem}; point it at a checkpoint under "
                 f"{Path(cfg.paths.train_dir) / 'checkpoints'} or set it to null"
             )
         return [path]
@@ -114,7 +114,7 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
 
     checkpoint = Path(checkpoint)
     if problem := not_a_file(checkpoint):
-        raise DataError(f"checkpoint {checkpoint}: {problem}; {TRAIN_HINT}")
+        raise DataError(f"checkpoint {checkpoint} {problem}; {TRAIN_HINT}")
     try:
         # Weights only: a checkpoint is user input, and unpickling anything else can run code.
         module = TranslationModule.load_from_checkpoint(

@@ -226,7 +226,10 @@ def _move_aside(train_dir: Path, why: str, then: str | None = None) -> None:
         )
         return
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    destination = replaced / stamp
+    destination, n = replaced / stamp, 1
+    while destination.exists():  # another run moved aside within the same second
+        n += 1
+        destination = replaced / f"{stamp}-{n}"
     moved = move_checkpoints(train_dir, destination)
     if moved:
         from pipeline.disk_usage import leftovers_message
