@@ -115,7 +115,7 @@ def test_the_smoke_run_logged_to_a_file_reads_line_by_line_and_ends_with_its_sco
 def test_the_smoke_run_in_a_terminal_keeps_its_bar_current_and_its_messages_apart(smoke_repo):
     """In a terminal 140 columns wide (the whole bar): the final bar shows the last validation's BLEU,
     Lightning's "`Trainer.fit` stopped" starts a line of its own, one line per W&B run,
-    no Python warning source lines, and DVC's lock is waited for once at most."""
+    no Python warning source lines."""
     repo, env = smoke_repo
     out = run_in_terminal(SMOKE_RUN, repo, env, columns=140, timeout=1800)
     validations = re.findall(r"validation at step (\d+): val/bleu ([\d.]+)", out)
@@ -127,4 +127,3 @@ def test_the_smoke_run_in_a_terminal_keeps_its_bar_current_and_its_messages_apar
     for line in _wandb_lines(repo):
         assert out.count(line) == 1, line
     assert "wandb:" not in out and "UserWarning" not in out
-    assert out.count("Waiting to acquire lock") <= 1
