@@ -35,13 +35,16 @@ lint: setup
 # The main job: the default experiment, end to end. params.yaml is recomposed from conf/
 # first (and says which experiment it holds), so a preset that `dvc exp run -S
 # experiment=...` left there never passes for the default. REPRO_ARGS go to `dvc repro`.
+# Both this and `make smoke` end with the run's test BLEU, also when DVC had nothing to run.
 REPRO_ARGS ?=
 repro: setup
 	$(BIN)/python -m pipeline.params
 	. $(BIN)/activate && dvc repro $(REPRO_ARGS)
+	$(BIN)/python -m pipeline.summary
 
 smoke: setup
 	. $(BIN)/activate && dvc exp run -S experiment=smoke
+	$(BIN)/python -m pipeline.summary
 
 # The documentation site into site/ (`mkdocs serve` to read it while editing docs/).
 docs: setup

@@ -5,8 +5,8 @@
 
 Two kinds of folders grow with every run and are never removed by the pipeline itself:
 - `<paths.train_dir>.replaced/<time>/`: a finished run that a new experiment moved aside
-  (`dvc exp run -S ...`, `train.resume=false`); DVC's cache holds what `dvc exp apply` needs.
-  Removable. `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is
+  (`dvc exp run -S ...`, `train.resume=false`), once per distinct run, listed with its step and
+  why it moved; DVC's cache holds what `dvc exp apply` needs. Removable. `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is
   kept.
 - sweep trials' work folders (`<work-dir>/<study>/<point>/`: checkpoints, averaged model):
   removable once the point is finished and recorded (its `run.json` is in the study's
@@ -38,13 +38,17 @@ class Leftover:
 
 def train_leftovers(train_dir: Path) -> list[Leftover]:
     """The runs moved aside beside `train_dir`, and a stopped run waiting there."""
-    from pipeline.training.resume import PREEMPTED_SUFFIX, REPLACED_SUFFIX
+    from pipeline.training.resume import PREEMPTED_SUFFIX, REPLACED_SUFFIX, replaced_record
 
     found = []
     replaced = train_dir.with_name(train_dir.name + REPLACED_SUFFIX)
     if replaced.is_dir():
         for run in sorted(p for p in replaced.iterdir() if p.is_dir()):
-            found.append(Leftover(run, folder_size(run), True, "a run replaced by a newer one"))
+            record = replaced_record(run) or {}
+            step = f" at step {record['step']}" if record.get("step") is not None else ""
+            why = f" ({record['why']})" if record.get("why") else ""
+            found.append(Leftover(run, folder_size(run), True,
+                                  f"a run{step} replaced by a newer one{why}"))  # fmt: skip
     preempted = train_dir.with_name(train_dir.name + PREEMPTED_SUFFIX)
     if preempted.is_dir():
         found.append(Leftover(preempted, folder_size(preempted), False,

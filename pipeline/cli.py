@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.console import install_warning_format
 from pipeline.errors import ConfigError, PipelineError
 
 EXIT_USER_ERROR = 2
@@ -84,7 +85,9 @@ def main(entry: Callable[[], object], stage: str | None = None) -> None:
     """Run `entry`; a PipelineError prints `error: <message>` and exits with its `exit_code`:
     2 (EXIT_USER_ERROR) for user errors, 3 for a preempted training run (checkpoint saved,
     run again to resume; see `pipeline.training.preemption`). With `stage` (a DVC stage
-    reading params.yaml), finishing is refused if that stage's params changed meanwhile."""
+    reading params.yaml), finishing is refused if that stage's params changed meanwhile.
+    Warnings print as one line each (`pipeline.console`)."""
+    install_warning_format()
     try:
         before = _params_snapshot(stage) if stage else None
         entry()

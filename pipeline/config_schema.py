@@ -230,6 +230,9 @@ def schema_leaves(cls: type, prefix: str = "") -> list[tuple[str, Any, Domain | 
     return found
 
 
+NO_STEP_LIMIT = -1  # train.max_steps (Lightning's convention): train.max_epochs ends the run
+
+
 def _check(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"config key '{key}': {message}")

@@ -56,3 +56,22 @@ def disk_full_error(path, previous_existed: bool) -> DiskFullError:
         f"{path}: disk full (no space left on device) while writing it; {kept}. Free space "
         f"on that disk (`df -h {path.parent}`) or point paths.* elsewhere, then run again."
     )
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a file, to follow its name (`not found`, `is a folder, not a
+    file`, ...); None when it is a file."""
+    path = Path(path)
+    try:
+        if path.is_file():
+            return None
+        if path.is_dir():
+            return "is a folder, not a file"
+        path.stat()
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if err.errno != errno.ENOENT:
+            return f"is unreadable ({err.strerror})"
+        return "not found"
+    return "is not a regular file"

@@ -78,7 +78,7 @@ import numpy as np
 
 from pipeline.cli import main
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, pretokenizer_path
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import ConfigError, DataError, not_a_file
 
 log = logging.getLogger(__name__)
 
@@ -491,9 +491,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every file and value of the command line, before any model is loaded."""
-    if not args.checkpoint.is_file():
+    if problem := not_a_file(args.checkpoint):
         raise DataError(
-            f"checkpoint {args.checkpoint} not found: `dvc repro evaluate` writes the averaged "
+            f"checkpoint {args.checkpoint} {problem}: `dvc repro evaluate` writes the averaged "
             "model eval/model.ckpt; or pass a training checkpoint (models/train/checkpoints/)"
         )
     if not args.tokenizer.is_file():

@@ -5,6 +5,12 @@ them: `test/{bleu,chrf,ter}` for the benchmark split (the first test split), `ev
 for every other evaluated split, training's `val/loss` and `val/ppl`, and its wall time and
 throughput. The stages' full records (`prepare.json`, `tokenize.json`, `train.json`,
 `eval.json` beside it: corpus statistics, signatures, intervals) stay plain outputs.
+
+A run ends with its test BLEU, where the eye lands: the summarize stage prints `headline`
+last, and `python -m pipeline.summary` prints it again from the file (`make repro` and `make
+smoke` do, after DVC's own lines and also when DVC had nothing to run):
+
+    test BLEU 35.1 on test_2016_flickr (chrF 61.2, TER 47.9; val BLEU 36.0): metrics/summary.json
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.cli import main, parser
 from pipeline.config_schema import Config
 from pipeline.errors import DataError
 
@@ -45,3 +52,31 @@ def summarize(cfg: Config) -> dict:
         {key: training[source] for key, source in TRAINING.items() if source in training}
     )
     return summary
+
+
+def headline(summary: dict, cfg: Config) -> str:
+    """One line: the benchmark split's BLEU first, then its chrF and TER and the val BLEU."""
+    path = Path(cfg.paths.metrics_dir) / SUMMARY_FILE
+    if "test/bleu" not in summary:
+        return f"no test split scored (data.test_splits is empty): {path}"
+    val = summary.get("eval/val/bleu")
+    tail = f"; val BLEU {val:.1f}" if val is not None else ""
+    return (
+        f"test BLEU {summary['test/bleu']:.1f} on {cfg.data.test_splits[0]} (chrF "
+        f"{summary['test/chrf']:.1f}, TER {summary['test/ter']:.1f}{tail}): {path}"
+    )
+
+
+def show(argv: list[str] | None = None) -> str:
+    """The last run's test BLEU, from metrics/summary.json (see `headline`)."""
+    from pipeline import config as config_lib
+
+    parser("pipeline.summary", show.__doc__).parse_args(argv)
+    cfg = config_lib.load()
+    line = headline(_read(Path(cfg.paths.metrics_dir) / SUMMARY_FILE), cfg)
+    print(line, flush=True)
+    return line
+
+
+if __name__ == "__main__":
+    main(show)

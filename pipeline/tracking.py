@@ -32,6 +32,11 @@ A run that is not online (offline, disabled, or fallen back) sets W&B's process-
 its own too: `offline` connects only to the local socket of W&B's own service process,
 `disabled` to nothing at all.
 
+W&B's own console output (a banner at the start, a history of sparklines and sync hints at the
+end: half of what a smoke run printed) is off (`silent`); `finish_run` ends a run with one line
+instead: where an offline run is and the `wandb sync` command that uploads it, or an online
+run's page.
+
 Under `dvc exp run`, DVC names the experiment in the environment (`DVC_EXP_NAME`): a run
 started without an explicit name is called `<experiment>-<job type>` and carries the name in
 its config (`dvc_exp_name`), so that `dvc exp show` and the W&B runs point at each other. An
@@ -107,7 +112,7 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
         # Every wait on the server bounded by init_timeout (see the module docstring); set
         # process-wide too, as W&B's login and its exit read those settings, not the run's.
         bounded = wandb.Settings(init_timeout=timeout, finish_timeout=timeout,
-                                 x_disable_viewer=True)  # fmt: skip
+                                 x_disable_viewer=True, silent=True)  # fmt: skip
         base_url = wandb_setup.singleton().settings.base_url  # env, `wandb login --host`
         failure = no_answer(base_url, timeout)
         if failure is None:
@@ -127,11 +132,31 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     # run's, and would reach for the server at exit (a DNS lookup; ~20 s when it is silent).
     # An offline run waits on no server: its finish is unbounded again (finish_timeout 0, W&B's
     # default), so that it writes everything.
-    wandb.setup(wandb.Settings(mode=mode, finish_timeout=0.0))
+    wandb.setup(wandb.Settings(mode=mode, finish_timeout=0.0, silent=True))
     with _passwords_hidden_from_argv():
-        run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=timeout), **init_args)
+        run = wandb.init(
+            mode=mode, settings=wandb.Settings(init_timeout=timeout, silent=True), **init_args
+        )
     write_config_file(run)
     return run
+
+
+def run_line(run) -> str | None:
+    """The one line a finished run leaves on the console (None for a disabled run)."""
+    if run is None or getattr(run, "disabled", False):
+        return None
+    if getattr(run, "offline", False):
+        folder = Path(run.dir).parent  # run.dir is the run's files/ folder
+        return f"W&B: offline run saved; upload it with `wandb sync {folder}`"
+    return f"W&B: {run.url}"
+
+
+def finish_run(run, exit_code: int = 0) -> None:
+    """`run.finish()`, then `run_line(run)` on stdout (W&B's own summary is silenced)."""
+    line = run_line(run)
+    run.finish(exit_code=exit_code)
+    if line:
+        print(line, flush=True)
 
 
 @contextlib.contextmanager
@@ -213,7 +238,7 @@ class PipelineWandbLogger(WandbLogger):
 
     def finish(self, exit_code: int = 0) -> None:
         if self._experiment is not None and self._given_run is None:
-            self._experiment.finish(exit_code=exit_code)
+            finish_run(self._experiment, exit_code=exit_code)
 
 
 def wandb_logger(

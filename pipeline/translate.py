@@ -33,7 +33,7 @@ from pipeline.cli import main
 from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import ConfigError, DataError, not_a_file
 from pipeline.evaluation import MODEL_CHECKPOINT
 
 
@@ -137,13 +137,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer", type=Path, help="sentencepiece model (default: <paths.tokenized>/spm.model)"
     )
-    parser.add_argument("--beam", type=_positive_int, help="beam size (default: eval.beam_size)")
+    parser.add_argument(
+        "--beam",
+        type=_positive_int,
+        help="beam size (default: eval.beam_size, or --nbest where that is larger)",
+    )
     parser.add_argument(
         "--nbest",
         type=_positive_int,
         default=1,
         help="translations per sentence, best first, as `index<TAB>score<TAB>text` lines "
-        "(at most the beam size; default: 1, plain lines)",
+        "(at most --beam; default: 1, plain lines)",
     )
     parser.add_argument(
         "--length-penalty",
@@ -173,9 +177,9 @@ def translate(argv: list[str] | None = None) -> None:
     cfg = config_lib.load(args.params)
     default_checkpoint = Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
     checkpoint = args.checkpoint or default_checkpoint
-    if not checkpoint.is_file():
+    if problem := not_a_file(checkpoint):
         raise DataError(
-            f"checkpoint {checkpoint} not found: train and evaluate with `dvc repro evaluate` "
+            f"checkpoint {checkpoint} {problem}: train and evaluate with `dvc repro evaluate` "
             f"(it runs `dvc repro train` first and writes {default_checkpoint}), "
             f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
         )
@@ -185,9 +189,8 @@ def translate(argv: list[str] | None = None) -> None:
             f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
             "or pass --tokenizer PATH/spm.model"
         )
-    beam = args.beam or cfg.eval.beam_size
-    if args.nbest > beam:
-        raise ConfigError(f"--nbest {args.nbest} is more than the beam size {beam}: raise --beam")
+    # n best need a beam of n at least: without --beam, the configured beam grows to it.
+    beam = args.beam or max(cfg.eval.beam_size, args.nbest)
 
     lines = read_lines(args.input) if args.input is not None else read_stdin_lines()
     translator = Translator.from_checkpoint(checkpoint, spm_model, args.device, config=cfg)

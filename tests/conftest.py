@@ -351,6 +351,33 @@ def smoke_stage_run(tmp_path_factory, multi30k_dir):
     return SimpleNamespace(root=root, results=results)
 
 
+def run_in_terminal(command: list[str], cwd, env, columns: int = 120, timeout: float = 600) -> str:
+    """Run `command` with stdout and stderr on a pseudo-terminal `columns` wide (Python's
+    `pty`); its output, carriage returns and all. It must exit 0."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                               stdout=child, stderr=child)  # fmt: skip
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the child's side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    assert process.wait(timeout=timeout) == 0, b"".join(chunks)[-3000:]
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
 def split_loss(module, loader) -> tuple[float, float]:
     """The label-smoothed loss of `module` (eval mode) over `loader`'s batches: per target token
     of the whole split, and the plain mean of the batches' per-token means."""

@@ -303,3 +303,14 @@ def test_eval_splits_default_to_val_and_every_test_split():
 def test_a_test_split_left_unevaluated_is_an_error(overrides, message):
     with pytest.raises(ConfigError, match=r"config key 'eval.splits': .*" + message):
         config_lib.compose(overrides)
+
+
+def test_a_negative_max_steps_is_named_as_such_not_as_a_missing_one():
+    with pytest.raises(ConfigError) as error:
+        config_lib.compose(["train.max_steps=-5"])
+    message = str(error.value)
+    assert message.startswith("config key 'train.max_steps': must be -1 (no limit: max_epochs)")
+    assert "got -5" in message and "set train.max_steps or train.max_epochs" not in message
+    with pytest.raises(ConfigError, match=r"both are -1: no limit"):
+        config_lib.compose(["train.max_steps=-1"])  # no step limit and no epoch limit
+    config_lib.compose(["train.max_steps=-1", "train.max_epochs=2"])  # Lightning's convention

@@ -221,3 +221,18 @@ def test_the_existence_checks_find_what_they_look_for(tmp_path):
         "many-trials-per-machine-and-several-machines",
         "-workers-n",
     }
+
+
+def test_readme_sets_up_with_two_commands_and_names_the_environment_alone():
+    """On a fresh machine: one command runs the main job, one the tests (which CI runs as the
+    README writes it); `make setup` is named as the way to get only the environment."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    block, prose = section.split("```bash\n", 1)[1].split("```", 1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert commands == ["make repro", "make test"]
+    assert "`make setup`" in prose
+    ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci[-1] == commands[1]
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "\nsetup: $(BIN)/activate\n" in makefile

@@ -418,3 +418,10 @@ def test_readme_and_the_evaluation_page_quote_the_recipe_models_export_record():
         f"int8 changes {changed} of the {record['sentences']} translations and loses nothing "
         f"({int8['bleu'] - float32['bleu']:+.1f} BLEU"
     ) in page
+
+
+def test_the_readmes_export_folder_is_not_tracked_by_git():
+    """README exports to exported/: a model to ship, never a file `git add -A` picks up."""
+    for path in ("exported/ct2/model.bin", "exported/ct2/shared_vocabulary.json"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT)
+        assert ignored.returncode == 0, path

@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from tests.conftest import run_in_terminal
+
 
 @pytest.mark.slow
 def test_train_stage_without_a_terminal_prints_progress_lines_and_no_noise(smoke_stage_run):
@@ -30,34 +32,6 @@ def test_train_stage_without_a_terminal_prints_progress_lines_and_no_noise(smoke
         assert noise not in everything, noise
 
 
-def _run_in_terminal(command: list[str], cwd, env, columns: int = 120) -> str:
-    """Run `command` with stdout and stderr on a pseudo-terminal `columns` wide; its output."""
-    import fcntl
-    import os
-    import pty
-    import struct
-    import subprocess
-    import termios
-
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                               stdout=child, stderr=child)  # fmt: skip
-    os.close(child)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 65536)
-        except OSError:  # EIO: the child's side closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(main)
-    assert process.wait(timeout=600) == 0, b"".join(chunks)[-3000:]
-    return b"".join(chunks).decode("utf-8", errors="replace")
-
-
 @pytest.mark.slow
 def test_train_stage_in_a_terminal_shows_one_bar_of_steps_with_metrics_and_eta(
     smoke_stage_run, tmp_path
@@ -73,7 +47,7 @@ def test_train_stage_in_a_terminal_shows_one_bar_of_steps_with_metrics_and_eta(
     write_params(tmp_path, "experiment=smoke", "train.max_steps=20",
                  "train.val_check_interval=10", f"paths.tokenized={tokenized}")  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    out = _run_in_terminal([sys.executable, "-m", "pipeline.stages.train"], tmp_path, env)
+    out = run_in_terminal([sys.executable, "-m", "pipeline.stages.train"], tmp_path, env)
     bars = re.findall(r"step (\d+)/20 +(\d+)%\|[^|]*\| (\S+)<(\S+), loss [\d.]+, lr [\d.e+-]+, "
                       r"[\d,]+ tok/s(, val/bleu [\d.]+)?", out)  # fmt: skip
     assert bars and bars[-1][:2] == ("20", "100") and bars[-1][3] == "00:00", out[-2000:]

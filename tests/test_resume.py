@@ -4,6 +4,7 @@ is kept from the next checkout and put back."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -99,8 +100,11 @@ def test_a_run_stopped_under_dvc_exp_run_is_kept_from_the_checkout_and_resumed(
     assert stash_preempted_run(stopped) == kept and (kept / LAST_NAME).exists()
     assert not list(checkpoint_dir(stopped.paths.train_dir).glob("*.ckpt"))
     _fake_run(make_config("model.heads=2", "train.max_steps=10"), 10)  # the checkout's
-    with pytest.warns(UserWarning, match="the run stopped under `dvc exp run` goes on there"):
+    with pytest.warns(UserWarning) as caught:
         path = resume_checkpoint(stopped)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith(f"resuming the stopped run from {kept}: the run found there is")
+    assert "training anew" not in message
     assert read_checkpoint(path)["global_step"] == 5 and not list(kept.iterdir())
     aside = list(Path(f"{stopped.paths.train_dir}.replaced").glob(f"*/{LAST_NAME}"))
     assert len(aside) == 1 and read_checkpoint(aside[0])["global_step"] == 10
@@ -152,3 +156,36 @@ def test_a_checkpoint_with_host_knobs_under_train_resumes(make_config, tmp_path)
     cfg.runtime.cpu_speed_paths = not cfg.runtime.cpu_speed_paths
     with pytest.raises(ConfigError, match="'runtime.cpu_speed_paths' differs"):
         check_same_run(checkpoint, cfg, "refused", saved)
+
+
+def test_a_run_checked_out_again_and_again_is_kept_once_and_described(make_config):
+    """`dvc exp run -S ...` puts the last recorded run back from DVC's cache before each
+    experiment, which then moves it aside again: one copy per distinct run is kept, with a
+    record `pipeline.clean` shows; another run gets a folder of its own."""
+    from pipeline.clean import train_leftovers
+
+    finished = make_config("model.heads=4", "train.max_steps=10")
+    path = _fake_run(finished, 10)
+    original = path.read_bytes()
+    replaced = Path(f"{finished.paths.train_dir}.replaced")
+    for heads in (2, 1, 8):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(original)  # the checkout
+        with pytest.warns(UserWarning, match="training anew") as caught:
+            assert (
+                resume_checkpoint(make_config(f"model.heads={heads}", "train.max_steps=10")) is None
+            )
+        assert not path.exists()
+    (kept,) = replaced.iterdir()
+    assert (kept / LAST_NAME).read_bytes() == original
+    assert f"is already kept in {kept}" in str(caught[0].message)
+    record = json.loads((kept / "replaced.json").read_text())
+    assert record["step"] == 10 and "model.heads" in record["why"]
+
+    _fake_run(make_config("model.heads=2", "train.max_steps=10"), 10)  # another run
+    with pytest.warns(UserWarning, match="moved the previous run's"):
+        resume_checkpoint(make_config("model.heads=1", "train.max_steps=10"))
+    assert len(list(replaced.iterdir())) == 2
+    (listed, _) = train_leftovers(Path(finished.paths.train_dir))
+    assert listed.path == kept
+    assert listed.why == f"a run at step 10 replaced by a newer one ({record['why']})"

@@ -259,3 +259,13 @@ def test_literature_bleu_is_plain_bleu_on_the_tokenized_text(references):
     # It differs from 13a BLEU on the same text (other tokens), and from nothing without lang.
     assert scores[LITERATURE_METRIC] != pytest.approx(scores["bleu_lc"], abs=1e-6)
     assert LITERATURE_METRIC not in score(system, references[:300])
+
+
+def test_systems_that_score_zero_on_every_resample_differ_by_nothing(references):
+    """Two systems with 0.00 BLEU on every resample: sacreBLEU alone answers its smallest p,
+    1/(n+1), which a report reads as a significant difference; there is none to see."""
+    refs = references[:50]
+    silent, babbling = ["."] * len(refs), ["xyzzy plugh"] * len(refs)
+    result = paired_bootstrap(silent, babbling, refs, metrics=["bleu"], n_samples=200)["bleu"]
+    assert result.baseline == result.system == 0.0
+    assert result.p_value == 1.0

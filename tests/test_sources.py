@@ -61,3 +61,25 @@ def test_hf_source_local_dataset(sliced_config, sliced_corpus, tmp_path):
             ),
             cache_dir=tmp_path / "cache",
         )
+
+
+@pytest.mark.parametrize("kind", ["symlink loop", "fifo", "file"])
+def test_a_corpus_folder_that_is_no_folder_is_named_not_downloaded(make_config, tmp_path, kind):
+    """A download is no answer to a `data.raw_dir` that exists but cannot be listed: the error
+    names it and what it is, and no request is made (the URL would refuse: port 9)."""
+    import os
+
+    raw_dir = tmp_path / "multi30k"
+    if kind == "symlink loop":
+        raw_dir.symlink_to(raw_dir)
+    elif kind == "fifo":
+        os.mkfifo(raw_dir)
+    else:
+        raw_dir.write_text("not a folder\n")
+    cfg = make_config(f"data.raw_dir={raw_dir}", "data.url=https://127.0.0.1:9/multi30k")
+    with pytest.raises(DataError) as error:
+        prepare(cfg, cache_dir=tmp_path / "cache")
+    message = str(error.value)
+    described = {"symlink loop": "a symbolic link loop", "fifo": "a FIFO", "file": "a file"}
+    assert message.startswith(f"data.raw_dir {raw_dir} is {described[kind]}"), message
+    assert "download" not in message and not (tmp_path / "cache").exists()

@@ -125,6 +125,31 @@ def test_online_start_without_an_account_falls_back_to_offline(
     assert read_offline_run(run_dir)["history"][0]["train/loss"] == 2.0
 
 
+def test_a_run_prints_one_line_where_it_is_and_how_to_upload_it(make_config, tmp_path):
+    """W&B's own banner and its history of sparklines stay off the console, also where the
+    environment does not ask W&B to be silent: one line per run, through a pipe."""
+    cfg = make_config("experiment=smoke")
+    code = textwrap.dedent(f"""
+        from pipeline import config
+        from pipeline.tracking import finish_run, start_wandb_run
+        cfg = config.compose(["experiment=smoke", "paths.wandb_dir={cfg.paths.wandb_dir}"])
+        run = start_wandb_run(cfg, job_type="train")
+        for step in range(1, 4):
+            run.log({{"train/loss": 1.0 / step, "trainer/global_step": step}})
+        run.summary["test/bleu"] = 3.0
+        finish_run(run)
+    """)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "false"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+    assert (done.stdout + done.stderr).splitlines() == [
+        f"W&B: offline run saved; upload it with `wandb sync {run_dir}`"
+    ]
+    assert read_offline_run(run_dir)["summary"]["test/bleu"] == 3.0
+
+
 def test_disabled_mode_writes_no_run(make_config, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = make_config("logger.wandb.mode=disabled")

@@ -242,3 +242,24 @@ def test_nbest_length_penalty_and_device_match_the_python_api(trained_smoke, smo
     other = translator.translate_batch(sentences, beam_size=3, num_hypotheses=3,
                                        length_penalty=0.0)  # fmt: skip
     assert [t.scores for t in other] != [t.scores for t in batch]
+
+
+def test_a_checkpoint_path_that_is_a_folder_says_so(make_config, tmp_path):
+    params = write_params(make_config(), tmp_path / "params.yaml")
+    result = run_translate("--params", str(params), "--checkpoint", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: checkpoint {tmp_path} is a folder, not a file:")
+
+
+@pytest.mark.slow
+def test_nbest_without_a_beam_raises_the_configured_beam(trained_smoke, smoke_model):
+    """README's `--nbest 3` after the smoke run, whose eval.beam_size is 2: three translations
+    per sentence, as `--beam 3 --nbest 3` gives them (not exit 2)."""
+    params, checkpoint = smoke_model
+    assert trained_smoke.eval.beam_size == 2
+    sentences = "A dog runs on the beach.\nTwo men are talking.\n"
+    common = ("--params", str(params), "--checkpoint", str(checkpoint), "--nbest", "3")
+    asked = run_translate(*common, stdin=sentences)
+    assert asked.returncode == 0, asked.stderr
+    assert [line.split("\t")[0] for line in asked.stdout.splitlines()] == ["0"] * 3 + ["1"] * 3
+    assert asked.stdout == run_translate(*common, "--beam", "3", stdin=sentences).stdout

@@ -17,8 +17,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
+from pipeline import console
 from pipeline.atomic import usual_mode
 from pipeline.config import RAW_DIR_ENV
 from pipeline.config_schema import DataConfig
@@ -115,11 +114,11 @@ def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
             _OPENER.open(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
         ):
             total = response.headers.get("Content-Length")
-            with tqdm(
+            with console.Phase(
+                f"download {dest.name}",
                 total=int(total) if total else None,
                 unit="B",
                 unit_scale=True,
-                desc=f"download {dest.name}",
             ) as bar:
                 for block in iter(lambda: response.read(1 << 16), b""):
                     out.write(block)

@@ -13,6 +13,9 @@ A missing file is a `DataError` with the download / MULTI30K_DIR hint.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 from pipeline.config import RAW_DIR_ENV
@@ -73,11 +76,38 @@ def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
     )
 
 
+def not_a_folder(path: Path) -> str | None:
+    """What `path` is instead of a folder that can be read (None: a folder, or nothing at
+    all): a download is no answer to a corpus folder that exists but cannot be listed."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if err.errno == errno.ENOENT:
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return f"unreadable ({err.strerror})"
+    if stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    return "a file" if stat.S_ISREG(mode) else "a special file"
+
+
 def locate_multi30k(
     data: DataConfig, splits: list[str], cache_dir: Path
 ) -> dict[tuple[str, str], Path]:
     """{(split, lang): file} of every split in both languages: the local copy, else a verified
-    download (see `multi30k_file`); one error lists every file that is missing."""
+    download (see `multi30k_file`); one error lists every file that is missing. A `data.raw_dir`
+    that exists but is no folder is an error naming it, before any download."""
+    problem = not_a_folder(Path(data.raw_dir))
+    if problem:
+        raise DataError(
+            f"data.raw_dir {data.raw_dir} is {problem}, not a folder of corpus files: point "
+            f"data.raw_dir or the {RAW_DIR_ENV} environment variable at a Multi30k copy"
+        )
     langs = (data.src_lang, data.tgt_lang)
     if data.download and data.url:  # every download allowed before the first one starts
         to_fetch = [f"{split}.{lang}.gz" for split in splits for lang in langs

@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import sentencepiece as spm
-from tqdm.auto import tqdm
 
+from pipeline import console
 from pipeline.atomic import atomic_directory, write_json_atomic
 from pipeline.config_schema import PRETOKENIZERS, Config, DataConfig, TokenizerConfig
 from pipeline.data.corpus import ParallelText
@@ -373,7 +373,7 @@ def encode_split(tokenizer: Tokenizer, pair: ParallelText) -> dict[str, list]:
     """Columns of one split (see COLUMNS), encoded in chunks with a progress bar."""
     src_ids: list[list[int]] = []
     tgt_ids: list[list[int]] = []
-    with tqdm(total=len(pair.src), desc=f"encode {pair.split}", unit="sent") as bar:
+    with console.Phase(f"encode {pair.split}", total=len(pair.src), unit="sent") as bar:
         for start in range(0, len(pair.src), ENCODE_CHUNK):
             src_ids += tokenizer.encode_sources(pair.src[start : start + ENCODE_CHUNK])
             tgt_ids += tokenizer.encode_targets(pair.tgt[start : start + ENCODE_CHUNK])
@@ -436,7 +436,8 @@ def tokenize(cfg: Config) -> dict:
             splits[split] = datasets.Dataset.from_dict(columns)
             metrics[split] = _token_stats(columns, tokenizer.unk_id)
         metrics[data.train_split]["dropped"] = {OVER_SPM_LIMIT: len(over)}
-        datasets.DatasetDict(splits).save_to_disk(str(staging / SPLITS_DIR))
+        with console.library_bars(f"save {len(splits)} splits"):
+            datasets.DatasetDict(splits).save_to_disk(str(staging / SPLITS_DIR))
         manifest = {
             "num_rows": {split: len(table) for split, table in splits.items()},
             "source_eos": data.tokenizer.source_eos,

@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from pipeline import console
 from pipeline.atomic import atomic_directory, write_json_atomic
 from pipeline.config_schema import Config, DataConfig, EvalConfig
 from pipeline.data.corpus import ParallelText, write_lines
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
-from pipeline.errors import DataError
+from pipeline.errors import DataError, not_a_file
 from pipeline.evaluation import MODEL_CHECKPOINT, plots
 from pipeline.evaluation.scoring import LITERATURE_METRIC, METRICS, score
 
@@ -68,9 +68,9 @@ def source_checkpoints(cfg: Config) -> list[Path]:
 
     if cfg.eval.checkpoint:
         path = Path(cfg.eval.checkpoint)
-        if not path.is_file():
+        if problem := not_a_file(path):
             raise DataError(
-                f"eval.checkpoint={path}: file not found; point it at a checkpoint under "
+                f"eval.checkpoint={path} {problem}; point it at a checkpoint under "
                 f"{Path(cfg.paths.train_dir) / 'checkpoints'} or set it to null"
             )
         return [path]
@@ -113,8 +113,8 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
     from pipeline.training.module import TranslationModule
 
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise DataError(f"{checkpoint}: checkpoint not found; {TRAIN_HINT}")
+    if problem := not_a_file(checkpoint):
+        raise DataError(f"checkpoint {checkpoint} {problem}; {TRAIN_HINT}")
     try:
         # Weights only: a checkpoint is user input, and unpickling anything else can run code.
         module = TranslationModule.load_from_checkpoint(
@@ -208,7 +208,7 @@ def translate_ids(
     results = [Translation([], [], []) for _ in src_ids]
     batches = length_batches([len(ids) for ids in src_ids], eval_cfg.max_tokens)
     with torch.inference_mode():
-        for batch in tqdm(batches, desc=desc, unit="batch", leave=False):
+        for batch in console.track(batches, desc=desc, unit="batch", leave=False):
             src = pad_batch([src_ids[i] for i in batch], tokenizer.pad_id).to(device)
             nbest_lists = beam_search(
                 model,
@@ -490,7 +490,7 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
     """Scores, a table of sample translations and the heatmaps, as one W&B step."""
     import wandb
 
-    from pipeline.tracking import start_wandb_run, write_config_file
+    from pipeline.tracking import finish_run, start_wandb_run, write_config_file
 
     own_run = wandb_run is None
     run = start_wandb_run(cfg, job_type="eval") if own_run else wandb_run
@@ -513,4 +513,4 @@ def log_to_wandb(cfg, wandb_run, results, sources, samples, heatmaps) -> None:
         run.log(payload)
     finally:
         if own_run:
-            run.finish()
+            finish_run(run)

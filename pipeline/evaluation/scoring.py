@@ -192,10 +192,19 @@ def paired_bootstrap(
             system=float(other.score),
             system_mean=float(other.mean),
             system_ci=float(other.ci),
-            p_value=float(other.p_value),
+            p_value=_p_value(base, other),
             signature=str(signatures[name]),
         )
     return out
+
+
+def _p_value(base, other) -> float:
+    """sacreBLEU's p, except where the two systems score the same on every resample (both
+    0.00 BLEU, say): there sacreBLEU counts no resample beyond the observed difference of zero
+    and answers its smallest p, 1/(n+1), "significant"; the test has seen no difference: 1."""
+    if base.score == other.score and base.ci == 0 and other.ci == 0:
+        return 1.0
+    return float(other.p_value)
 
 
 def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:

@@ -27,101 +27,26 @@ A search study's report is its trials ranked by the objective.
 One job per module: `records` (the finished trials and their run conditions), `rows` (per-variant
 statistics and verdicts), `tables` (the Markdown tables), `prose` (findings, summary, A/A check,
 power), `charts`, `document` (the report's Markdown and report.md), `docs` (the blocks on the docs
-site and README), `wandb_summary` and `cli`. The names below are the package's public API.
+site and README), `wandb_summary`, `progress` (a pinned study's progress) and `cli`. The names below are the package's public API.
 """
 
-from pipeline.report.charts import CHARTS
-from pipeline.report.cli import cli, console
-from pipeline.report.docs import (
-    PAGE,
-    SUMMARY_COLUMNS,
-    block_name,
-    docs_block,
-    summary_block,
-    update_docs,
-)
-from pipeline.report.document import markdown, trial_states, write_report
-from pipeline.report.progress import hours_left, progress, study_pin
-from pipeline.report.prose import aa_check, findings, power_statement, summary
-from pipeline.report.records import (
-    P_METRIC,
-    TEST_SPLIT,
-    VAL_SPLIT,
-    RunConditions,
-    TrialRecord,
-    hardware_class,
-    load_records,
-    test_references,
-)
-from pipeline.report.rows import (
-    BASE_VARIANT,
-    CANNOT_TELL,
-    CONTRADICTS,
-    DIFFERS,
-    HOLDS,
-    SIGNIFICANCE,
-    VariantRow,
-    family_size,
-    pooled_p_value,
-    variant_rows,
-    verdict,
-)
-from pipeline.report.tables import (
-    INTERIM,
-    grid_table,
-    other_conditions_table,
-    pair_label,
-    ppl_note,
-    ppl_table,
-    search_table,
-    transfer_table,
-)
+from pipeline.lazy import lazy_exports
 
-__all__ = [
-    "INTERIM",
-    "hours_left",
-    "progress",
-    "study_pin",
-    "BASE_VARIANT",
-    "CANNOT_TELL",
-    "CHARTS",
-    "CONTRADICTS",
-    "DIFFERS",
-    "HOLDS",
-    "PAGE",
-    "P_METRIC",
-    "RunConditions",
-    "SIGNIFICANCE",
-    "SUMMARY_COLUMNS",
-    "TEST_SPLIT",
-    "TrialRecord",
-    "VAL_SPLIT",
-    "VariantRow",
-    "aa_check",
-    "block_name",
-    "cli",
-    "console",
-    "docs_block",
-    "family_size",
-    "findings",
-    "grid_table",
-    "hardware_class",
-    "load_records",
-    "markdown",
-    "other_conditions_table",
-    "pair_label",
-    "pooled_p_value",
-    "power_statement",
-    "ppl_note",
-    "ppl_table",
-    "search_table",
-    "summary",
-    "summary_block",
-    "test_references",
-    "transfer_table",
-    "trial_states",
-    "update_docs",
-    "variant_rows",
-    "verdict",
-    "write_report",
-]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "charts": ["CHARTS"],
+        "cli": ["cli", "console"],
+        "docs": ["PAGE", "SUMMARY_COLUMNS", "block_name", "docs_block", "summary_block",
+                 "update_docs"],
+        "document": ["markdown", "trial_states", "write_report"],
+        "progress": ["hours_left", "progress", "study_pin"],
+        "prose": ["aa_check", "findings", "power_statement", "summary"],
+        "records": ["P_METRIC", "TEST_SPLIT", "VAL_SPLIT", "RunConditions", "TrialRecord",
+                    "hardware_class", "load_records", "test_references"],
+        "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
+                 "VariantRow", "family_size", "pooled_p_value", "variant_rows", "verdict"],
+        "tables": ["INTERIM", "grid_table", "other_conditions_table", "pair_label", "ppl_note",
+                   "ppl_table", "search_table", "transfer_table"],
+    },
+)  # fmt: skip

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline import docs_blocks
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.report.docs import PAGE, update_docs
-from pipeline.report.document import write_report
-from pipeline.report.records import load_records
-from pipeline.sweep.spec import RESULTS_ROOT, StudySpec, load_spec
+from pipeline.sweep.spec import RESULTS_ROOT, load_spec
+
+if TYPE_CHECKING:
+    from pipeline.sweep.spec import StudySpec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,7 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
-    docs_blocks.add_update_argument(parser, f"{PAGE} (and README.md's summary)")
+    docs_blocks.add_update_argument(
+        parser, "the ablation results page of docs/ (and README.md's summary)"
+    )
     parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
     parser.add_argument(
         "--transfer",
@@ -50,6 +53,11 @@ def _spec(study: str) -> StudySpec:
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # The statistics, charts and W&B load after the command line is read: `--help` is instant.
+    from pipeline.report.docs import update_docs
+    from pipeline.report.document import write_report
+    from pipeline.report.records import load_records
+
     spec = _spec(args.study)
     transfer = tuple(_spec(name) for name in args.transfer)
     study_dir = args.results_dir / spec.study

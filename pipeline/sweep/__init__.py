@@ -39,46 +39,19 @@ machine). The names below are the package's public API (`cli` and `heartbeat` ar
 import those functions from them).
 """
 
-from pipeline.sweep.claims import FINISHED, RetryInterruptedTrial, claim_waiting_trial, retry_failed
-from pipeline.sweep.cli import console
-from pipeline.sweep.params import grid_values, point_name, suggest_params
-from pipeline.sweep.records import RUN_FILE, read_attempts
-from pipeline.sweep.spec import (
-    RESULTS_ROOT,
-    WORK_ROOT,
-    StudySpec,
-    SweepSettings,
-    TrialPaths,
-    load_spec,
-    point_config,
-    trial_config,
-)
-from pipeline.sweep.storage import default_storage, open_storage, open_study
-from pipeline.sweep.summary import study_summary
-from pipeline.sweep.worker import run_worker
+from pipeline.lazy import lazy_exports
 
-__all__ = [
-    "FINISHED",
-    "RESULTS_ROOT",
-    "RUN_FILE",
-    "WORK_ROOT",
-    "RetryInterruptedTrial",
-    "StudySpec",
-    "SweepSettings",
-    "TrialPaths",
-    "claim_waiting_trial",
-    "console",
-    "default_storage",
-    "grid_values",
-    "load_spec",
-    "open_storage",
-    "open_study",
-    "point_config",
-    "point_name",
-    "read_attempts",
-    "retry_failed",
-    "run_worker",
-    "study_summary",
-    "suggest_params",
-    "trial_config",
-]
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "claims": ["FINISHED", "RetryInterruptedTrial", "claim_waiting_trial", "retry_failed"],
+        "cli": ["console"],
+        "params": ["grid_values", "point_name", "suggest_params"],
+        "records": ["RUN_FILE", "read_attempts"],
+        "spec": ["RESULTS_ROOT", "WORK_ROOT", "StudySpec", "SweepSettings", "TrialPaths",
+                 "load_spec", "point_config", "trial_config"],
+        "storage": ["default_storage", "open_storage", "open_study"],
+        "summary": ["study_summary"],
+        "worker": ["run_worker"],
+    },
+)  # fmt: skip

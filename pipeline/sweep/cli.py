@@ -10,19 +10,15 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cli import main
 from pipeline.errors import ConfigError
 from pipeline.redaction import hide_password
-from pipeline.sweep import launch
-from pipeline.sweep.claims import FINISHED, _count, retry_failed
-from pipeline.sweep.ddp import TRIAL_ENV
-from pipeline.sweep.deadline import Deadline, parse_deadline
-from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, _overrides_text, load_spec
-from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
-from pipeline.sweep.summary import study_summary
-from pipeline.sweep.trial import run_trial_rank
-from pipeline.sweep.worker import run_worker
+from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT
+
+if TYPE_CHECKING:
+    from pipeline.sweep.deadline import Deadline
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,6 +89,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Optuna, torch and Lightning load after the command line is read: `--help` is instant.
+    from pipeline.sweep import launch
+    from pipeline.sweep.claims import FINISHED, _count, retry_failed
+    from pipeline.sweep.ddp import TRIAL_ENV
+    from pipeline.sweep.deadline import parse_deadline
+    from pipeline.sweep.spec import _overrides_text, load_spec
+    from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
+    from pipeline.sweep.summary import study_summary
+    from pipeline.sweep.trial import run_trial_rank
+    from pipeline.sweep.worker import run_worker
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = load_spec(args.spec, allow_large_grid=args.allow_large_grid)
     storage = args.storage or default_storage(spec, args.results_dir)

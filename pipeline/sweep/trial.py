@@ -37,7 +37,7 @@ def run_trial(
     `precision`: what `train.precision: auto` stands for in this trial (the study's pinned
     precision, decided once for the whole study; see `pipeline.sweep.pin`)."""
     from pipeline.evaluation import evaluate
-    from pipeline.tracking import start_wandb_run
+    from pipeline.tracking import finish_run, start_wandb_run
 
     params = suggest_params(spec, trial)
     paths = trial_paths(results_root, work_root, spec, trial)
@@ -54,7 +54,7 @@ def run_trial(
         eval_metrics = evaluate.run(cfg, wandb_run=run)
         eval_seconds = time.perf_counter() - eval_started
     finally:
-        run.finish()
+        finish_run(run)
     _ensure_still_running(trial)
     curve = _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
     report_curve(trial, spec.metric, curve)

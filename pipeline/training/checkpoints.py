@@ -253,6 +253,18 @@ def move_checkpoints(train_dir: str | os.PathLike, destination: str | os.PathLik
     return moved
 
 
+def remove_checkpoints(train_dir: str | os.PathLike) -> list[Path]:
+    """Delete the checkpoints (and progress record) of a run kept elsewhere byte for byte;
+    returns what went."""
+    directory = checkpoint_dir(train_dir)
+    if not directory.is_dir():
+        return []
+    files = [p for p in (*_checkpoint_files(directory), directory / PROGRESS_NAME) if p.exists()]
+    for path in files:
+        path.unlink()
+    return files
+
+
 def select_checkpoints(train_dir: str | os.PathLike, n: int, by: str = "last") -> list[Path]:
     """The checkpoints to average: the `n` newest (`by="last"`, by step) or the `n` best
     (`by="best"`, by the validation score in the file name). Newest/best first.

@@ -53,6 +53,26 @@ def silence_lightning_noise() -> None:
         warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
 
 
+def _log_clears_bar(progress: StepProgress) -> None:
+    """Lightning's messages (`Trainer.fit` stopped: ...) start on a line of their own, not
+    glued to the end of a live bar, which redraws below them."""
+    from lightning_utilities.core import rank_zero
+
+    if not any(isinstance(f, _ClearBar) for f in rank_zero.log.filters):
+        rank_zero.log.addFilter(_ClearBar())
+    _ClearBar.progress = progress
+
+
+class _ClearBar(logging.Filter):
+    progress: StepProgress | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        bar = self.progress._bar if self.progress is not None else None
+        if bar is not None:
+            bar.clear()
+        return True
+
+
 class _DropMessages(logging.Filter):
     def __init__(self, fragments: tuple[str, ...]) -> None:
         super().__init__()
@@ -131,6 +151,7 @@ class StepProgress(ProgressBar):
             f"({trainer.precision}, {trainer.world_size} process(es))"
         )
         if self.interactive:
+            _log_clears_bar(self)
             self._bar = tqdm(
                 total=total, initial=trainer.global_step, unit="step", file=self.stream,
                 dynamic_ncols=True, leave=True, bar_format=BAR_FORMAT,
@@ -160,6 +181,8 @@ class StepProgress(ProgressBar):
         ]
         if parts:
             self.print(f"validation at step {trainer.global_step}: {', '.join(parts)}")
+        if self._bar is not None:  # the bar shows this validation's BLEU, not the last one's
+            self._bar.set_postfix_str(self.metrics_text(trainer, ", "), refresh=True)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._bar is not None:

@@ -10,6 +10,7 @@ deleted; a run stopped under `dvc exp run` is kept beside the stage's output
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
@@ -17,16 +18,20 @@ from pathlib import Path
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from pipeline.atomic import remove_stale_temps
+from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import leaves, subtree, to_dict, with_runtime_section
 from pipeline.config_schema import Config
+from pipeline.data.download import sha256_of
 from pipeline.errors import ConfigError
 from pipeline.training.checkpoints import (
+    LAST_NAME,
+    PROGRESS_NAME,
     checkpoint_dir,
     code_version,
     find_resume_checkpoint,
     move_checkpoints,
     read_checkpoint,
+    remove_checkpoints,
 )
 from pipeline.training.module import PRECISION_KEY
 
@@ -68,6 +73,7 @@ RESUME_FREE_KEYS = (
     "runtime.onednn_primitive_cache",
 )
 REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
+REPLACED_RECORD = "replaced.json"  # in each of them: its fingerprint, why it moved, its step
 # <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
 PREEMPTED_SUFFIX = ".preempted"
 
@@ -196,22 +202,77 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     return path, trained_in  # done (nothing to train) or, with a larger max_steps, extended
 
 
-def _move_aside(train_dir: Path, why: str) -> None:
-    """Move a previous run's checkpoints to `<train_dir>.replaced/<time>/` (never delete)."""
+def _move_aside(train_dir: Path, why: str, then: str | None = None) -> None:
+    """Move a previous run's checkpoints to `<train_dir>.replaced/<time>/` (never delete), with
+    a record of what it was and why it moved (REPLACED_RECORD). A run already kept there, byte
+    for byte (a finished run DVC's checkout restores each time `dvc exp run` moves it aside),
+    is not kept twice. `then`: what happens next (default: training anew)."""
     if rank_zero_only.rank != 0:
         return
+    directory = checkpoint_dir(train_dir)
+    then = then or f"training anew in {directory}"
+    fingerprint = run_fingerprint(directory)
+    if fingerprint is None:
+        return
+    replaced = _beside(train_dir, REPLACED_SUFFIX)
+    kept = next((run for run in _replaced_runs(replaced)
+                 if _recorded_fingerprint(run) == fingerprint), None)  # fmt: skip
+    if kept is not None:
+        removed = remove_checkpoints(train_dir)
+        warnings.warn(
+            f"{then}: {why}; the previous run ({len(removed)} checkpoint files) is already "
+            f"kept in {kept}",
+            stacklevel=3,
+        )
+        return
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    destination = _beside(train_dir, REPLACED_SUFFIX) / stamp
+    destination, n = replaced / stamp, 1
+    while destination.exists():  # another run moved aside within the same second
+        n += 1
+        destination = replaced / f"{stamp}-{n}"
     moved = move_checkpoints(train_dir, destination)
     if moved:
         from pipeline.disk_usage import leftovers_message
 
+        progress = destination / PROGRESS_NAME
+        step = json.loads(progress.read_text())["step"] if progress.is_file() else None
+        record = {"fingerprint": fingerprint, "why": why, "step": step, "moved_at": stamp}
+        write_json_atomic(destination / REPLACED_RECORD, record)
         warnings.warn(
-            f"training anew in {checkpoint_dir(train_dir)}: {why}; moved the previous run's "
-            f"{len(moved)} checkpoint files to {destination}. Runs moved aside: "
-            f"{leftovers_message([destination.parent])}",
+            f"{then}: {why}; moved the previous run's {len(moved)} checkpoint files to "
+            f"{destination}. Runs moved aside: {leftovers_message([destination.parent])}",
             stacklevel=3,
         )
+
+
+def run_fingerprint(directory: Path) -> str | None:
+    """What identifies a run's checkpoints byte for byte: the SHA-256 of its `last.ckpt` (the
+    run's whole state at its newest step), else of its newest checkpoint file; None without
+    one."""
+    files = sorted(directory.glob("*.ckpt")) if directory.is_dir() else []
+    files = [p for p in files if not p.name.startswith(".")]
+    if not files:
+        return None
+    last = directory / LAST_NAME
+    newest = last if last in files else max(files, key=lambda p: p.stat().st_mtime)
+    return sha256_of(newest)
+
+
+def replaced_record(run: Path) -> dict | None:
+    """The record a run moved aside carries (None for one moved before records existed)."""
+    try:
+        return json.loads((run / REPLACED_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _replaced_runs(replaced: Path) -> list[Path]:
+    return sorted(p for p in replaced.iterdir() if p.is_dir()) if replaced.is_dir() else []
+
+
+def _recorded_fingerprint(run: Path) -> str | None:
+    record = replaced_record(run)
+    return record.get("fingerprint") if record else run_fingerprint(run)
 
 
 def _beside(train_dir: str | Path, suffix: str) -> Path:
@@ -238,7 +299,11 @@ def restore_preempted_run(cfg: Config) -> bool:
     stash = checkpoint_dir(kept)
     if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
         return False
-    _move_aside(Path(cfg.paths.train_dir), "the run stopped under `dvc exp run` goes on there")
+    _move_aside(
+        Path(cfg.paths.train_dir),
+        "the run found there is the one `dvc exp run` checked out",
+        then=f"resuming the stopped run from {stash}",
+    )
     moved = move_checkpoints(kept, checkpoint_dir(cfg.paths.train_dir))
     log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
     return True
