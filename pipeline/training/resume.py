@@ -86,7 +86,7 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
         for key in sorted(set(before) | set(now)):
             if before.get(key) == now.get(key):
                 continue
-            if key.startswith("data.sha256"):
+            if key.startswith(("data.sha256", "data.limits.")):  # what is read, not how
                 free.append(key)
             elif key == "train.max_steps":
                 cooldown = subtree(current, "train.cooldown_steps")
