@@ -5,6 +5,7 @@ arguments it does not know (argparse: usage on stderr, exit 2) before it spends 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 from pipeline.errors import ConfigError, PipelineError
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command Ctrl-C ended
 PARAMS_FILE = "params.yaml"  # what every stage reads (pipeline.config.load), in its cwd
 PIPELINE_FILE = "dvc.yaml"
 
@@ -83,7 +85,8 @@ def _check_params_unchanged(stage: str, before: dict) -> None:
 def main(entry: Callable[[], object], stage: str | None = None) -> None:
     """Run `entry`; a PipelineError prints `error: <message>` and exits with its `exit_code`:
     2 (EXIT_USER_ERROR) for user errors, 3 for a preempted training run (checkpoint saved,
-    run again to resume; see `pipeline.training.preemption`). With `stage` (a DVC stage
+    run again to resume; see `pipeline.training.preemption`); a Ctrl-C elsewhere prints one
+    line and exits 130. With `stage` (a DVC stage
     reading params.yaml), finishing is refused if that stage's params changed meanwhile."""
     try:
         before = _params_snapshot(stage) if stage else None
@@ -93,3 +96,6 @@ def main(entry: Callable[[], object], stage: str | None = None) -> None:
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", EXIT_USER_ERROR))
+    except KeyboardInterrupt:  # Ctrl-C outside training (which stops at a checkpoint instead)
+        print("error: interrupted (Ctrl-C); run the same command again", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
