@@ -5,6 +5,7 @@ arguments it does not know (argparse: usage on stderr, exit 2) before it spends 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from pipeline.console import install_warning_format
 from pipeline.errors import ConfigError, PipelineError
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # what a shell reports for a command Ctrl-C ended
 PARAMS_FILE = "params.yaml"  # what every stage reads (pipeline.config.load), in its cwd
 PIPELINE_FILE = "dvc.yaml"
 
@@ -84,9 +86,9 @@ def _check_params_unchanged(stage: str, before: dict) -> None:
 def main(entry: Callable[[], object], stage: str | None = None) -> None:
     """Run `entry`; a PipelineError prints `error: <message>` and exits with its `exit_code`:
     2 (EXIT_USER_ERROR) for user errors, 3 for a preempted training run (checkpoint saved,
-    run again to resume; see `pipeline.training.preemption`). With `stage` (a DVC stage
-    reading params.yaml), finishing is refused if that stage's params changed meanwhile.
-    Warnings print as one line each (`pipeline.console`)."""
+    run again to resume; see `pipeline.training.preemption`); a Ctrl-C elsewhere prints one
+    line and exits 130. With `stage` (a DVC stage reading params.yaml), finishing is refused if
+    that stage's params changed meanwhile. Warnings print as one line each (`pipeline.console`)."""
     install_warning_format()
     try:
         before = _params_snapshot(stage) if stage else None
@@ -96,3 +98,6 @@ def main(entry: Callable[[], object], stage: str | None = None) -> None:
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", EXIT_USER_ERROR))
+    except KeyboardInterrupt:  # Ctrl-C outside training (which stops at a checkpoint instead)
+        print("error: interrupted (Ctrl-C); run the same command again", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

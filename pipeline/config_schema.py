@@ -258,6 +258,30 @@ class FilterConfig:
 
 
 @dataclass
+class LimitsConfig:
+    """Bounds on what the corpus and its download may cost: a gzip bomb or a trickling server
+    is refused naming the file or URL instead of filling memory or waiting for ever."""
+
+    max_file_mb: float = 512.0  # decompressed bytes of one corpus file, in MiB
+    max_line_bytes: int = 65536  # decompressed bytes of one line (a sentence is far shorter)
+    download_read_timeout_s: float = 60.0  # one network read
+    download_deadline_s: float = 900.0  # a whole file's download
+    download_min_rate_kb_s: float = 8.0  # average KiB/s, measured once the grace period is over
+    download_grace_s: float = 30.0
+
+    def validate(self, prefix: str) -> None:
+        for key in ("max_file_mb", "max_line_bytes", "download_read_timeout_s",
+                    "download_deadline_s"):  # fmt: skip
+            _check(getattr(self, key) > 0, f"{prefix}.{key}", "must be > 0")
+        for key in ("download_min_rate_kb_s", "download_grace_s"):
+            _check(getattr(self, key) >= 0, f"{prefix}.{key}", "must be >= 0")
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * (1 << 20))
+
+
+@dataclass
 class TokenizerConfig:
     """Joint subword model (sentencepiece) trained on the training split only."""
 
@@ -326,6 +350,7 @@ class DataConfig:
     # first N training pairs (smoke runs); null: all of them
     max_train_pairs: Optional[int] = key(None, ge=1)
     filter: FilterConfig = field(default_factory=FilterConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def validate(self, prefix: str) -> None:
@@ -337,6 +362,7 @@ class DataConfig:
         )
         self.tokenizer.validate(f"{prefix}.tokenizer")
         self.filter.validate(f"{prefix}.filter")
+        self.limits.validate(f"{prefix}.limits")
 
 
 @dataclass

@@ -10,7 +10,8 @@ Its record holds the SHA-256 of every raw corpus file the prepare stage will rea
 `data.url` has is fetched into the cache here, so a failed download fails first too), not where
 the files are: another copy of the same corpus changes nothing, a changed corpus (another
 `data.raw_dir` or `MULTI30K_DIR`, a file replaced in place) changes the record, and DVC runs
-prepare again.
+prepare again. A file whose decompressed text or a line of it is past `data.limits` (a gzip
+bomb) is refused here, read in blocks, before prepare would spend the memory.
 """
 
 from __future__ import annotations
@@ -18,20 +19,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config_schema import Config, DataConfig
-from pipeline.data.corpus import corpus_splits
+from pipeline.data.corpus import check_size, corpus_splits
 from pipeline.data.download import sha256_of
 from pipeline.data.sources import DEFAULT_CACHE_DIR, locate_multi30k, text_file_paths
 from pipeline.errors import ConfigError
 
 
+def _checked(path: Path, data: DataConfig) -> str:
+    """The file's SHA-256, once its decompressed size and lines are within `data.limits`."""
+    check_size(path, data.limits)
+    return sha256_of(path)
+
+
 def _multi30k_files(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, str]:
     paths = locate_multi30k(data, splits, cache_dir)  # a download, if any, happens here
-    return {f"{split}.{lang}": sha256_of(path) for (split, lang), path in paths.items()}
+    return {f"{split}.{lang}": _checked(path, data) for (split, lang), path in paths.items()}
 
 
 def _text_files(data: DataConfig, splits: list[str]) -> dict[str, str]:
     paths = text_file_paths(data, splits)
-    return {f"{s}.{side}": sha256_of(path) for s in splits for side, path in paths[s].items()}
+    return {f"{s}.{side}": _checked(path, data) for s in splits
+            for side, path in paths[s].items()}  # fmt: skip
 
 
 def corpus_record(data: DataConfig, cache_dir: Path | None = None) -> dict:

@@ -254,6 +254,14 @@ def raw_lines(path: Path) -> list[str]:
         return handle.read().split("\n")[:-1]
 
 
+def gzip_bomb(path: Path, megabytes: int, line: bytes) -> None:
+    """`megabytes` MiB of `line` over and over, gzipped: about a thousandth of that on disk."""
+    block = line * ((1 << 20) // len(line))
+    with gzip.open(path, "wb", compresslevel=9) as handle:
+        for _ in range(megabytes):
+            handle.write(block)
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root (relative path -> bytes), to prove nothing changed."""
     return {

@@ -7,6 +7,7 @@ import copy
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -336,3 +337,21 @@ def test_a_checkpoint_that_would_run_code_is_refused_naming_what_it_holds(malici
     ):
         read_checkpoint(malicious_checkpoint.path)
     assert not malicious_checkpoint.marker.exists()
+
+
+def test_a_mirror_holds_hard_links_to_exactly_the_saved_checkpoints(tmp_path):
+    """What `dvc exp run`'s checkout deletes (the stage's folder) leaves the run in the
+    mirror: the same files (hard links, no copy), removals mirrored too."""
+    directory, mirror = tmp_path / "train" / "checkpoints", tmp_path / "kept" / "checkpoints"
+    writer = AtomicCheckpointIO(mirror=mirror)
+    for step in (10, 20):
+        writer.save_checkpoint(_checkpoint(step), directory / f"step-{step:07d}.ckpt")
+        writer.save_checkpoint(_checkpoint(step), directory / LAST_NAME)
+    writer.remove_checkpoint(directory / "step-0000010.ckpt")
+    names = sorted(p.name for p in mirror.iterdir())
+    assert names == sorted(p.name for p in directory.iterdir()) == [
+        LAST_NAME, PROGRESS_NAME, "step-0000020.ckpt"]  # fmt: skip
+    assert all(os.path.samefile(mirror / name, directory / name) for name in names)
+    shutil.rmtree(directory.parent)
+    assert read_checkpoint(mirror / LAST_NAME)["global_step"] == 20
+    assert json.loads((mirror / PROGRESS_NAME).read_text())["step"] == 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
@@ -16,7 +17,15 @@ from pipeline.config import RAW_DIR_ENV
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.prepared import prepare
 from pipeline.errors import ConfigError, DataError
-from tests.conftest import SLICE, SPLITS, raw_lines, run_stage, snapshot, write_params
+from tests.conftest import (
+    SLICE,
+    SPLITS,
+    gzip_bomb,
+    raw_lines,
+    run_stage,
+    snapshot,
+    write_params,
+)
 
 
 def reference_normalize(line: str) -> str:
@@ -261,3 +270,45 @@ def test_prepare_stage_refuses_control_bytes_with_exit_2(tmp_path, sliced_corpus
     assert failed.stderr.startswith("error: ") and "Traceback" not in failed.stderr
     assert all(fragment in failed.stderr for fragment in expected)
     assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
+
+
+# ---- bounds: a gzip bomb and an endless line are refused as they are read ---------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "bound"),
+    [(b"a man is sitting on a bench .\n", "data.limits.max_file_mb"),
+     (b"x" * 1024, "data.limits.max_line_bytes")],  # one endless line
+    ids=["many_lines", "endless_line"],
+)  # fmt: skip
+def test_a_gzip_bomb_is_refused_naming_the_file_and_the_bound(
+    sliced_corpus, sliced_config, line, bound
+):
+    """Streamed: refused once the bound is crossed, before the rest is decompressed; nothing
+    is written."""
+    (sliced_corpus / "train.en").unlink()
+    bomb = sliced_corpus / "train.en.gz"
+    gzip_bomb(bomb, 16, line)
+    assert bomb.stat().st_size < 100_000
+    cfg = sliced_config("data.limits.max_file_mb=4")
+    where = re.escape(str(bomb)) + ("" if bound.endswith("max_file_mb") else ":1")
+    with pytest.raises(DataError, match=rf"^{where}: .*{re.escape(bound)}"):
+        read_lines(bomb, cfg.data.limits)
+    with pytest.raises(DataError, match=rf"^{where}: .*{re.escape(bound)}"):
+        prepare(cfg)
+    assert not Path(cfg.paths.prepared).exists() and not Path(cfg.paths.metrics_dir).exists()
+
+
+def test_lines_and_offsets_are_the_same_across_read_blocks(tmp_path):
+    """Lines split over the blocks the file is read in, a BOM, a missing final newline."""
+    lines = [("ä" * (i % 700)) + f" {i}" for i in range(3000)]  # ~2.5 MiB: several blocks
+    path = tmp_path / "long.gz"
+    with gzip.open(path, "wb") as handle:
+        handle.write(codecs.BOM_UTF8 + "\n".join(lines).encode("utf-8"))
+    assert read_lines(path) == lines
+    data = "\n".join(lines).encode("utf-8") + b"\n"
+    offset = data.index(b"\n", 2_000_000) + 5  # inside a line, past the first block
+    (tmp_path / "broken").write_bytes(data[:offset] + b"\xff" + data[offset:])
+    number = data.count(b"\n", 0, offset) + 1
+    with pytest.raises(DataError, match=rf"broken:{number}: invalid UTF-8 .*offset {offset} "):
+        read_lines(tmp_path / "broken")

@@ -8,10 +8,12 @@ import gzip
 import hashlib
 import http.server
 import ipaddress
+import os
 import re
 import shutil
 import socket
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ from pipeline.config_schema import Config
 from pipeline.data.download import check_download_url
 from pipeline.data.prepared import prepare
 from pipeline.errors import ConfigError, DataError
-from tests.conftest import SPLITS, raw_lines, snapshot
+from tests.conftest import SPLITS, raw_lines, run_stage, snapshot, write_params
 
 # ---- download: file:// URLs to a local copy, SHA-256 checked ---------------------------------
 
@@ -229,3 +231,65 @@ def test_download_urls_are_https_a_local_copy_or_this_machine(url, allowed):
 def test_allow_unverified_names_files(make_config):
     with pytest.raises(ConfigError, match=r"'data\.allow_unverified'.*'\.\./x\.gz'"):
         make_config("data.allow_unverified=[../x.gz]")
+
+
+# ---- a server that trickles: an overall deadline and a minimum rate ---------------------------
+
+
+class TricklingHandler(http.server.BaseHTTPRequestHandler):
+    """Announces `server.size` bytes, then sends `server.chunk` of them every `server.every`
+    seconds: each read returns in time, so only the download's pace can end it."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(self.server.size))
+        self.end_headers()
+        try:
+            for _ in range(0, self.server.size, self.server.chunk):
+                self.wfile.write(b"\x1f" * self.server.chunk)
+                self.wfile.flush()
+                time.sleep(self.server.every)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up
+            pass
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 (http.server's name)
+        pass
+
+
+@pytest.fixture
+def trickling_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TricklingHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("chunk", "every", "bound"),
+    # one byte every 0.5 s (the read timeout is 2 s); 4 KiB/s, fast enough, for too long
+    [(1, 0.5, "data.limits.download_min_rate_kb_s=1"),
+     (4096, 0.5, "data.limits.download_deadline_s=4")],
+    ids=["below_min_rate", "past_deadline"],
+)  # fmt: skip
+def test_a_trickling_server_ends_the_check_stage_with_exit_2_naming_the_url(
+    tmp_path, trickling_server, chunk, every, bound
+):
+    trickling_server.size, trickling_server.chunk, trickling_server.every = 1 << 20, chunk, every
+    url = f"http://127.0.0.1:{trickling_server.server_address[1]}"
+    write_params(tmp_path, f"data.raw_dir={tmp_path / 'no_copy'}", f"data.url={url}",
+                 "data.limits.download_read_timeout_s=2", "data.limits.download_deadline_s=4",
+                 "data.limits.download_grace_s=2", "data.limits.download_min_rate_kb_s=1")  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "HOME": str(tmp_path)}  # an empty download cache
+    env.pop(RAW_DIR_ENV, None)
+    done = run_stage("check", tmp_path, env, timeout=60)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-3000:]
+    message = done.stderr.rstrip().splitlines()[-1]  # after the progress bar
+    assert message.startswith(f"error: could not download {url}/") and bound in message
+    assert "Traceback" not in done.stderr
+    assert elapsed < 4 + 2 + 15  # deadline, one read, the stage's start
+    assert not list((tmp_path / ".cache").rglob("*.gz"))  # nothing half-fetched kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -423,6 +424,63 @@ def test_another_copy_of_the_corpus_is_seen_by_dvc(smoke, tmp_path, multi30k_dir
     monkeypatch.setenv("MULTI30K_DIR", str(shutil.copytree(other, tmp_path / "moved")))
     output = sh(["dvc", "repro", "prepare"], smoke).stdout
     assert "Stage 'prepare' didn't change" in output
+
+
+def _progress(path: Path) -> int:
+    """The step a checkpoint folder's progress record names (-1: none yet)."""
+    try:
+        return json.loads(path.read_text())["step"]
+    except (OSError, ValueError):
+        return -1
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL", "SIGTERM"])
+def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run_again(
+    smoke, signal_name
+):
+    """Ctrl-C (the terminal's SIGINT to the foreground process group: DVC ignores it while a
+    stage runs), kill -9 and SIGTERM to the whole `dvc exp run`, then the same command at once
+    (after a SIGTERM DVC exits before its stage has saved): the run goes on from its newest
+    checkpoint, the stop step's when there was time to save one, never from step 0."""
+    values = ["experiment=smoke", "seed=7", "train.max_steps=80", "train.val_check_interval=20",
+              "train.progress_bar=false"]  # fmt: skip
+    command = ["dvc", "exp", "run", "train", *set_params(values)]
+    mirror = smoke / "models/train.preempted/checkpoints"
+    progress = smoke / "models/train/checkpoints/progress.json"  # the smoke run's, until moved
+    started = time.time()
+    with open(smoke / "stopped.log", "w") as log:
+        exp = subprocess.Popen(command, cwd=smoke, env=_env(), stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not (progress.exists() and progress.stat().st_mtime > started
+                   and _progress(progress) >= 20):  # fmt: skip
+            assert exp.poll() is None, (smoke / "stopped.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.1)
+        os.killpg(exp.pid, getattr(signal, signal_name))
+        exp.wait(timeout=120)  # dvc only, not its stage
+    assert exp.returncode != 0
+    killed_at = _progress(mirror / "progress.json")  # out of the next checkout's reach
+
+    again = sh(command, smoke)  # at once, as the stop message (or a scheduler's requeue) says
+    output = again.stdout + again.stderr
+    stopped = (smoke / "stopped.log").read_text()
+    if signal_name == "SIGKILL":
+        step = killed_at
+    else:
+        assert "Traceback" not in stopped and "KeyboardInterrupt" not in stopped, stopped[-3000:]
+        found = re.search(rf"training stopped by {signal_name} at step (\d+): saved ", stopped)
+        assert found, stopped[-3000:]
+        step = int(found[1])
+    assert 20 <= step < 80
+    assert f"goes on from step {step}: moved its " in output, output[-3000:]
+    summary = json.loads((smoke / "metrics/train.json").read_text())
+    # a SIGKILL between a validation's step checkpoint and last.ckpt resumes from the former
+    assert summary["resumed_from"].endswith(("last.ckpt", f"step-{step:07d}.ckpt"))
+    assert summary["steps"] == 80
+    assert not list(mirror.iterdir())  # a finished run is DVC's to record: nothing kept beside
+    history = _histories(smoke)["train/loss.tsv"].splitlines()[1:]
+    assert [int(row.split("\t")[0]) for row in history] == list(range(10, 81, 10))
 
 
 def test_a_new_test_split_costs_one_evaluation_never_a_retrain(

@@ -410,10 +410,13 @@ def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
 
 
 @pytest.mark.slow
-def test_train_stage_saves_and_exits_promptly_on_sigterm_to_its_process_group(
-    tokenized_smoke, tmp_path
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_train_stage_saves_and_exits_promptly_on_a_stop_signal_to_its_process_group(
+    tokenized_smoke, tmp_path, signal_name
 ):
-    """The DVC stage as a scheduler stops it: SIGTERM to every process of the job."""
+    """The DVC stage as a scheduler stops it (SIGTERM to every process of the job) and as
+    Ctrl-C does (the terminal's SIGINT to the foreground process group): one line, a
+    checkpoint at the step it stops, and the same command resumes from it."""
     cfg = _config(tokenized_smoke, tmp_path, "train.max_steps=400")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(config_lib.to_dict(cfg)))
     stage = [sys.executable, "-m", "pipeline.stages.train"]
@@ -421,14 +424,19 @@ def test_train_stage_saves_and_exits_promptly_on_sigterm_to_its_process_group(
                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     _wait_for(lambda: _progress_step(cfg) >= 10, process, timeout=120, what="first checkpoint")
     signalled = time.monotonic()
-    os.killpg(process.pid, signal.SIGTERM)
+    os.killpg(process.pid, getattr(signal, signal_name))
     returncode, stderr = _finish(process, timeout=EXIT_BOUND_S + 60)
     exit_seconds = time.monotonic() - signalled
-    print(f"train stage exited {exit_seconds:.2f} s after SIGTERM")
+    print(f"train stage exited {exit_seconds:.2f} s after {signal_name}")
     assert returncode == EXIT_PREEMPTED, stderr[-3000:]
     assert exit_seconds < EXIT_BOUND_S
     step = _last(cfg)["global_step"]
-    assert f"training stopped by SIGTERM at step {step}: saved " in stderr
+    assert _progress_step(cfg) == step  # the stop step's checkpoint is the newest save
+    assert f"training stopped by {signal_name} at step {step}: saved " in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if line.startswith("error: ")] == [
+        stderr.rstrip().splitlines()[-1]
+    ]
     assert 10 <= step < 400
 
     copy_cfg = copy.deepcopy(cfg)  # the re-run (shorter, to finish quickly) resumes from it
@@ -442,7 +450,7 @@ def test_train_stage_saves_and_exits_promptly_on_sigterm_to_its_process_group(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1", "SIGINT"])
 def test_a_signal_while_the_train_stage_starts_exits_3_with_the_message(
     tokenized_smoke, tmp_path, signal_name
 ):

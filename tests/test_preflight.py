@@ -4,12 +4,18 @@ and what a later stage would refuse is refused first."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline import preflight
+from pipeline.config import RAW_DIR_ENV
 from pipeline.errors import ConfigError, DataError
+from tests.conftest import gzip_bomb, write_params
 
 
 @pytest.fixture
@@ -66,3 +72,33 @@ def test_text_files_are_recorded_and_checked(make_config, multi30k_dir):
     cfg.data.text_files["val"]["src"] = str(multi30k_dir / "nope.en")
     with pytest.raises(DataError, match=r"nope\.en"):
         preflight.check(cfg)
+
+
+def _check_stage(folder: Path, corpus: Path) -> tuple[int, str, int]:
+    """`python -m pipeline.stages.check` on `corpus`: exit code, stderr, peak memory in bytes."""
+    process = subprocess.Popen([sys.executable, "-m", "pipeline.stages.check"], cwd=folder,
+                               env={**os.environ, RAW_DIR_ENV: str(corpus)},
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)  # fmt: skip
+    stderr = process.stderr.read().decode()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, stderr, usage.ru_maxrss * 1024
+
+
+def test_the_check_stage_refuses_a_gzip_bomb_in_bounded_memory(tmp_path, corpus_copy):
+    """A train.en.gz under 1 MB holding 96 MiB of text, past the 64 MiB bound in conf/: exit 2 naming
+    the file, before prepare (which DVC would run next, deleting its outputs) and without
+    decompressing it whole."""
+    write_params(tmp_path, "data.download=false")
+    code, stderr, normal = _check_stage(tmp_path, corpus_copy)
+    assert code == 0, stderr
+    bomb = corpus_copy / "train.en.gz"
+    bomb.chmod(0o644)
+    gzip_bomb(bomb, 96, b"two dogs are playing in the snow .\n")
+    assert bomb.stat().st_size < 1_000_000
+    code, stderr, peak = _check_stage(tmp_path, corpus_copy)
+    assert code == 2, stderr
+    assert (
+        stderr.startswith(f"error: {bomb}: more than 64 MiB of text") and "Traceback" not in stderr
+    )
+    assert peak < normal + (32 << 20), (peak, normal)  # the bomb's 96 MiB never were in memory

@@ -23,15 +23,17 @@ import codecs
 import gzip
 import re
 import unicodedata
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.config_schema import DataConfig
+from pipeline.config_schema import DataConfig, LimitsConfig
 from pipeline.errors import ConfigError, DataError
 
+_READ_BLOCK = 1 << 20  # bytes decompressed at a time
 PERCENTILES = (50, 90, 99)  # of sentence lengths in words, reported in metrics/prepare.json
 
 # Reasons a pair is dropped (keys of the `dropped` counts in metrics/prepare.json).
@@ -67,47 +69,83 @@ def normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def read_lines(path: Path) -> list[str]:
+def _raw_lines(path: Path, limits: LimitsConfig) -> Iterator[tuple[int, bytes]]:
+    """(byte offset in the decompressed file, line without its "\\n") of every line, read in
+    blocks: a file or a line past `limits` is a DataError naming the file (and line) as soon
+    as the bound is crossed, before the rest is decompressed (a gzip bomb never fills memory)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    max_file = limits.max_file_bytes
+    total, number, start, pending = 0, 1, 0, b""
+    try:
+        with opener(path, "rb") as handle:
+            while block := handle.read(_READ_BLOCK):
+                total += len(block)
+                if total > max_file:
+                    raise DataError(
+                        f"{path}: more than {limits.max_file_mb:g} MiB of text (decompressed), "
+                        "the bound data.limits.max_file_mb; the file is not a corpus (a gzip "
+                        "bomb?) or the bound is too low for it: raise data.limits.max_file_mb"
+                    )
+                *complete, pending = (pending + block).split(b"\n")
+                for line in complete:
+                    _check_line_bytes(path, number, len(line), limits)
+                    yield start, line
+                    start, number = start + len(line) + 1, number + 1
+                _check_line_bytes(path, number, len(pending), limits)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise DataError(
+            f"{path}: cannot read ({err}); the file is damaged, replace it with a fresh copy"
+        ) from None
+    if pending:  # a final newline does not make an extra empty line
+        yield start, pending
+
+
+def _check_line_bytes(path: Path, number: int, size: int, limits: LimitsConfig) -> None:
+    if size > limits.max_line_bytes:
+        raise DataError(
+            f"{path}:{number}: the line is longer than {limits.max_line_bytes} bytes "
+            "(data.limits.max_line_bytes), not a sentence; fix the file, or raise the bound"
+        )
+
+
+def check_size(path: Path, limits: LimitsConfig) -> None:
+    """Refuse a file whose decompressed text or one of whose lines is past `limits` (the
+    check stage, before prepare runs), reading it in blocks."""
+    for _ in _raw_lines(path, limits):
+        pass
+
+
+def read_lines(path: Path, limits: LimitsConfig | None = None) -> list[str]:
     """The lines of a UTF-8 text file (gzip when the name ends in .gz), not yet normalised.
 
     A leading byte-order mark is dropped and lines are split at "\\n" only; a final newline
     does not make an extra empty line. Invalid UTF-8 is a DataError naming the line and the
-    byte offset (in the decompressed bytes for a .gz file).
+    byte offset (in the decompressed bytes for a .gz file). The file is read in blocks, and
+    a file or line past `limits` (default: `LimitsConfig`'s) is refused naming it.
     """
-    path = Path(path)
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as handle:
-                data = handle.read()
-        else:
-            data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
-        raise DataError(
-            f"{path}: cannot read ({err}); the file is damaged, replace it with a fresh copy"
-        ) from None
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        text = data[bom:].decode("utf-8")
-    except UnicodeDecodeError as err:
-        offset = bom + err.start
-        line = data.count(b"\n", 0, offset) + 1
-        line_start = data.rfind(b"\n", 0, offset) + 1
-        raise DataError(
-            f"{path}:{line}: invalid UTF-8 (byte {data[offset : offset + 1]!r} at byte offset "
-            f"{offset} of the file, column byte {offset - line_start}); re-encode the file as "
-            "UTF-8 or fix that line"
-        ) from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
+    lines = []
+    for number, (start, raw) in enumerate(_raw_lines(path, limits or LimitsConfig()), 1):
+        bom = len(codecs.BOM_UTF8) if start == 0 and raw.startswith(codecs.BOM_UTF8) else 0
+        try:
+            lines.append(raw[bom:].decode("utf-8"))
+        except UnicodeDecodeError as err:
+            column = bom + err.start
+            raise DataError(
+                f"{path}:{number}: invalid UTF-8 (byte {raw[column : column + 1]!r} at byte "
+                f"offset {start + column} of the file, column byte {column}); re-encode the "
+                "file as UTF-8 or fix that line"
+            ) from None
     return lines
 
 
-def read_pair(split: str, src_path: Path, tgt_path: Path) -> ParallelText:
+def read_pair(
+    split: str, src_path: Path, tgt_path: Path, limits: LimitsConfig | None = None
+) -> ParallelText:
     """Read an aligned file pair and check that both have the same, non-zero number of lines."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    src, tgt = read_lines(src_path, limits), read_lines(tgt_path, limits)
     for path, lines in ((src_path, src), (tgt_path, tgt)):
         if not lines:
             raise DataError(f"{path}:1: split '{split}' is empty (the file has no lines)")

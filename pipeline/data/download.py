@@ -10,6 +10,7 @@ import hashlib
 import ipaddress
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,10 +21,10 @@ from pathlib import Path
 from pipeline import console
 from pipeline.atomic import usual_mode
 from pipeline.config import RAW_DIR_ENV
-from pipeline.config_schema import DataConfig
+from pipeline.config_schema import DataConfig, LimitsConfig
 from pipeline.errors import ConfigError, DataError
 
-DOWNLOAD_TIMEOUT_S = 60.0  # per network read; a stalled server fails instead of hanging
+_READ_BLOCK = 1 << 16
 
 
 def sha256_of(path: Path) -> str:
@@ -103,26 +104,60 @@ def check_verifiable(data: DataConfig, names: Sequence[str]) -> None:
         )
 
 
-def download_file(url: str, dest: Path, expected_sha256: str | None) -> Path:
-    """Fetch `url` into `dest` (atomically, with a progress bar) and verify its SHA-256."""
+class _TooSlow(OSError):
+    """A download past its deadline or below its minimum rate (reported as any failed one)."""
+
+
+def _check_pace(received: int, started: float, limits: LimitsConfig) -> None:
+    """Refuse a download past `data.limits.download_deadline_s`, or slower on average than
+    `download_min_rate_kb_s` once `download_grace_s` has passed: a server that trickles a byte
+    now and then never trips the per-read timeout."""
+    elapsed = time.monotonic() - started
+    if elapsed > limits.download_deadline_s:
+        raise _TooSlow(
+            f"not done after {elapsed:.0f} s, the bound data.limits.download_deadline_s="
+            f"{limits.download_deadline_s:g} ({received} bytes received)"
+        )
+    rate = received / 1024 / elapsed if elapsed > 0 else float("inf")
+    if elapsed > limits.download_grace_s and rate < limits.download_min_rate_kb_s:
+        raise _TooSlow(
+            f"{rate:.2f} KiB/s over {elapsed:.0f} s, below data.limits.download_min_rate_kb_s="
+            f"{limits.download_min_rate_kb_s:g}"
+        )
+
+
+def download_file(
+    url: str, dest: Path, expected_sha256: str | None, limits: LimitsConfig | None = None
+) -> Path:
+    """Fetch `url` into `dest` (atomically, with a progress bar) and verify its SHA-256; a
+    download past `limits` (deadline, minimum rate, one read's timeout) is a DataError."""
+    limits = limits or LimitsConfig()
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     os.chmod(part, usual_mode(0o666))
+    # No single read may wait past the deadline either.
+    timeout = min(limits.download_read_timeout_s, limits.download_deadline_s)
     try:
+        started = time.monotonic()
         with (
             os.fdopen(fd, "wb") as out,
-            _OPENER.open(url, timeout=DOWNLOAD_TIMEOUT_S) as response,
+            _OPENER.open(url, timeout=timeout) as response,
         ):
             total = response.headers.get("Content-Length")
+            # read1: what has arrived, so a trickling server's pace is seen at each read
+            read = getattr(response, "read1", response.read)
             with console.Phase(
                 f"download {dest.name}",
                 total=int(total) if total else None,
                 unit="B",
                 unit_scale=True,
             ) as bar:
-                for block in iter(lambda: response.read(1 << 16), b""):
+                received = 0
+                while block := read(_READ_BLOCK):
                     out.write(block)
                     bar.update(len(block))
+                    received += len(block)
+                    _check_pace(received, started, limits)
         verify_checksum(Path(part), dest.name, expected_sha256, url)
         os.replace(part, dest)
     except (urllib.error.URLError, OSError) as err:

@@ -59,7 +59,7 @@ def multi30k_file(data: DataConfig, split: str, lang: str, cache_dir: Path) -> P
             return cached
         except DataError:
             cached.unlink()  # a damaged cached copy: fetch it again
-    return download_file(f"{data.url.rstrip('/')}/{name}", cached, expected)
+    return download_file(f"{data.url.rstrip('/')}/{name}", cached, expected, data.limits)
 
 
 def _missing_files_error(data: DataConfig, missing: list[str]) -> DataError:
@@ -130,7 +130,8 @@ def locate_multi30k(
 def read_multi30k(data: DataConfig, splits: list[str], cache_dir: Path) -> dict[str, ParallelText]:
     paths = locate_multi30k(data, splits, cache_dir)
     src, tgt = data.src_lang, data.tgt_lang
-    return {split: read_pair(split, paths[split, src], paths[split, tgt]) for split in splits}
+    return {split: read_pair(split, paths[split, src], paths[split, tgt], data.limits)
+            for split in splits}  # fmt: skip
 
 
 def text_file_paths(data: DataConfig, splits: list[str]) -> dict[str, dict[str, Path]]:
@@ -150,7 +151,8 @@ def text_file_paths(data: DataConfig, splits: list[str]) -> dict[str, dict[str, 
 
 def read_text_files(data: DataConfig, splits: list[str]) -> dict[str, ParallelText]:
     paths = text_file_paths(data, splits)
-    return {split: read_pair(split, paths[split]["src"], paths[split]["tgt"]) for split in splits}
+    return {split: read_pair(split, paths[split]["src"], paths[split]["tgt"], data.limits)
+            for split in splits}  # fmt: skip
 
 
 def read_hf(data: DataConfig, splits: list[str], cache_dir: Path | None) -> dict[str, ParallelText]:

@@ -1,15 +1,19 @@
 """DVC stage `train`: the Transformer on the tokenized splits -> checkpoints, metrics/train.json.
 
 python -m pipeline.stages.train     (reads params.yaml; see pipeline.training.trainer)
-Resumes its own last checkpoint in paths.train_dir when train.resume is true. A SIGTERM or
-SIGUSR1 at any moment, from the first, ends it with exit code 3 and a message (a checkpoint
-once training has started); running it again resumes.
+Resumes its own last checkpoint in paths.train_dir when train.resume is true. A SIGTERM,
+SIGUSR1 or SIGINT (Ctrl-C) at any moment, from the first, ends it with exit code 3 and a
+message (a checkpoint once training has started); running it again resumes.
 """
 
 from __future__ import annotations
 
-from pipeline.cli import main, stage_args
-from pipeline.training import early_signals
+from pipeline.training import early_signals  # imports nothing heavy
+
+if __name__ == "__main__":
+    early_signals.defer()  # first: a signal while even the CLI helpers load is kept
+
+from pipeline.cli import main, stage_args  # noqa: E402 (after the handlers are in place)
 
 
 def run() -> dict:
@@ -21,6 +25,5 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    early_signals.defer()
     stage_args(__spec__.name, __doc__)
     main(run, stage="train")

@@ -58,7 +58,18 @@ def checkpoint_dir(train_dir: str | os.PathLike) -> Path:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made crash-safe (temp file + fsync + `os.replace`), and
-    recording each save in `progress.json` beside the checkpoints."""
+    recording each save in `progress.json` beside the checkpoints. With `mirror`, a folder
+    on the same file system, every save and removal is mirrored there by hard links (no
+    copy): the run survives a deletion of its folder, however abrupt its end."""
+
+    def __init__(self, mirror: str | os.PathLike | None = None) -> None:
+        super().__init__()
+        self.mirror = Path(mirror) if mirror is not None else None
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        super().remove_checkpoint(path)
+        if self.mirror is not None:
+            (self.mirror / Path(path).name).unlink(missing_ok=True)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options=None
@@ -69,6 +80,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         progress = {"step": int(checkpoint.get("global_step", 0)), "file": path.name}
         atomic_write(path.parent / PROGRESS_NAME, lambda f: f.write(json.dumps(progress).encode()))
+        if self.mirror is not None:
+            link_checkpoints(path.parent, self.mirror)
+
+
+def link_checkpoints(directory: Path, mirror: Path) -> None:
+    """Make `mirror` hold hard links to exactly the checkpoints and progress record in
+    `directory` (each link replaced atomically: the mirror is never without a file it had)."""
+    mirror.mkdir(parents=True, exist_ok=True)
+    files = [*_checkpoint_files(directory), directory / PROGRESS_NAME]
+    names = set()
+    for path in files:
+        target, tmp = mirror / path.name, mirror / f".{path.name}.link"
+        try:
+            if not (target.exists() and os.path.samefile(path, target)):
+                tmp.unlink(missing_ok=True)
+                os.link(path, tmp)
+                os.replace(tmp, target)
+        except FileNotFoundError:  # removed meanwhile (by another process)
+            continue
+        names.add(path.name)
+    for stale in [*_checkpoint_files(mirror), mirror / PROGRESS_NAME]:
+        if stale.name not in names:
+            stale.unlink(missing_ok=True)
 
 
 def verify_archive(path: str | os.PathLike) -> None:

@@ -1,7 +1,8 @@
 """Preemption signals that arrive before training starts.
 
 The train stage calls `defer()` first thing, before torch and Lightning load (seconds): a
-SIGTERM or SIGUSR1 in that time is kept instead of killing the process with status 143, and
+SIGTERM, SIGUSR1 or SIGINT (Ctrl-C) in that time is kept instead of killing the process (status
+143, or a KeyboardInterrupt traceback), and
 `pipeline.training.trainer` then stops with exit code 3 and the usual message before spending
 any compute; once training runs, `pipeline.training.preemption` takes over (and picks up a
 signal kept here). Light on purpose: this module imports nothing heavy.
@@ -12,7 +13,9 @@ from __future__ import annotations
 import signal
 import threading
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGINT too: Ctrl-C is a stop like any other (the terminal sends it to the whole foreground
+# process group, so `dvc exp run`, which ignores it while a stage runs, waits for the stage).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 _received: int | None = None
 

@@ -1,6 +1,7 @@
 """Preemption: a scheduler's notice ends training with a checkpoint, not with lost work.
 
-    SIGTERM (Kubernetes, SLURM, `kill`), SIGUSR1 (SLURM's requeue signal, `--signal=USR1@90`)
+    SIGTERM (Kubernetes, SLURM, `kill`), SIGUSR1 (SLURM's requeue signal, `--signal=USR1@90`),
+    SIGINT (Ctrl-C: a KeyboardInterrupt would lose the steps since the last validation)
       --> the handler only sets a flag (it runs between two bytecodes, possibly in the middle
           of a collective: no I/O and no communication there)
       --> at the end of the current optimizer step every rank learns whether any rank was
@@ -64,7 +65,7 @@ def final_step(trainer: L.Trainer) -> bool:
 
 
 class PreemptionCallback(Callback):
-    """Turns SIGTERM/SIGUSR1 into a checkpoint at `checkpoint_path` and `Preempted`.
+    """Turns SIGTERM/SIGUSR1/SIGINT into a checkpoint at `checkpoint_path` and `Preempted`.
 
     The LightningModule calls `at_step_end` after each optimizer step's bookkeeping and
     `after_validation` after a validation's checkpoints (module hooks run after every

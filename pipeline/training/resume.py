@@ -4,16 +4,23 @@ A resumed run must compute what an uninterrupted one would, so a checkpoint is o
 config that differs from its own in keys that cannot change the weights (`RESUME_FREE_KEYS`);
 an interrupted run that another config finds is refused, naming the key, because its checkpoints
 exist nowhere else. Runs that are not continued are moved aside (`<train_dir>.replaced/`), never
-deleted; a run stopped under `dvc exp run` is kept beside the stage's output
-(`<train_dir>.preempted/`), out of reach of the next checkout, and put back before it resumes.
+deleted; a run under `dvc exp run` is kept beside the stage's output (`<train_dir>.preempted/`:
+hard links at every save, the files themselves when it stops), out of reach of the next
+checkout, and put back before it resumes: a SIGKILL costs the steps since the last checkpoint,
+never the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
+import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -76,6 +83,7 @@ REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run 
 REPLACED_RECORD = "replaced.json"  # in each of them: its fingerprint, why it moved, its step
 # <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
 PREEMPTED_SUFFIX = ".preempted"
+LOCK_SUFFIX = ".lock"  # <train_dir>.lock: held by the process training there
 
 
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
@@ -92,7 +100,7 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
         for key in sorted(set(before) | set(now)):
             if before.get(key) == now.get(key):
                 continue
-            if key.startswith("data.sha256"):
+            if key.startswith(("data.sha256", "data.limits.")):  # what is read, not how
                 free.append(key)
             elif key == "train.max_steps":
                 cooldown = subtree(current, "train.cooldown_steps")
@@ -281,6 +289,55 @@ def _beside(train_dir: str | Path, suffix: str) -> Path:
     return train_dir.with_name(train_dir.name + suffix)
 
 
+def preempted_checkpoints(cfg: Config) -> Path:
+    """Where a run under `dvc exp run` keeps its checkpoints out of the next checkout's reach:
+    mirrored there by hard links at every save (a SIGKILL leaves them there), moved there
+    when it stops."""
+    return checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
+
+
+def discard_mirror(cfg: Config) -> None:
+    """Remove the mirror of a run that finished (its checkpoints stay in the stage's output,
+    which DVC records)."""
+    mirror = preempted_checkpoints(cfg)
+    if rank_zero_only.rank == 0 and mirror.is_dir():
+        for path in mirror.iterdir():
+            if path.is_file():
+                path.unlink()
+
+
+@contextlib.contextmanager
+def training_lock(cfg: Config) -> Iterator[None]:
+    """Hold `<train_dir>.lock` while training there. A second run on the same folder (the same
+    `dvc exp run` again right after a stop, while the stopped stage is still saving and
+    moving its checkpoints aside: DVC exits at once on SIGTERM) waits for the first to end,
+    saying so, instead of working on its checkpoints at the same time. The lock dies with
+    its process, however it ends."""
+    if rank_zero_only.rank != 0:
+        yield
+        return
+    path = _beside(cfg.paths.train_dir, LOCK_SUFFIX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            print(
+                f"waiting for the training process {holder}, still running in "
+                f"{cfg.paths.train_dir}, to end",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
 def stash_preempted_run(cfg: Config) -> Path | None:
     """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
     exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
@@ -299,11 +356,26 @@ def restore_preempted_run(cfg: Config) -> bool:
     stash = checkpoint_dir(kept)
     if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
         return False
+    here = checkpoint_dir(cfg.paths.train_dir)
+    for path in stash.iterdir():  # links of a mirror to files still in place: nothing to move
+        twin = here / path.name
+        if twin.exists() and os.path.samefile(path, twin):
+            twin.unlink()
     _move_aside(
         Path(cfg.paths.train_dir),
         "the run found there is the one `dvc exp run` checked out",
         then=f"resuming the stopped run from {stash}",
     )
-    moved = move_checkpoints(kept, checkpoint_dir(cfg.paths.train_dir))
-    log.info("moved the %d checkpoint files of the stopped run back from %s", len(moved), stash)
-    return True
+    try:
+        step = json.loads((stash / PROGRESS_NAME).read_text(encoding="utf-8"))["step"]
+    except (OSError, ValueError, KeyError):
+        step = "its newest checkpoint"
+    moved = move_checkpoints(kept, here)
+    if moved:
+        print(
+            f"the run stopped under `dvc exp run` goes on from step {step}: moved its "
+            f"{len(moved)} checkpoint files back from {stash}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(moved)

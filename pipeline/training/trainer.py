@@ -15,7 +15,7 @@ With `train.resume` a run that finds its own checkpoint continues from it
 (`pipeline.training.resume` decides whether it may): step, epoch, optimizer, schedule, random
 streams, the position in the epoch's batch order and DVCLive's histories as they were at that
 step (`pipeline.training.live`).
-SIGTERM/SIGUSR1 save `last.ckpt` at the end of the current step and raise `Preempted` (exit
+SIGTERM/SIGUSR1/SIGINT save `last.ckpt` at the end of the current step and raise `Preempted` (exit
 code 3; `pipeline.training.preemption`); under DDP a failing rank 0 takes its ranks down, and
 collectives give up after `train.ddp_timeout` seconds, so a dead or hung rank ends the job.
 """
@@ -60,7 +60,14 @@ from pipeline.training.module import TranslationModule
 from pipeline.training.precision import resolve_precision
 from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
 from pipeline.training.progress import StepProgress, silence_lightning_noise
-from pipeline.training.resume import restore_preempted_run, resume_point, stash_preempted_run
+from pipeline.training.resume import (
+    discard_mirror,
+    preempted_checkpoints,
+    restore_preempted_run,
+    resume_point,
+    stash_preempted_run,
+    training_lock,
+)
 from pipeline.training.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -167,7 +174,10 @@ def build_trainer(
         use_distributed_sampler=False,
         logger=list(loggers),
         callbacks=[*build_callbacks(cfg, process_started), *callbacks, *progress],
-        plugins=[AtomicCheckpointIO()],
+        # Under `dvc exp run` every checkpoint is also linked out of the next checkout's reach.
+        plugins=[
+            AtomicCheckpointIO(mirror=preempted_checkpoints(cfg) if under_dvc_exp_run() else None)
+        ],
         default_root_dir=cfg.paths.train_dir,
     )
     return trainer, precision
@@ -195,9 +205,14 @@ def run(
     finished run of this config is done even if the code changed since (see
     `resume_checkpoint`).
     """
+    with training_lock(cfg):
+        return _run_locked(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+
+
+def _run_locked(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
     restored = restore_preempted_run(cfg)
     try:
-        return _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
+        summary = _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
     except BaseException as failed:
         # Under `dvc exp run`, a stopped run's checkpoints left in the stage's output are
         # deleted by the next run's checkout: any failure after they were put back (a
@@ -218,6 +233,9 @@ def run(
         else:
             log.warning("the stopped run is not lost: %s", where)
         raise
+    if under_dvc_exp_run():
+        discard_mirror(cfg)  # finished: DVC records the stage's output itself
+    return summary
 
 
 def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) -> dict:
