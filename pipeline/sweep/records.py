@@ -28,6 +28,7 @@ ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read
 
 
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
+CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
 
 
 @contextlib.contextmanager
@@ -121,7 +122,7 @@ def _record(
         record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
     )
     curve = validation_curve(cfg)
-    write_json_atomic(record / "curve.json", curve)
+    write_json_atomic(record / CURVE_FILE, curve)
     attempts = [
         {key: value for key, value in attempt.items() if key != "started_at"}
         for attempt in read_attempts(paths.work)
