@@ -17,6 +17,8 @@ from optuna.trial import TrialState
 
 from pipeline.sweep.claims import grid_point
 from pipeline.sweep.deadline import trial_variant
+from pipeline.sweep.spec import load_spec
+from pipeline.sweep.summary import study_summary
 from tests.conftest import REPO_ROOT
 
 STUDIES = REPO_ROOT / "ablations" / "results"
@@ -26,7 +28,7 @@ def upgrade(spec: str, results: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep.upgrade", f"ablations/{spec}.yaml",
          "--results-dir", str(results)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=1200,
     )  # fmt: skip
 
 
@@ -78,6 +80,15 @@ def test_a_committed_study_opens_in_the_dashboards_layout(tmp_path, name, settin
                 (study_dir / "trials" / new.user_attrs["record"] / "curve.json").read_text()
             )
             assert new.intermediate_values == {r["step"]: r["val/bleu"] for r in curve}
+    # The worker's closing summary names each point as before, with the headline BLEU (lc).
+    spec = load_spec(REPO_ROOT / f"ablations/{name}.yaml")
+    summary = study_summary(study, spec).splitlines()
+    assert summary[0].split()[3:6] == ["test", "BLEU", "(lc)"]
+    for t in after:
+        if t.state == TrialState.COMPLETE:
+            (line,) = [row for row in summary if row.split()[0] == str(t.number)]
+            point = f"{t.user_attrs['variant']}-seed{t.user_attrs['seed']}"
+            assert line.split()[1:2] == [point] and f"{t.user_attrs['test_bleu_lc']:.2f}" in line
     heads = {t.user_attrs["variant"]: t.params.get("model.heads") for t in after}
     if name == "table3":
         assert heads["heads_1"] == 1 and heads["base"] == heads["dropout_0.1"] == 4

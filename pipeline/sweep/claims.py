@@ -24,9 +24,13 @@ GRID_POINT = ("variant", "seed")  # the params that name a grid point
 def grid_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """A grid trial's `variant` and `seed`: among its params, or its user attributes in a study
     `pipeline.sweep.upgrade` rewrote, or the fixed params a WAITING trial was enqueued with."""
-    sources = (trial.params, trial.user_attrs, trial.system_attrs.get("fixed_params") or {})
+    sources = (
+        lambda: trial.params,
+        lambda: trial.user_attrs,
+        lambda: trial.system_attrs.get("fixed_params") or {},
+    )
     for source in sources:
-        point = {key: source[key] for key in GRID_POINT if key in source}
+        point = {key: value for key, value in source().items() if key in GRID_POINT}
         if point:
             return point
     return {}

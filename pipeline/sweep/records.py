@@ -20,6 +20,7 @@ from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
 from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
+from pipeline.sweep.summary import TEST_ATTR
 
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
 
@@ -146,7 +147,7 @@ def _record(
         "val_bleu": train_metrics.get("val/bleu"),
         "val_ppl": train_metrics.get("val/ppl"),
         "test_bleu": test.get("bleu"),
-        "test_bleu_lc": test.get("bleu_lc"),
+        TEST_ATTR: test.get("bleu_lc"),
         "test_chrf": test.get("chrf"),
         "parameters": train_metrics.get("num_parameters"),
         "record": record.name,
