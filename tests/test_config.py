@@ -303,3 +303,17 @@ def test_eval_splits_default_to_val_and_every_test_split():
 def test_a_test_split_left_unevaluated_is_an_error(overrides, message):
     with pytest.raises(ConfigError, match=r"config key 'eval.splits': .*" + message):
         config_lib.compose(overrides)
+
+
+def test_a_raw_dir_outside_the_repository_is_found_from_dvcs_temporary_copy(tmp_path):
+    """`dvc exp run --queue` runs the stages in `<repo>/.dvc/tmp/exps/<copy>/`: the default
+    `../shared/data/multi30k` means the folder beside the repository there too; paths inside
+    the repository and absolute ones stay as they are."""
+    from pipeline.config import outside_the_workspace
+
+    copy = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    beside = str(tmp_path / "shared" / "data" / "multi30k")
+    assert outside_the_workspace("../shared/data/multi30k", cwd=copy) == beside
+    assert outside_the_workspace("data/raw", cwd=copy) == "data/raw"
+    assert outside_the_workspace(beside, cwd=copy) == beside
+    assert outside_the_workspace("../shared", cwd=tmp_path / "repo") == "../shared"
