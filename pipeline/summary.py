@@ -1,10 +1,13 @@
 """The numbers people compare across experiments: the one file DVC declares as metrics.
 
 `dvc exp show` and `dvc metrics show/diff` read `metrics/summary.json`, named as W&B names
-them: `test/{bleu,chrf,ter}` for the benchmark split (the first test split), `eval/<split>/...`
-for every other evaluated split, training's `val/loss` and `val/ppl`, and its wall time and
-throughput. The stages' full records (`prepare.json`, `tokenize.json`, `train.json`,
-`eval.json` beside it: corpus statistics, signatures, intervals) stay plain outputs.
+them: `test/{bleu_lc,chrf,ter}` for the benchmark split (the first test split),
+`eval/<split>/...` for every other evaluated split, training's `val/loss` and `val/ppl`, its
+updates, wall time and throughput. BLEU here is the headline's BLEU (lc), sacreBLEU's
+lowercased BLEU, under the name W&B and the reports give it (`bleu_lc`); cased BLEU stays in
+`eval.json` and W&B as `bleu`. The stages' full records (`prepare.json`, `tokenize.json`,
+`train.json`, `eval.json` beside it: corpus statistics, signatures, intervals) stay plain
+outputs.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from pipeline.config_schema import Config
 from pipeline.errors import DataError
 
 SUMMARY_FILE = "summary.json"  # in paths.metrics_dir
-SCORES = ("bleu", "chrf", "ter")  # per evaluated split, from eval.json
+SCORES = ("bleu_lc", "chrf", "ter")  # per evaluated split, from eval.json
 TRAINING = {  # summary key: train.json key
     "val/loss": "val/loss",
     "val/ppl": "val/ppl",
+    "train/steps": "steps",
     "train/wall_time_s": "wall_time_s",
     "train/tokens_per_sec": "train/tokens_per_sec",
 }
