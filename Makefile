@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 LOCK := requirements.lock
 EXTRAS := dev,bench,export,docs
 
-.PHONY: setup test test-all lint repro smoke params plots clean lock docs
+.PHONY: setup test test-all lint repro smoke params plots exps clean lock docs
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ PLOTS_ARGS ?=
 plots: setup
 	$(BIN)/python -m pipeline.dvc_plots $(PLOTS_TEMPLATE)
 	. $(BIN)/activate && dvc plots show --html-template $(PLOTS_TEMPLATE) $(PLOTS_ARGS)
+
+# The experiments on one screen, 80 columns too: what each changed, val and test BLEU (lc),
+# updates, training wall time, best first. EXPS_ARGS go to `dvc exp show` (e.g. `-A`).
+EXPS_ARGS ?=
+exps: setup
+	. $(BIN)/activate && python -m pipeline.experiments $(EXPS_ARGS)
 
 # Re-resolve pyproject.toml's ranges into $(LOCK) in a scratch environment (after changing a
 # dependency; commit the result). Torch's local build tag (+cpu, +cu128) is dropped from the

@@ -6,7 +6,10 @@
 and their validation rejects impossible combinations (heads not dividing d_model, ...) before
 any compute is spent.
 Nothing below this module reads files or the environment for settings, with one documented
-exception: `MULTI30K_DIR` overrides `data.raw_dir` (applied in `load`).
+exception: `MULTI30K_DIR` overrides `data.raw_dir` (applied in `load`). A relative
+`data.raw_dir` that leaves the repository (the default `../shared/data/multi30k`) is read from
+the repository, also where DVC runs the pipeline in a temporary copy of it (`dvc exp run
+--queue` or `--temp`: `<repository>/.dvc/tmp/exps/<copy>/`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pipeline.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
+# Where `dvc exp run --queue` and `--temp` run a copy of the repository, inside it.
+DVC_TEMP_WORKSPACES = Path(".dvc", "tmp", "exps")
 
 
 def with_runtime_section(raw: DictConfig | dict, origin: str = "saved config") -> DictConfig | dict:
@@ -137,11 +142,27 @@ def compose_dict(overrides: list[str] | None = None, config_dir: Path = CONF_DIR
 
 
 def finalize(cfg: Config) -> Config:
-    """Apply the documented environment override, then validate."""
+    """Apply the documented environment override, read data.raw_dir from the repository (see
+    `outside_the_workspace`), then validate."""
     env_dir = os.environ.get(RAW_DIR_ENV)
     if env_dir:
         cfg.data.raw_dir = env_dir
+    cfg.data.raw_dir = outside_the_workspace(cfg.data.raw_dir)
     return validate(cfg)
+
+
+def outside_the_workspace(path: str, cwd: Path | None = None) -> str:
+    """`path` as the repository sees it: a relative path that leaves the workspace, read in a
+    DVC temporary copy of the repository, points where it would from the repository itself
+    (that copy holds the repository's files, not its surroundings). Anything else unchanged."""
+    leaves = Path(os.path.normpath(path)).parts[:1] == (os.pardir,)
+    if not leaves:
+        return path
+    cwd = Path.cwd() if cwd is None else cwd
+    if cwd.parent.parts[-len(DVC_TEMP_WORKSPACES.parts) :] != DVC_TEMP_WORKSPACES.parts:
+        return path
+    repository = cwd.parents[len(DVC_TEMP_WORKSPACES.parts)]
+    return os.path.normpath(repository / path)
 
 
 def to_dict(cfg: Config) -> dict:

@@ -258,10 +258,7 @@ def export_ctranslate2(
     }
     with atomic_directory(out) as staging:
         spec.save(str(staging))
-        (staging / MODEL_FILE).write_bytes(tokenizer.processor.serialized_model_proto())
-        tokenizer.pretokenizer.write(staging / MODEL_FILE)
-        if tokenizer.subwords is not None:
-            tokenizer.subwords.write(staging / MODEL_FILE)
+        tokenizer.save(staging / MODEL_FILE)
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return Path(out)
 

@@ -1,16 +1,19 @@
 """The numbers people compare across experiments: the one file DVC declares as metrics.
 
 `dvc exp show` and `dvc metrics show/diff` read `metrics/summary.json`, named as W&B names
-them: `test/{bleu,chrf,ter}` for the benchmark split (the first test split), `eval/<split>/...`
-for every other evaluated split, training's `val/loss` and `val/ppl`, and its wall time and
-throughput. The stages' full records (`prepare.json`, `tokenize.json`, `train.json`,
-`eval.json` beside it: corpus statistics, signatures, intervals) stay plain outputs.
+them: `test/{bleu_lc,chrf,ter}` for the benchmark split (the first test split),
+`eval/<split>/...` for every other evaluated split, training's `val/loss` and `val/ppl`, its
+updates, wall time and throughput. BLEU here is the headline's BLEU (lc), sacreBLEU's
+lowercased BLEU, under the name W&B and the reports give it (`bleu_lc`); cased BLEU stays in
+`eval.json` and W&B as `bleu`. The stages' full records (`prepare.json`, `tokenize.json`,
+`train.json`, `eval.json` beside it: corpus statistics, signatures, intervals) stay plain
+outputs.
 
 A run ends with its test BLEU, where the eye lands: the summarize stage prints `headline`
 last, and `python -m pipeline.summary` prints it again from the file (`make repro` and `make
 smoke` do, after DVC's own lines and also when DVC had nothing to run):
 
-    test BLEU 35.1 on test_2016_flickr (chrF 61.2, TER 47.9; val BLEU 36.0): metrics/summary.json
+    test BLEU (lc) 35.1 on test_2016_flickr (chrF 61.2, TER 47.9; val BLEU (lc) 36.0): metrics/summary.json
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from pipeline.config_schema import Config
 from pipeline.errors import DataError
 
 SUMMARY_FILE = "summary.json"  # in paths.metrics_dir
-SCORES = ("bleu", "chrf", "ter")  # per evaluated split, from eval.json
+SCORES = ("bleu_lc", "chrf", "ter")  # per evaluated split, from eval.json
 TRAINING = {  # summary key: train.json key
     "val/loss": "val/loss",
     "val/ppl": "val/ppl",
+    "train/steps": "steps",
     "train/wall_time_s": "wall_time_s",
     "train/tokens_per_sec": "train/tokens_per_sec",
 }
@@ -57,12 +61,14 @@ def summarize(cfg: Config) -> dict:
 def headline(summary: dict, cfg: Config) -> str:
     """One line: the benchmark split's BLEU first, then its chrF and TER and the val BLEU."""
     path = Path(cfg.paths.metrics_dir) / SUMMARY_FILE
-    if "test/bleu" not in summary:
+    # a summary written before BLEU (lc) was its headline holds the cased `bleu`
+    name, label = ("bleu_lc", "BLEU (lc)") if "test/bleu_lc" in summary else ("bleu", "BLEU")
+    if f"test/{name}" not in summary:
         return f"no test split scored (data.test_splits is empty): {path}"
-    val = summary.get("eval/val/bleu")
-    tail = f"; val BLEU {val:.1f}" if val is not None else ""
+    val = summary.get(f"eval/val/{name}")
+    tail = f"; val {label} {val:.1f}" if val is not None else ""
     return (
-        f"test BLEU {summary['test/bleu']:.1f} on {cfg.data.test_splits[0]} (chrF "
+        f"test {label} {summary[f'test/{name}']:.1f} on {cfg.data.test_splits[0]} (chrF "
         f"{summary['test/chrf']:.1f}, TER {summary['test/ter']:.1f}{tail}): {path}"
     )
 

@@ -16,7 +16,11 @@ encoded with the joint subword model (Moses-tokenized first where the model was 
 `data.tokenizer.pretokenizer`), beam-searched in batches of `eval.max_tokens` source tokens and
 detokenized; an empty input line gives an empty output line. Defaults come from
 params.yaml: the model is `paths.eval_dir/model.ckpt` (the averaged checkpoint the evaluate
-stage scored), the subword model `paths.tokenized/spm.model`, beam settings from `eval`.
+stage scored), beam settings from `eval`. The subword model is the `spm.model` beside the
+checkpoint (the evaluate stage and `export` write it there, so a copied model folder
+translates anywhere), else `paths.tokenized/spm.model` of the repository the checkpoint is in,
+from whatever folder it is called. The Python API is quiet; the command shows a progress bar
+on stderr.
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ class Translator:
     `eval` section of the config the model was trained with.
     """
 
-    def __init__(self, model, tokenizer, eval_cfg: config_schema.EvalConfig):
+    def __init__(
+        self, model, tokenizer, eval_cfg: config_schema.EvalConfig, progress: bool = False
+    ):
         self.model, self.tokenizer, self.eval_cfg = model, tokenizer, eval_cfg
+        self.progress = progress
 
     @classmethod
     def from_checkpoint(
@@ -55,10 +62,12 @@ class Translator:
         tokenizer: str | Path | None = None,
         device: str = "cpu",
         config: config_schema.Config | None = None,
+        progress: bool = False,
     ) -> Translator:
         """`checkpoint`: a training checkpoint or the evaluate stage's `model.ckpt`;
-        `tokenizer`: its spm.model (default: `paths.tokenized/spm.model` of `config`, which
-        defaults to the config saved in the checkpoint); `device`: "cpu", "cuda", "cuda:1"."""
+        `tokenizer`: its spm.model (default: `find_tokenizer`; `config` defaults to the config
+        saved in the checkpoint); `device`: "cpu", "cuda", "cuda:1"; `progress`: a progress
+        bar on stderr while translating."""
         # torch and the model code load only now: `--help` and usage errors answer at once.
         from pipeline.evaluation.evaluate import load_model, load_tokenizer
         from pipeline.training.checkpoints import read_checkpoint
@@ -68,14 +77,15 @@ class Translator:
         if config is None:
             saved = read_checkpoint(checkpoint)["hyper_parameters"]["config"]
             config = config_lib.from_dict(saved)
-        spm_model = Path(tokenizer) if tokenizer else Path(config.paths.tokenized) / MODEL_FILE
+        spm_model = Path(tokenizer) if tokenizer else find_tokenizer(checkpoint, config)
         if not spm_model.is_file():
             raise DataError(
                 f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
                 "or pass the spm.model the model was trained with"
             )
         model = load_model(checkpoint).to(torch_device)
-        return cls(model, load_tokenizer(spm_model, model, config.data), config.eval)
+        tokenizer = load_tokenizer(spm_model, model, config.data)
+        return cls(model, tokenizer, config.eval, progress=progress)
 
     def translate_batch(
         self,
@@ -102,11 +112,26 @@ class Translator:
             else length_penalty,
         )  # fmt: skip
         src_ids = self.tokenizer.encode_sources([normalize(line) for line in sources])
-        return translate_ids(self.model, self.tokenizer, src_ids, settings, desc="translate")
+        return translate_ids(
+            self.model, self.tokenizer, src_ids, settings, desc="translate", progress=self.progress
+        )
 
     def translate(self, sources: Sequence[str], **options) -> list[str]:
         """The best translation of each source (options as `translate_batch`'s)."""
         return [t.best for t in self.translate_batch(sources, **options)]
+
+
+def find_tokenizer(checkpoint: str | Path, config: config_schema.Config) -> Path:
+    """The subword model a checkpoint translates with: `spm.model` beside it, else
+    `paths.tokenized/spm.model` from the working folder, else from the nearest folder above
+    the checkpoint that has one (the repository it was trained in). The first candidate when
+    none exists, for the error message."""
+    checkpoint = Path(checkpoint)
+    tokenized = Path(config.paths.tokenized) / MODEL_FILE
+    candidates = [checkpoint.parent / MODEL_FILE, tokenized]
+    if not tokenized.is_absolute():
+        candidates += [folder / tokenized for folder in checkpoint.resolve().parents]
+    return next((path for path in candidates if path.is_file()), tokenized)
 
 
 def resolve_device(name: str):
@@ -135,7 +160,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--checkpoint", type=Path, help="model checkpoint (default: <paths.eval_dir>/model.ckpt)"
     )
     parser.add_argument(
-        "--tokenizer", type=Path, help="sentencepiece model (default: <paths.tokenized>/spm.model)"
+        "--tokenizer",
+        type=Path,
+        help="sentencepiece model (default: spm.model beside the checkpoint, else "
+        "<paths.tokenized>/spm.model)",
     )
     parser.add_argument(
         "--beam",
@@ -183,7 +211,7 @@ def translate(argv: list[str] | None = None) -> None:
             f"(it runs `dvc repro train` first and writes {default_checkpoint}), "
             f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
         )
-    spm_model = args.tokenizer or Path(cfg.paths.tokenized) / MODEL_FILE
+    spm_model = args.tokenizer or find_tokenizer(checkpoint, cfg)
     if not spm_model.is_file():
         raise DataError(
             f"tokenizer {spm_model} not found: create it with `dvc repro tokenize`, "
@@ -193,7 +221,9 @@ def translate(argv: list[str] | None = None) -> None:
     beam = args.beam or max(cfg.eval.beam_size, args.nbest)
 
     lines = read_lines(args.input) if args.input is not None else read_stdin_lines()
-    translator = Translator.from_checkpoint(checkpoint, spm_model, args.device, config=cfg)
+    translator = Translator.from_checkpoint(
+        checkpoint, spm_model, args.device, config=cfg, progress=True
+    )
     translations = translator.translate_batch(
         lines, beam_size=beam, num_hypotheses=args.nbest, length_penalty=args.length_penalty
     )

@@ -314,3 +314,17 @@ def test_a_negative_max_steps_is_named_as_such_not_as_a_missing_one():
     with pytest.raises(ConfigError, match=r"both are -1: no limit"):
         config_lib.compose(["train.max_steps=-1"])  # no step limit and no epoch limit
     config_lib.compose(["train.max_steps=-1", "train.max_epochs=2"])  # Lightning's convention
+
+
+def test_a_raw_dir_outside_the_repository_is_found_from_dvcs_temporary_copy(tmp_path):
+    """`dvc exp run --queue` runs the stages in `<repo>/.dvc/tmp/exps/<copy>/`: the default
+    `../shared/data/multi30k` means the folder beside the repository there too; paths inside
+    the repository and absolute ones stay as they are."""
+    from pipeline.config import outside_the_workspace
+
+    copy = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    beside = str(tmp_path / "shared" / "data" / "multi30k")
+    assert outside_the_workspace("../shared/data/multi30k", cwd=copy) == beside
+    assert outside_the_workspace("data/raw", cwd=copy) == "data/raw"
+    assert outside_the_workspace(beside, cwd=copy) == beside
+    assert outside_the_workspace("../shared", cwd=tmp_path / "repo") == "../shared"

@@ -77,7 +77,7 @@ def _wandb_lines(repo) -> list[str]:
 
 def _headline(repo) -> str:
     summary = json.loads((repo / "metrics" / "summary.json").read_text())
-    return f"test BLEU {summary['test/bleu']:.1f} on test_2016_flickr ("
+    return f"test BLEU (lc) {summary['test/bleu_lc']:.1f} on test_2016_flickr ("
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def test_readme_is_a_short_front_page():
     text = README.read_text(encoding="utf-8")
     for command in ("make repro", "make test", "dvc exp run -S experiment=smoke",
                     "python -m pipeline.sweep", "--workers", "pipeline.translate",
-                    "from pipeline.translate import Translator", "dvc exp show", "dvc plots show",
+                    "from pipeline.translate import Translator", "make exps", "dvc plots show",
                     "optuna-dashboard", "wandb sync"):  # fmt: skip
         assert command in text, command
     assert docs_blocks.read(README, "results:headline").startswith("| recipe |")

@@ -500,7 +500,7 @@ def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
     scores = yaml.safe_load((smoke / "metrics" / "eval.json").read_text())
     assert scores["test_x"]["sentences"] == 100  # evaluated without being named in eval.splits
     summary = yaml.safe_load((smoke / "metrics" / "summary.json").read_text())
-    assert {"test/bleu", "eval/test_x/bleu", "eval/val/bleu"} <= set(summary)
+    assert {"test/bleu_lc", "eval/test_x/bleu_lc", "eval/val/bleu_lc"} <= set(summary)
 
 
 def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
@@ -508,7 +508,7 @@ def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
     lines = shown.splitlines()
     assert max(len(line) for line in lines) <= 200, shown
     header = next(line for line in lines if "Experiment" in line)
-    for column in ("test/bleu", "test/chrf", "test/ter", "val/loss", "experiment_name"):
+    for column in ("test/bleu_lc", "test/chrf", "test/ter", "val/loss", "experiment_name"):
         assert column in header, header
     name = sh(["dvc", "exp", "ls", "--name-only"], smoke).stdout.split()[-1]
     assert any(name in line and "smoke" in line for line in lines), shown
@@ -542,3 +542,110 @@ def test_the_plots_page_works_offline(smoke):
     # Vega inline, defined before the first chart asks for it; DVC's two learning-curve charts.
     assert 0 < page.index("window.vegaEmbed=") < page.index("vegaEmbed('#")
     assert page.count("vegaEmbed('#") >= 2
+
+
+# README's queue line (`dvc exp run --queue -S 'model.heads=...' && dvc queue start`) on the
+# smoke preset: two experiments that differ in one value.
+QUEUED_HEADS = ("2", "4")
+SMOKE_HEADS = "4"  # conf/experiment/smoke.yaml's
+
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory, multi30k_dir) -> Path:
+    """A copy of the repository with the corpus where conf/ looks for it, beside the
+    repository (`../shared/data/multi30k`), no MULTI30K_DIR and no download allowed; README's
+    queue line run there: DVC runs each experiment in its own temporary copy
+    (`.dvc/tmp/exps/<copy>/`)."""
+    root = tmp_path_factory.mktemp("queued")
+    (root / "shared" / "data").mkdir(parents=True)
+    (root / "shared" / "data" / "multi30k").symlink_to(multi30k_dir)
+    (root / "repo").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MULTI30K_DIR", raising=False)
+        repo = copy_repository(root / "repo")
+        heads = f"model.heads={','.join(QUEUED_HEADS)}"
+        sh(["dvc", "exp", "run", "--queue", *set_params([*SMOKE, "data.download=false", heads])],
+           repo)  # fmt: skip
+        sh(["dvc", "queue", "start", "-j", "1"], repo)
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            status = sh(["dvc", "queue", "status"], repo).stdout
+            if not any(word in status for word in ("Queued", "Running")):
+                break
+            time.sleep(10)
+    logs = "".join(sh(["dvc", "queue", "logs", name], repo, check=False).stdout[-3000:]
+                   for name in sh(["dvc", "exp", "ls", "--name-only"], repo).stdout.split())  # fmt: skip
+    assert status.count("Success") == len(QUEUED_HEADS), f"{status}\n{logs}"
+    return repo
+
+
+def queued_experiments(repo: Path) -> dict[str, dict]:
+    """{experiment name: its metrics and params} from `dvc exp show --json`."""
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], repo).stdout)
+    found = {}
+    for baseline in shown:
+        for experiment in baseline.get("experiments") or []:
+            data = experiment["revs"][0]["data"]
+            found[experiment["name"]] = {
+                "metrics": data["metrics"]["metrics/summary.json"]["data"],
+                "heads": str(data["params"]["params.yaml"]["data"]["model"]["heads"]),
+            }
+    return found
+
+
+def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
+    """Each queued experiment found the corpus from its temporary copy and ran to the end."""
+    experiments = queued_experiments(queued)
+    assert sorted(e["heads"] for e in experiments.values()) == sorted(QUEUED_HEADS)
+    assert all(e["metrics"]["test/bleu_lc"] >= 0 for e in experiments.values())
+
+
+def test_the_experiments_view_fits_80_columns_with_test_bleu_lc(queued):
+    """`make exps` at 80 columns: every experiment on one line with what it changed, val and
+    test BLEU (lc), updates and wall time, best test BLEU (lc) first."""
+    experiments = queued_experiments(queued)
+    shown = sh(["make", "exps", f"VENV={VENV}"], queued, env={"COLUMNS": "80"}).stdout
+    lines = [line for line in shown.splitlines() if not line.startswith(("make", ". "))]
+    assert max(len(line) for line in lines) <= 80, shown
+    assert "BLEU (lc)" in lines[0]
+    assert lines[1].split() == ["experiment", "changed", "val", "test", "updates", "train", "min"]
+    rows = {}
+    for name, experiment in experiments.items():
+        (line,) = [line for line in lines if line.startswith(name)]
+        # what it set beyond the smoke preset (4 heads): the value that tells them apart first
+        if experiment["heads"] != SMOKE_HEADS:
+            assert f"experiment=smoke model.heads={experiment['heads']} " in line, line
+        metrics = experiment["metrics"]
+        cells = line.split()[-4:]
+        assert cells == [f"{metrics['eval/val/bleu_lc']:.1f}", f"{metrics['test/bleu_lc']:.1f}",
+                         "40", f"{metrics['train/wall_time_s'] / 60:.1f}"], line  # fmt: skip
+        rows[lines.index(line)] = metrics["test/bleu_lc"]
+    assert [rows[i] for i in sorted(rows)] == sorted(rows.values(), reverse=True)
+
+
+def _curves(plots: dict, revision: str) -> list[dict]:
+    """The learning curves (train and val loss by step) of `revision` in `dvc plots show/diff
+    --json` output."""
+    (content,) = [entry["content"] for entry in plots["data"]["learning_curves"]]
+    points = [
+        {key: value for key, value in point.items() if key != "rev"}
+        for point in content["data"]["values"]
+        if point.get("rev") == revision
+    ]
+    return sorted(points, key=lambda point: sorted(point.items()))
+
+
+def test_plots_diff_draws_both_experiments_and_apply_shows_the_applied_one(queued):
+    """`dvc plots diff <exp> <exp>` has each experiment's curves; after `dvc exp apply <exp>`
+    the workspace's curves (what `make plots` draws) are that experiment's."""
+    first, second = sorted(queued_experiments(queued))
+    diff = json.loads(sh(["dvc", "plots", "diff", first, second, "--json"], queued).stdout)
+    assert not diff.get("errors"), diff["errors"]
+    curves = {name: _curves(diff, name) for name in (first, second)}
+    assert all(curves.values()) and curves[first] != curves[second], curves
+
+    for name in (first, second):
+        sh(["dvc", "exp", "apply", name], queued)
+        shown = json.loads(sh(["dvc", "plots", "show", "--json"], queued).stdout)
+        assert _curves(shown, "workspace") == curves[name]
+    sh(["make", "plots", f"VENV={VENV}"], queued)

@@ -641,3 +641,22 @@ def test_a_full_disk_for_metrics_or_plots_exits_2_naming_the_file_and_keeps_the_
     assert not [p for p in written if ".tmp-" in p.name]
     if full == "metrics_dir":  # the run is kept: the same command records it once there is room
         assert read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["global_step"] == 10
+
+
+@pytest.mark.slow
+def test_a_finished_run_recorded_again_trains_nothing_and_starts_no_wandb_run(
+    trained_smoke, tmp_path
+):
+    """`dvc exp run -f` over a finished run of the same config and code: the train stage
+    records it again without a step of training and without an empty W&B run."""
+    import shutil
+
+    cfg = copy.deepcopy(trained_smoke)
+    shutil.copytree(cfg.paths.train_dir, tmp_path / "train")
+    for name in ("train_dir", "metrics_dir", "plots_dir", "wandb_dir"):
+        setattr(cfg.paths, name, str(tmp_path / name.removesuffix("_dir")))
+    summary = run(cfg)
+    assert summary["steps"] == cfg.train.max_steps
+    assert offline_run_dirs(cfg.paths.wandb_dir) == []
+    recorded = json.loads((tmp_path / "metrics" / "train.json").read_text())
+    assert recorded["steps"] == cfg.train.max_steps

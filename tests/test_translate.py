@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import unicodedata
@@ -263,3 +264,27 @@ def test_nbest_without_a_beam_raises_the_configured_beam(trained_smoke, smoke_mo
     assert asked.returncode == 0, asked.stderr
     assert [line.split("\t")[0] for line in asked.stdout.splitlines()] == ["0"] * 3 + ["1"] * 3
     assert asked.stdout == run_translate(*common, "--beam", "3", stdin=sentences).stdout
+
+
+API_FROM_ELSEWHERE = """
+import sys
+from pipeline.translate import Translator
+print(Translator.from_checkpoint(sys.argv[1]).translate(["A man is riding a bike."])[0])
+"""
+
+
+@pytest.mark.slow
+def test_the_python_api_translates_from_any_folder_and_quietly(smoke_stage_run, tmp_path):
+    """README's `Translator.from_checkpoint("eval/model.ckpt")` from another working folder
+    (the checkpoint's config names its subword model relative to the repository), and from a
+    copy of the model's folder alone: no progress bar unless asked."""
+    model_dir = smoke_stage_run.root / "eval"
+    copied = Path(shutil.copytree(model_dir, tmp_path / "copied_model"))
+    for checkpoint in (model_dir / "model.ckpt", copied / "model.ckpt"):
+        result = subprocess.run(
+            [sys.executable, "-c", API_FROM_ELSEWHERE, str(checkpoint)],
+            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip(), "a translation"
+        assert "translate" not in result.stderr and "batch" not in result.stderr, result.stderr

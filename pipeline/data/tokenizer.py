@@ -175,6 +175,14 @@ class Tokenizer:
         self.eos_id: int = processor.eos_id()
         self._special = {self.pad_id, self.bos_id, self.eos_id}
 
+    def save(self, model_path: str | os.PathLike) -> None:
+        """Write the subword model to `model_path` with what `load` reads beside it (the
+        pre-tokenization, subword-nmt's merges): a copy that travels with a model."""
+        Path(model_path).write_bytes(self.processor.serialized_model_proto())
+        self.pretokenizer.write(model_path)
+        if self.subwords is not None:
+            self.subwords.write(model_path)
+
     @classmethod
     def load(cls, path: str | os.PathLike, source_eos: bool = False) -> Tokenizer:
         path = Path(path)

@@ -190,11 +190,13 @@ def translate_ids(
     src_ids: Sequence[Sequence[int]],
     eval_cfg: EvalConfig,
     desc: str = "decode",
+    progress: bool = True,
 ) -> list[Translation]:
     """Beam-search every source (`Tokenizer.encode_sources` ids), batched by `eval.max_tokens`.
 
     Sources longer than the model's `max_positions` are cut there (with a warning). Batches
-    go to the model's device. Returns one Translation per source, in input order.
+    go to the model's device, with a progress bar on stderr unless `progress` is false.
+    Returns one Translation per source, in input order.
     """
     from pipeline.model.decoding import beam_search
 
@@ -208,7 +210,10 @@ def translate_ids(
     results = [Translation([], [], []) for _ in src_ids]
     batches = length_batches([len(ids) for ids in src_ids], eval_cfg.max_tokens)
     with torch.inference_mode():
-        for batch in console.track(batches, desc=desc, unit="batch", leave=False):
+        shown = (
+            console.track(batches, desc=desc, unit="batch", leave=False) if progress else batches
+        )
+        for batch in shown:
             src = pad_batch([src_ids[i] for i in batch], tokenizer.pad_id).to(device)
             nbest_lists = beam_search(
                 model,
@@ -397,6 +402,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
         write_model_checkpoint(sources, staging / MODEL_CHECKPOINT)
         model = load_model(staging / MODEL_CHECKPOINT)
         tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
+        tokenizer.save(staging / MODEL_FILE)  # the model's folder translates wherever it goes
         for split, corpus in corpora.items():
             src_ids[split] = tokenizer.encode_sources(corpus.src)
             translations[split] = translate_ids(

@@ -21,6 +21,21 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 GRID_POINT = ("variant", "seed")  # the params that name a grid point
 
 
+def grid_point(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """A grid trial's `variant` and `seed`: among its params, or its user attributes in a study
+    `pipeline.sweep.upgrade` rewrote, or the fixed params a WAITING trial was enqueued with."""
+    sources = (
+        lambda: trial.params,
+        lambda: trial.user_attrs,
+        lambda: trial.system_attrs.get("fixed_params") or {},
+    )
+    for source in sources:
+        point = {key: value for key, value in source().items() if key in GRID_POINT}
+        if point:
+            return point
+    return {}
+
+
 class RetryInterruptedTrial:
     """Re-enqueue an interrupted trial's point (its params) as a WAITING trial, so that a worker
     runs it again: it resumes from the point's checkpoint.
@@ -117,9 +132,7 @@ def retry_failed(study: optuna.Study) -> list[dict[str, Any]]:
     it twice queues nothing twice. Returns the points queued."""
     attempts: dict[tuple, list[optuna.trial.FrozenTrial]] = {}
     for trial in study.get_trials(deepcopy=False):
-        # a trial still WAITING has its point only as the params it was enqueued with
-        params = trial.params or trial.system_attrs.get("fixed_params", {})
-        point = {key: params[key] for key in GRID_POINT if key in params}  # not the keys it sets
+        point = grid_point(trial)  # not the keys it sets
         attempts.setdefault(tuple(sorted(point.items())), []).append(trial)
     queued = []
     for point, trials in attempts.items():

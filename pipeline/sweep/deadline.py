@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
+from pipeline.sweep.claims import grid_point
 from pipeline.training.preemption import PreemptionCallback
 
 WALL_TIME_ATTR = "wall_time_s"  # a finished trial's training (all attempts) + evaluation time
@@ -83,9 +84,8 @@ def parse_deadline(text: str, now: datetime.datetime | None = None) -> Deadline:
 
 
 def trial_variant(trial: optuna.trial.FrozenTrial) -> str | None:
-    """A trial's grid variant (a WAITING trial has it only among its fixed params)."""
-    params = trial.params or trial.system_attrs.get("fixed_params", {})
-    return params.get("variant")
+    """A trial's grid variant (`grid_point`)."""
+    return grid_point(trial).get("variant")
 
 
 def expected_seconds(study: optuna.Study, variant: str | None, estimate_minutes: float | None):

@@ -11,6 +11,7 @@ import optuna
 from pipeline import config as config_lib
 from pipeline.config_schema import SEED_LIMIT
 from pipeline.errors import ConfigError
+from pipeline.sweep.claims import grid_point
 from pipeline.sweep.spec import StudySpec, TrialPaths, _as_override, point_config
 
 
@@ -100,7 +101,8 @@ def point_name(spec: StudySpec, trial: optuna.Trial) -> str:
     """The folder name of a trial's point: `<variant>-seed<seed>` in a grid (the same for every
     attempt at the point), `trial-<number>` in a search."""
     if spec.kind == "grid":
-        return f"{trial.params['variant']}-seed{trial.params['seed']}"
+        point = grid_point(trial)  # also in a study `pipeline.sweep.upgrade` rewrote
+        return f"{point['variant']}-seed{point['seed']}"
     return f"trial-{trial.number:04d}"
 
 

@@ -20,6 +20,7 @@ from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
 from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
+from pipeline.sweep.summary import TEST_ATTR
 
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
 
@@ -28,6 +29,7 @@ ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read
 
 
 CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
+CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
 
 
 @contextlib.contextmanager
@@ -121,7 +123,7 @@ def _record(
         record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
     )
     curve = validation_curve(cfg)
-    write_json_atomic(record / "curve.json", curve)
+    write_json_atomic(record / CURVE_FILE, curve)
     attempts = [
         {key: value for key, value in attempt.items() if key != "started_at"}
         for attempt in read_attempts(paths.work)
@@ -145,7 +147,7 @@ def _record(
         "val_bleu": train_metrics.get("val/bleu"),
         "val_ppl": train_metrics.get("val/ppl"),
         "test_bleu": test.get("bleu"),
-        "test_bleu_lc": test.get("bleu_lc"),
+        TEST_ATTR: test.get("bleu_lc"),
         "test_chrf": test.get("chrf"),
         "parameters": train_metrics.get("num_parameters"),
         "record": record.name,

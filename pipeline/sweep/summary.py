@@ -9,6 +9,8 @@ from pipeline.sweep.claims import FINISHED, _count
 from pipeline.sweep.params import point_name
 from pipeline.sweep.spec import StudySpec
 
+TEST_ATTR = "test_bleu_lc"  # a trial's test BLEU (lc), the headline metric (DVC: test/bleu_lc)
+
 
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
@@ -37,16 +39,16 @@ def trial_line(
 
 
 def study_summary(study: optuna.Study, spec: StudySpec) -> str:
-    """The finished trials best first (objective, test BLEU, state) and the best one."""
+    """The finished trials best first (objective, test BLEU (lc), state) and the best one."""
     trials = study.get_trials(deepcopy=False, states=FINISHED)
     if not trials:
         return f"study '{spec.study}': no finished trial yet"
     sign = -1 if spec.direction == "maximize" else 1
     trials = sorted(trials, key=lambda t: (t.value is None, sign * (t.value or 0.0), t.number))
-    header = ["trial", "point", spec.metric, "test BLEU", "state"]
+    header = ["trial", "point", spec.metric, "test BLEU (lc)", "state"]
     rows = [header] + [
         [str(t.number), point_name(spec, t), _value_text(t),
-         f"{t.user_attrs['test_bleu']:.2f}" if t.user_attrs.get("test_bleu") is not None else "-",
+         f"{t.user_attrs[TEST_ATTR]:.2f}" if t.user_attrs.get(TEST_ATTR) is not None else "-",
          t.state.name.lower()]
         for t in trials
     ]  # fmt: skip

@@ -258,7 +258,18 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     module.code_version = code_version()
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
-    wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
+    # A finished run of this config and code (`dvc exp run -f`, a lock never written) is
+    # recorded again without training: no W&B run of its own for zero steps.
+    finished = ckpt_path is not None and _step_of(ckpt_path) >= cfg.train.max_steps
+    if finished and wandb_run is None:
+        log.info(
+            "%s holds a finished run of this config and code: nothing to train, its records "
+            "are written again (train.resume=false trains it anew)",
+            ckpt_path.parent,
+        )
+        wandb = None
+    else:
+        wandb = wandb_logger(cfg, job_type, name=run_name, group=group, run=wandb_run)
     dvclive = SafeDVCLiveLogger(
         dir=str(Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR),
         resume=ckpt_path is not None,
@@ -270,7 +281,7 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     module.preemption = preemption
     trainer, precision = build_trainer(
         cfg,
-        [wandb, dvclive],
+        [logger for logger in (wandb, dvclive) if logger is not None],
         [*callbacks, preemption, LiveHistory(dvclive)],
         trained_in=trained_in,
         process_started=started,
@@ -298,7 +309,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     )
     if trainer.is_global_zero:
         write_outputs(cfg, summary, module.history)
-        _finish_wandb(wandb, summary)
+        if wandb is not None:
+            _finish_wandb(wandb, summary)
     return summary
 
 
@@ -362,6 +374,12 @@ def write_outputs(cfg: Config, summary: dict, history: list[dict]) -> None:
     if history:
         curve = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / LEARNING_CURVE_FILE
         plot_learning_curves(history, curve, title=cfg.experiment_name)
+
+
+def _step_of(checkpoint: Path) -> int:
+    from pipeline.training.checkpoints import read_checkpoint
+
+    return int(read_checkpoint(checkpoint)["global_step"])
 
 
 def _finish_wandb(logger: PipelineWandbLogger, summary: dict) -> None:
