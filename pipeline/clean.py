@@ -13,6 +13,9 @@ Two kinds of folders grow with every run and are never removed by the pipeline i
   results, `<results-dir>/<study>/trials/<point>/`), which the study never trains again.
   A point without a record (running, interrupted, failed) resumes from its folder: kept, and
   so is the study's prepared data (`<work-dir>/<study>/data/`).
+- staging folders of a stage killed while it wrote its output folder (`.eval.tmp-<pid>-*`
+  beside `paths.eval_dir`, also `paths.prepared` and `paths.tokenized`): as large as the
+  output. Removable once no live process owns them; the stage's next run removes them too.
 """
 
 from __future__ import annotations
@@ -50,6 +53,26 @@ def train_leftovers(train_dir: Path) -> list[Leftover]:
         found.append(Leftover(preempted, folder_size(preempted), False,
                               "a stopped run that the next `dvc exp run` resumes"))  # fmt: skip
     return found
+
+
+# The outputs a stage replaces whole (`pipeline.atomic.atomic_directory`), as paths.* names them.
+SWAPPED_OUTPUTS = ("prepared", "tokenized", "eval_dir")
+
+
+def staging_leftovers(paths) -> list[Leftover]:
+    """The staging folders that a killed stage left beside the outputs it swaps in whole."""
+    from pipeline.atomic import stale_staging
+
+    return [
+        Leftover(
+            folder,
+            folder_size(folder),
+            True,
+            f"left by a killed run writing {getattr(paths, name)}",
+        )  # fmt: skip
+        for name in SWAPPED_OUTPUTS
+        for folder in stale_staging(getattr(paths, name))
+    ]
 
 
 def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
@@ -91,13 +114,10 @@ def parse_args(argv: list[str] | None):
 
 def clean(argv: list[str] | None = None) -> list[Leftover]:
     args = parse_args(argv)
-    from pipeline import config as config_lib
-    from pipeline import config_schema
+    from pipeline.config import load_paths
 
-    paths = (
-        config_lib.load(args.params).paths if args.params.exists() else config_schema.PathsConfig()
-    )
-    found = train_leftovers(Path(paths.train_dir))
+    paths = load_paths(args.params)
+    found = train_leftovers(Path(paths.train_dir)) + staging_leftovers(paths)
     found += trial_leftovers(args.work_dir, args.results_dir)
     if not found:
         print("nothing to clean")

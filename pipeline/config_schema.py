@@ -409,6 +409,12 @@ class PathsConfig:
     # The check stage's record of the raw corpus (SHA-256 per file): the prepare stage's input
     corpus_record: str = "data/corpus.json"
 
+    def outputs(self, *leaving_out: str) -> dict[str, str]:
+        """`{"paths.<name>": path}` of every stage output but those named in `leaving_out`:
+        what a command replacing a folder must not delete."""
+        return {f"paths.{name}": path for name, path in vars(self).items()
+                if name not in leaving_out}  # fmt: skip
+
 
 @dataclass
 class Config:

@@ -372,10 +372,10 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     first = start_worker(spec_path, results, work)
     attempts = work / "suspended" / "base-seed1" / "attempts.jsonl"
     deadline = time.monotonic() + 300
-    while not (attempts.exists() and '"finished"' in attempts.read_text()):
+    while not (attempts.exists() and '"trained"' in attempts.read_text()):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
         time.sleep(0.05)
-    first.send_signal(signal.SIGSTOP)  # evaluating: its training attempt has been logged
+    first.send_signal(signal.SIGSTOP)  # evaluating: its training has been logged
     try:
         time.sleep(grace + 1)  # its heartbeat is stale now
         second = start_worker(spec_path, results, work)
@@ -392,4 +392,33 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     storage = f"sqlite:///{results / 'suspended' / 'study.db'}"
     trials = optuna.load_study(study_name="suspended", storage=storage).trials
     assert sorted(t.state.name for t in trials) == ["COMPLETE", "FAIL"]
-    assert [a["outcome"] for a in json.loads(recorded)["attempts"]] == ["finished", "finished"]
+    # Counted dead while it evaluated: the first attempt did not finish the point.
+    assert [a["outcome"] for a in json.loads(recorded)["attempts"]] == ["killed", "finished"]
+
+
+def test_a_worker_killed_while_it_evaluates_records_that_attempt_killed(
+    tmp_path, multi30k_dir, monkeypatch
+):
+    """kill -9 of a worker whose training has finished, while it evaluates: the next worker
+    evaluates the point from its finished checkpoint and records the first attempt killed (at
+    the last step, for its training's time), not finished."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    steps, interval, grace = 20, 10, 3
+    spec_path = write_smoke_grid(tmp_path, "killed_eval", steps, interval, {"base": {}}, grace)
+    results, work = tmp_path / "results", tmp_path / "work"
+    first = start_worker(spec_path, results, work)
+    point = work / "killed_eval" / "base-seed1"
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith(".eval.tmp-") for p in point.glob(".*")):  # evaluating
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    time.sleep(grace + 1)  # its heartbeat is stale: the next worker takes the point over
+    second = start_worker(spec_path, results, work)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    run = json.loads((results / "killed_eval" / "trials" / "base-seed1" / "run.json").read_text())
+    assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
+        ("killed", steps), ("finished", steps)]  # fmt: skip
+    assert run["attempts"][0]["wall_time_s"] > run["attempts"][1]["wall_time_s"]  # it trained

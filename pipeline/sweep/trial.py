@@ -48,11 +48,12 @@ def run_trial(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
     try:
-        with _attempt_logged(paths.work, trial):
+        with _attempt_logged(paths.work, trial) as attempt:  # finished once evaluated too
             train_metrics = _train(spec, trial, cfg, wandb_run=run)
-        eval_started = time.perf_counter()
-        eval_metrics = evaluate.run(cfg, wandb_run=run)
-        eval_seconds = time.perf_counter() - eval_started
+            attempt.trained()
+            eval_started = time.perf_counter()
+            eval_metrics = evaluate.run(cfg, wandb_run=run)
+            eval_seconds = time.perf_counter() - eval_started
     finally:
         run.finish()
     _ensure_still_running(trial)
