@@ -18,6 +18,7 @@ from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
+from pipeline.portable_paths import copy_relativized, relativize
 from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
 
@@ -140,13 +141,15 @@ def _record(
 
     record = paths.record
     record.mkdir(parents=True, exist_ok=True)
+    # Paths under the work root are recorded relative to it: no machine's home in a record.
     for name in ("train.json", "eval.json"):
-        shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
+        copy_relativized(
+            Path(cfg.paths.metrics_dir) / name, record / name, Path.cwd(), paths.work_root
+        )
     for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
         shutil.copyfile(hypotheses, record / hypotheses.name)
-    write_text_atomic(
-        record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
-    )
+    params = yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
+    write_text_atomic(record / "params.yaml", relativize(params, Path.cwd(), paths.work_root))
     curve = validation_curve(cfg)
     write_json_atomic(record / "curve.json", curve)
     attempts = [
@@ -176,7 +179,9 @@ def _record(
         "test_chrf": test.get("chrf"),
         "parameters": train_metrics.get("num_parameters"),
         "record": record.name,
-        "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
+        "checkpoint_dir": relativize(
+            str(Path(cfg.paths.train_dir).resolve()), Path.cwd(), paths.work_root
+        ),
         # what a worker's --deadline expects a trial of this variant to take
         WALL_TIME_ATTR: round(run["train_wall_time_s"] + run["eval_wall_time_s"], 1),
     }
