@@ -8,11 +8,14 @@ Two kinds of folders grow with every run and are never removed by the pipeline i
   (`dvc exp run -S ...`, `train.resume=false`), once per distinct run, listed with its step and
   why it moved; DVC's cache holds what `dvc exp apply` needs. Removable. `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is
   kept.
-- sweep trials' work folders (`<work-dir>/<study>/<point>/`: checkpoints, averaged model):
-  removable once the point is finished and recorded (its `run.json` is in the study's
+- sweep trials' work folders (`<work-dir>/<study>-<key>/<point>/`, the key a hash of the
+  study's storage and id; checkpoints, averaged model): removable once the point is finished and recorded (its `run.json` is in the study's
   results, `<results-dir>/<study>/trials/<point>/`), which the study never trains again.
   A point without a record (running, interrupted, failed) resumes from its folder: kept, and
-  so is the study's prepared data (`<work-dir>/<study>/data/`).
+  so is the study's prepared data (`<work-dir>/<study>-<key>/data/`).
+- staging folders of a stage killed while it wrote its output folder (`.eval.tmp-<pid>-*`
+  beside `paths.eval_dir`, also `paths.prepared` and `paths.tokenized`): as large as the
+  output. Removable once no live process owns them; the stage's next run removes them too.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from pipeline.cli import main, parser
 from pipeline.disk_usage import folder_size, human_size
 
-STUDY_DATA = "data"  # <work-dir>/<study>/data: prepared once per study (pipeline.sweep)
+STUDY_DATA = "data"  # <work-dir>/<study>-<key>/data: prepared once per study (pipeline.sweep)
 
 
 @dataclass
@@ -56,6 +59,37 @@ def train_leftovers(train_dir: Path) -> list[Leftover]:
     return found
 
 
+# The outputs a stage replaces whole (`pipeline.atomic.atomic_directory`), as paths.* names them.
+SWAPPED_OUTPUTS = ("prepared", "tokenized", "eval_dir")
+
+
+def staging_leftovers(paths) -> list[Leftover]:
+    """The staging folders that a killed stage left beside the outputs it swaps in whole."""
+    from pipeline.atomic import stale_staging
+
+    return [
+        Leftover(
+            folder,
+            folder_size(folder),
+            True,
+            f"left by a killed run writing {getattr(paths, name)}",
+        )  # fmt: skip
+        for name in SWAPPED_OUTPUTS
+        for folder in stale_staging(getattr(paths, name))
+    ]
+
+
+def study_name(folder: Path) -> str:
+    """The study a work folder belongs to: as its identity file says (`<study>-<key>/`), or
+    the folder's name (folders made before studies were keyed by their identity)."""
+    import json
+
+    from pipeline.sweep.spec import STUDY_FILE
+
+    identity = folder / STUDY_FILE
+    return json.loads(identity.read_text())["study"] if identity.is_file() else folder.name
+
+
 def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
     """Every study's point folders in `work_root`, removable where the point is recorded."""
     from pipeline.sweep.records import RUN_FILE
@@ -64,17 +98,18 @@ def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
     if not work_root.is_dir():
         return found
     for study in sorted(p for p in work_root.iterdir() if p.is_dir()):
+        name = study_name(study)
         for point in sorted(p for p in study.iterdir() if p.is_dir()):
             size = folder_size(point)
             if point.name == STUDY_DATA:
                 found.append(Leftover(point, size, False, "the study's prepared data"))
                 continue
-            record = results_root / study.name / "trials" / point.name / RUN_FILE
+            record = results_root / name / "trials" / point.name / RUN_FILE
             if record.is_file():
                 found.append(Leftover(point, size, True, f"finished, recorded in {record.parent}"))
             else:
                 found.append(Leftover(point, size, False, "not recorded in "
-                                      f"{results_root / study.name} (running, interrupted or "
+                                      f"{results_root / name} (running, interrupted or "
                                       "failed: it resumes from here)"))  # fmt: skip
     return found
 
@@ -95,13 +130,10 @@ def parse_args(argv: list[str] | None):
 
 def clean(argv: list[str] | None = None) -> list[Leftover]:
     args = parse_args(argv)
-    from pipeline import config as config_lib
-    from pipeline import config_schema
+    from pipeline.config import load_paths
 
-    paths = (
-        config_lib.load(args.params).paths if args.params.exists() else config_schema.PathsConfig()
-    )
-    found = train_leftovers(Path(paths.train_dir))
+    paths = load_paths(args.params)
+    found = train_leftovers(Path(paths.train_dir)) + staging_leftovers(paths)
     found += trial_leftovers(args.work_dir, args.results_dir)
     if not found:
         print("nothing to clean")

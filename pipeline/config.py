@@ -24,7 +24,7 @@ from typing import Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pipeline.config_schema import RUNTIME_KEYS, Config, validate
+from pipeline.config_schema import RUNTIME_KEYS, Config, PathsConfig, validate
 from pipeline.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -121,6 +121,12 @@ def load(path: str | os.PathLike = "params.yaml") -> Config:
         )
     raw = OmegaConf.load(path)
     return finalize(_to_config(raw, str(path)))
+
+
+def load_paths(path: str | os.PathLike = "params.yaml") -> PathsConfig:
+    """The stages' output paths of the params file at `path`, or the defaults where there is
+    none (commands run outside a workspace)."""
+    return load(path).paths if Path(path).exists() else PathsConfig()
 
 
 def compose(overrides: list[str] | None = None, config_dir: Path = CONF_DIR) -> Config:

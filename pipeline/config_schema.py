@@ -569,6 +569,12 @@ class PathsConfig:
     def validate(self, prefix: str) -> None:
         check_domains(self, prefix)
 
+    def outputs(self, *leaving_out: str) -> dict[str, str]:
+        """`{"paths.<name>": path}` of every stage output but those named in `leaving_out`:
+        what a command replacing a folder must not delete."""
+        return {f"paths.{name}": path for name, path in vars(self).items()
+                if name not in leaving_out}  # fmt: skip
+
 
 @dataclass
 class Config:

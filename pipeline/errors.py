@@ -29,33 +29,71 @@ class Preempted(PipelineError):
     exit_code = 3
 
 
-class DiskFullError(PipelineError):
+class WriteError(PipelineError):
+    """An artifact could not be written (read-only or forbidden place); written atomically,
+    the previous one is kept. `path`: the file."""
+
+    path: Path | None = None
+
+
+class DiskFullError(WriteError):
     """No space left while writing an artifact; written atomically, the previous one is kept."""
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# EBUSY: a read-only mount point, which cannot be renamed or replaced
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY)
+
+
+def _os_error(err: BaseException | None, errnos: tuple[int, ...]) -> OSError | None:
+    """The OSError with one of `errnos` that `err` is, or was raised from or while handling."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in errnos:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def is_disk_full(err: BaseException | None) -> bool:
     """Whether `err`, or an error it was raised from or while handling, is ENOSPC/EDQUOT
     (libraries wrap it: torch.save raises a RuntimeError during the failed write's OSError)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in _DISK_FULL:
-            return True
-        err = err.__cause__ or err.__context__
-    return False
+    return _os_error(err, _DISK_FULL) is not None
+
+
+def _kept(path: Path, previous_existed: bool) -> str:
+    return f"the previous {path.name} is intact" if previous_existed else "nothing was written"
 
 
 def disk_full_error(path, previous_existed: bool) -> DiskFullError:
     """The error for an atomic write of `path` that ran out of space (nothing was replaced)."""
     path = Path(path)
-    kept = f"the previous {path.name} is intact" if previous_existed else "nothing was written"
-    return DiskFullError(
-        f"{path}: disk full (no space left on device) while writing it; {kept}. Free space "
-        f"on that disk (`df -h {path.parent}`) or point paths.* elsewhere, then run again."
+    error = DiskFullError(
+        f"{path}: disk full (no space left on device) while writing it; "
+        f"{_kept(path, previous_existed)}. Free space on that disk (`df -h {path.parent}`) or "
+        "point paths.* elsewhere, then run again."
     )
+    error.path = path
+    return error
+
+
+def write_error(path, err: BaseException, previous_existed: bool) -> WriteError | None:
+    """The error for an atomic write of `path` that failed with `err`: a DiskFullError for a
+    full disk, a WriteError for a read-only or forbidden place; None for anything else."""
+    if is_disk_full(err):
+        return disk_full_error(path, previous_existed)
+    denied = _os_error(err, _UNWRITABLE)
+    if denied is None:
+        return None
+    path = Path(path)
+    error = WriteError(
+        f"{path}: cannot write it ({denied.strerror or 'permission denied'}); "
+        f"{_kept(path, previous_existed)}. Make {path.parent} writable or point paths.* "
+        "elsewhere, then run again."
+    )
+    error.path = path
+    return error
 
 
 def not_a_file(path: str | Path) -> str | None:

@@ -76,6 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import refuse_replacing
 from pipeline.cli import main
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, pretokenizer_path
 from pipeline.errors import ConfigError, DataError, not_a_file
@@ -238,10 +239,12 @@ def export_ctranslate2(
     *,
     quantization: str = DEFAULT_QUANTIZATION,
     provenance: dict | None = None,
+    keep: dict | None = None,
 ) -> Path:
     """Write `model` (eval mode) with `tokenizer` (its `source_eos` and pre-tokenization as the
     model was trained) as a CTranslate2 folder `out`, weights stored as `quantization`. `out`
-    is replaced whole, atomically; `provenance` goes into export.json."""
+    is replaced whole, atomically, unless it holds something in `keep` ({what: path}, see
+    `pipeline.atomic.refuse_replacing`); `provenance` goes into export.json."""
     from pipeline.atomic import atomic_directory
 
     spec = transformer_spec(model, tokenizer)
@@ -256,7 +259,7 @@ def export_ctranslate2(
         "pretokenizer": asdict(tokenizer.pretokenizer),  # what text goes through around spm
         "max_positions": model.cfg.max_positions,
     }
-    with atomic_directory(out) as staging:
+    with atomic_directory(out, keep) as staging:
         spec.save(str(staging))
         tokenizer.save(staging / MODEL_FILE)
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -483,6 +486,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "int8_float32, int8_float16, int8_bfloat16 (default: float32)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=Path("params.yaml"),
+        help="the workspace's params, whose stage outputs --out must not hold",
+    )
     return parser.parse_args(argv)  # fmt: skip
 
 
@@ -500,6 +509,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         )
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())) and not args.force:
         raise DataError(f"--out {args.out} exists and is not an empty folder; --force replaces it")
+    refuse_replacing(args.out, out_keeps(args), name="--out")
     ctranslate2 = _ctranslate2()
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 
@@ -508,6 +518,15 @@ def check_arguments(args: argparse.Namespace) -> None:
             f"--quantization {args.quantization}: CTranslate2 {ctranslate2.__version__} "
             f"stores {', '.join(ACCEPTED_MODEL_TYPES)}"
         )
+
+
+def out_keeps(args: argparse.Namespace) -> dict:
+    """What `--out` must not hold (it is replaced whole): the command's inputs and every stage
+    output of the workspace's params.yaml."""
+    from pipeline.config import load_paths
+
+    inputs = {"--checkpoint": args.checkpoint, "--tokenizer": args.tokenizer}
+    return {**inputs, **load_paths(args.params).outputs()}
 
 
 def load_checkpoint(path: str | Path):
@@ -530,7 +549,7 @@ def export(argv: list[str] | None = None) -> Path:
     check_tokenizer(tokenizer, model.vocab_size, args.tokenizer)
     out = export_ctranslate2(
         model, tokenizer, args.out, quantization=args.quantization,
-        provenance={"checkpoint": str(args.checkpoint)},
+        provenance={"checkpoint": str(args.checkpoint)}, keep=out_keeps(args),
     )  # fmt: skip
     print(f"wrote {out}: CTranslate2 model, {args.quantization} weights", file=sys.stderr)
     return out

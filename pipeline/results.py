@@ -31,7 +31,9 @@ from pipeline.cli import main
 from pipeline.environment import provenance
 from pipeline.errors import DataError
 from pipeline.evaluation.scoring import LITERATURE_METRIC
+from pipeline.portable_paths import copy_relativized
 from pipeline.redaction import hide_passwords
+from pipeline.sweep.spec import WORK_ROOT
 
 RESULTS_ROOT = Path("results")
 METRICS_FILES = ("prepare.json", "tokenize.json", "train.json", "eval.json")
@@ -71,9 +73,9 @@ def record(
         )
     row = root / name
     row.mkdir(parents=True, exist_ok=True)
-    for file in METRICS_FILES:
-        shutil.copyfile(metrics_dir / file, row / file)
-    shutil.copyfile(params, row / "params.yaml")
+    for file in (*METRICS_FILES, "params.yaml"):  # paths relative: no machine's home in a row
+        source = params if file == "params.yaml" else metrics_dir / file
+        copy_relativized(source, row / file, Path.cwd(), WORK_ROOT)
     if eval_dir is not None:
         for hypotheses in sorted(eval_dir.glob("*.hyp")):
             shutil.copyfile(hypotheses, row / hypotheses.name)

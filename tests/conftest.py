@@ -204,6 +204,17 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
+def study_folder(work: Path, results: Path, study: str) -> Path:
+    """The work folder of a new study `study` in its default storage under `results` (the
+    first study of a fresh SQLite file has id 1), as `pipeline.sweep` keys it."""
+    from types import SimpleNamespace
+
+    from pipeline.sweep.spec import study_work_dir
+    from pipeline.sweep.storage import default_storage
+
+    return study_work_dir(work, study, default_storage(SimpleNamespace(study=study), results), 1)
+
+
 class RunsCommand:
     """Unpickling this runs a shell command: the payload of a malicious checkpoint."""
 

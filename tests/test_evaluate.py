@@ -435,3 +435,120 @@ def test_evaluate_stage_ends_with_a_table_of_every_split(smoke_stage_run):
         assert int(cells[8]) == len(set(hypotheses))
         assert cells[9] == f"eval/{split}.hyp"
     assert out[header + 3].startswith("BLEU signature: nrefs:1|")
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def write_stage_params(cfg, folder: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from pipeline.config import to_dict
+
+    (folder / "params.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+
+
+def fast_eval_config(trained, root: Path, eval_dir: Path):
+    """One small split, greedy: a stage run of seconds, outputs under `root`, eval_dir given."""
+    cfg = eval_config(trained, root, ("splits", ["val"]), ("beam_size", 1), ("average", 1))
+    cfg.eval.heatmaps = cfg.eval.samples = 1
+    cfg.paths.eval_dir = str(eval_dir)
+    return cfg
+
+
+@pytest.mark.slow
+def test_a_full_disk_or_a_read_only_eval_dir_exits_2_naming_the_file_and_keeps_the_output(
+    trained_smoke, tmp_path, small_disk
+):
+    """A real full tmpfs under eval_dir: exit 2 naming eval_dir/model.ckpt (torch.save's own
+    error names no file), the previous output intact and no staging folder left; the same
+    filesystem remounted read-only: exit 2 naming eval_dir, the output intact."""
+    from tests.conftest import snapshot
+
+    eval_dir = small_disk.path / "eval"
+    write_stage_params(fast_eval_config(trained_smoke, tmp_path, eval_dir), tmp_path)
+    assert run_stage("evaluate", tmp_path).returncode == 0
+    before = snapshot(small_disk.path)
+    small_disk.fill(free=64 * 1024)
+    full = run_stage("evaluate", tmp_path)
+    assert full.returncode == 2, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    assert f"error: {eval_dir / 'model.ckpt'}: disk full (no space left on device) while " \
+        "writing it; the previous model.ckpt is intact" in full.stderr  # fmt: skip
+    (small_disk.path / ".filler").unlink()
+    assert snapshot(small_disk.path) == before  # no staging folder, every file as it was
+
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(small_disk.path)],
+                             capture_output=True, text=True)  # fmt: skip
+    if remount.returncode != 0:
+        pytest.skip(f"cannot remount the tmpfs read-only: {remount.stderr.strip()}")
+    read_only = run_stage("evaluate", tmp_path)
+    assert read_only.returncode == 2, read_only.stderr[-3000:]
+    assert "Traceback" not in read_only.stderr
+    assert f"error: {eval_dir}: cannot write it (Read-only file system); the previous eval " \
+        "is intact" in read_only.stderr  # fmt: skip
+    assert snapshot(small_disk.path) == before
+
+
+@pytest.mark.slow
+def test_a_killed_evaluate_leaves_staging_that_clean_lists_and_the_next_run_removes(
+    trained_smoke, tmp_path
+):
+    """kill -9 while the stage writes its output folder: `pipeline.clean` lists the staging
+    folder it left (also one named as earlier versions named them), and the next run of the
+    stage removes both."""
+    import os
+    import signal
+    import time
+
+    eval_dir = tmp_path / "eval"
+    write_stage_params(fast_eval_config(trained_smoke, tmp_path, eval_dir), tmp_path)
+    stage = subprocess.Popen([sys.executable, "-m", "pipeline.stages.evaluate"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    prefix = f".eval.tmp-{stage.pid}-"
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith(prefix) and (p / "model.ckpt").exists()
+                  for p in tmp_path.iterdir()):  # fmt: skip
+        assert stage.poll() is None and time.monotonic() < deadline, "it ended before the kill"
+        time.sleep(0.01)
+    os.kill(stage.pid, signal.SIGKILL)
+    stage.wait()
+    (staging,) = [p for p in tmp_path.iterdir() if p.name.startswith(prefix)]
+    older = tmp_path / ".eval.tmp-k3x9q2ab"  # as a killed earlier version named it
+    older.mkdir()
+    (older / "model.ckpt").write_bytes(b"\0" * 1000)
+
+    listed = subprocess.run([sys.executable, "-m", "pipeline.clean", "--work-dir",
+                             str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")],
+                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    for folder in (staging, older):
+        (line,) = [line for line in listed.stdout.splitlines() if line.startswith(str(folder))]
+        assert f"removable: left by a killed run writing {eval_dir}" in line
+
+    rerun = run_stage("evaluate", tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".eval.")]
+    assert (eval_dir / "model.ckpt").is_file()
+
+
+def test_an_eval_dir_holding_the_checkpoints_is_refused_naming_both(trained_smoke, tmp_path):
+    """paths.eval_dir set to a folder holding paths.train_dir: replacing it would delete the
+    checkpoints it averages. Refused before any output, naming both; nothing is deleted."""
+    import shutil
+
+    from tests.conftest import snapshot
+
+    cfg = eval_config(trained_smoke, tmp_path)
+    cfg.paths.train_dir = str(tmp_path / "models" / "train")
+    shutil.copytree(trained_smoke.paths.train_dir, cfg.paths.train_dir)
+    cfg.paths.eval_dir = str(tmp_path / "models")
+    before = snapshot(tmp_path / "models")
+    with pytest.raises(DataError) as refused:
+        evaluate.run(cfg)
+    assert str(refused.value).startswith(
+        f"{tmp_path / 'models'} holds paths.train_dir {cfg.paths.train_dir}: replacing that "
+        "folder would delete it"
+    )
+    assert snapshot(tmp_path / "models") == before
+    assert not (Path(cfg.paths.metrics_dir) / "eval.json").exists()

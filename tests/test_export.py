@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -292,6 +293,48 @@ def test_bad_arguments_are_refused_naming_them_before_any_work(tokenized_smoke, 
     result = run_export("--checkpoint", str(absent), "--tokenizer", str(spm), "--out", str(out))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error: checkpoint {absent} not found")
+
+
+@pytest.mark.slow
+def test_force_refuses_an_out_folder_that_holds_an_input_or_a_stage_output(trained_smoke, tmp_path):
+    """`--out models --force` in a workspace would replace the folder that holds the checkpoint
+    it reads (and the train stage's output): exit 2 naming both, every file kept; so too an
+    --out inside a stage's output."""
+    import shutil
+
+    from tests.conftest import snapshot, write_params
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    write_params(workspace)
+    shutil.copytree(trained_smoke.paths.train_dir, workspace / "models" / "train")
+    shutil.copytree(trained_smoke.paths.tokenized, workspace / "data" / "tokenized")
+    before = snapshot(workspace)
+    checkpoint, spm = "models/train/checkpoints/last.ckpt", f"data/tokenized/{MODEL_FILE}"
+
+    def run(out: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline.export", "--checkpoint", checkpoint, "--tokenizer",
+             spm, "--out", out, "--force"],
+            capture_output=True, text=True, cwd=workspace, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+
+    refused = {
+        "models": f"--out models holds --checkpoint {checkpoint}: replacing that folder would "
+        "delete it",
+        "data": f"--out data holds --tokenizer {spm}: replacing that folder would delete it",
+        "plots/ct2": "--out plots/ct2 lies inside paths.plots_dir plots: replacing it would change "
+        "that output",
+        ".": f"--out . holds --checkpoint {checkpoint}",
+    }
+    for out, message in refused.items():
+        result = run(out)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith(f"error: {message}") and "Traceback" not in result.stderr
+        assert snapshot(workspace) == before
+    assert run("exported/ct2").returncode == 0  # a folder of its own is written
+    assert (workspace / "exported/ct2/model.bin").is_file()
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(malicious_checkpoint, tmp_path):

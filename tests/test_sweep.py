@@ -644,3 +644,60 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
     summary = sweep.study_summary(study, spec)
     assert summary.splitlines()[1].split()[:3] == ["1", "heads_2-seed1", "5.00"]
     assert summary.splitlines()[-1] == "best: trial 1 (heads_2-seed1), val/bleu 5.00"
+
+
+def test_studies_of_one_name_in_two_storages_get_work_folders_of_their_own(tmp_path):
+    """Two clones of the repository, each with its own `table3` study: their trials' work
+    folders differ (keyed by storage and study id), a password in the URL does not count.
+    `pipeline.clean` reads the study's name from the folder's identity file."""
+    from pipeline.clean import study_name
+    from pipeline.sweep.spec import STUDY_FILE, claim_study_work_dir, study_work_dir
+
+    work = tmp_path / "work"
+    folders = []
+    for clone in ("clone_a", "clone_b"):
+        url = f"sqlite:///{tmp_path / clone / 'study.db'}"
+        (tmp_path / clone).mkdir()
+        study = optuna.create_study(study_name="table3", storage=url)
+        folders.append(claim_study_work_dir(work, "table3", url, study._study_id))
+        assert study_work_dir(work, "table3", url, study._study_id) == folders[-1]
+    assert folders[0] != folders[1]
+    assert all(folder.parent == work and folder.name.startswith("table3-") for folder in folders)
+    assert study_name(folders[0]) == "table3" and study_name(work / "legacy") == "legacy"
+    identity = json.loads((folders[0] / STUDY_FILE).read_text())
+    assert identity == {"study": "table3", "storage": f"sqlite:///{tmp_path / 'clone_a/study.db'}",
+                        "study_id": 1}  # fmt: skip
+
+    secret, other = "postgresql://u:one@db/x", "postgresql://u:two@db/x"
+    assert study_work_dir(work, "s", secret, 1) == study_work_dir(work, "s", other, 1)
+    assert study_work_dir(work, "s", secret, 1) != study_work_dir(work, "s", secret, 2)
+
+
+def test_a_point_folder_a_live_worker_trains_in_is_refused_naming_it(tmp_path):
+    """A real second process holds the point's folder (as a worker does while it trains): this
+    one refuses it, naming the folder and the holder; once the holder is SIGKILLed the kernel
+    lets the lock go and the folder is taken."""
+    from pipeline.errors import PipelineError
+    from pipeline.sweep.trial import owned_folder
+
+    work = tmp_path / "base-seed1"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from pathlib import Path\n"
+         "from pipeline.sweep.trial import owned_folder\n"
+         "with owned_folder(Path(sys.argv[1]), 0):\n"
+         "    print('held', flush=True)\n"
+         "    time.sleep(600)\n", str(work)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(PipelineError, match=re.escape(f"trial 0: its folder {work} is in use "
+                                                          f"by process {holder.pid} on")):  # fmt: skip
+            with owned_folder(work, 0):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with owned_folder(work, 0):
+        assert f"process {os.getpid()} on" in (work / ".lock").read_text()

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
 from pipeline.sweep import deadline as deadline_lib
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, study_folder
 
 NOW = datetime.datetime(2026, 11, 27, 16, 0, 0)
 
@@ -113,7 +113,12 @@ def test_at_the_deadline_the_running_trial_stops_at_a_checkpoint(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "trial 0 stopped at a checkpoint and queued again" in done.stdout, done.stdout
     assert "0 of 2 trials finished, 2 waiting" in done.stdout
-    progress = tmp_path / "work" / "short_deadline" / "base-seed1" / "train" / "checkpoints"
+    progress = (
+        study_folder(tmp_path / "work", results, "short_deadline")
+        / "base-seed1"
+        / "train"
+        / "checkpoints"
+    )
     step = json.loads((progress / "progress.json").read_text())["step"]
     assert 0 < step < 100000
     assert (progress / "last.ckpt").exists()

@@ -20,7 +20,7 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline import tracking
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, study_folder
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,13 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     results, work = tmp_path / "results", tmp_path / "work"
 
     first = start_worker(spec_path, results, work)
-    progress = work / "resume_smoke" / "base-seed1" / "train" / "checkpoints" / "progress.json"
+    progress = (
+        study_folder(work, results, "resume_smoke")
+        / "base-seed1"
+        / "train"
+        / "checkpoints"
+        / "progress.json"
+    )
     wait_for_checkpoint(first, progress, interval)
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=120)
@@ -241,7 +247,13 @@ def test_a_trial_whose_storage_stops_recording_heartbeats_stops_at_a_checkpoint(
     spec_path = write_smoke_grid(tmp_path, "lost_heartbeat", steps, interval, {"base": {}}, 4)
     results, work = tmp_path / "results", tmp_path / "work"
     worker = start_worker(spec_path, results, work)
-    progress = work / "lost_heartbeat" / "base-seed1" / "train" / "checkpoints" / "progress.json"
+    progress = (
+        study_folder(work, results, "lost_heartbeat")
+        / "base-seed1"
+        / "train"
+        / "checkpoints"
+        / "progress.json"
+    )
     wait_for_checkpoint(worker, progress, interval)
     lock = sqlite3.connect(results / "lost_heartbeat" / "study.db", isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
@@ -370,12 +382,12 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     spec_path = write_smoke_grid(tmp_path, "suspended", steps, interval, {"base": {}}, grace)
     results, work = tmp_path / "results", tmp_path / "work"
     first = start_worker(spec_path, results, work)
-    attempts = work / "suspended" / "base-seed1" / "attempts.jsonl"
+    attempts = study_folder(work, results, "suspended") / "base-seed1" / "attempts.jsonl"
     deadline = time.monotonic() + 300
-    while not (attempts.exists() and '"finished"' in attempts.read_text()):
+    while not (attempts.exists() and '"trained"' in attempts.read_text()):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
         time.sleep(0.05)
-    first.send_signal(signal.SIGSTOP)  # evaluating: its training attempt has been logged
+    first.send_signal(signal.SIGSTOP)  # evaluating: its training has been logged
     try:
         time.sleep(grace + 1)  # its heartbeat is stale now
         second = start_worker(spec_path, results, work)
@@ -392,4 +404,33 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     storage = f"sqlite:///{results / 'suspended' / 'study.db'}"
     trials = optuna.load_study(study_name="suspended", storage=storage).trials
     assert sorted(t.state.name for t in trials) == ["COMPLETE", "FAIL"]
-    assert [a["outcome"] for a in json.loads(recorded)["attempts"]] == ["finished", "finished"]
+    # Counted dead while it evaluated: the first attempt did not finish the point.
+    assert [a["outcome"] for a in json.loads(recorded)["attempts"]] == ["killed", "finished"]
+
+
+def test_a_worker_killed_while_it_evaluates_records_that_attempt_killed(
+    tmp_path, multi30k_dir, monkeypatch
+):
+    """kill -9 of a worker whose training has finished, while it evaluates: the next worker
+    evaluates the point from its finished checkpoint and records the first attempt killed (at
+    the last step, for its training's time), not finished."""
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
+    steps, interval, grace = 20, 10, 3
+    spec_path = write_smoke_grid(tmp_path, "killed_eval", steps, interval, {"base": {}}, grace)
+    results, work = tmp_path / "results", tmp_path / "work"
+    first = start_worker(spec_path, results, work)
+    point = study_folder(work, results, "killed_eval") / "base-seed1"
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith(".eval.tmp-") for p in point.glob(".*")):  # evaluating
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    time.sleep(grace + 1)  # its heartbeat is stale: the next worker takes the point over
+    second = start_worker(spec_path, results, work)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    run = json.loads((results / "killed_eval" / "trials" / "base-seed1" / "run.json").read_text())
+    assert [(a["outcome"], a["step"]) for a in run["attempts"]] == [
+        ("killed", steps), ("finished", steps)]  # fmt: skip
+    assert run["attempts"][0]["wall_time_s"] > run["attempts"][1]["wall_time_s"]  # it trained

@@ -660,3 +660,28 @@ def test_a_finished_run_recorded_again_trains_nothing_and_starts_no_wandb_run(
     assert offline_run_dirs(cfg.paths.wandb_dir) == []
     recorded = json.loads((tmp_path / "metrics" / "train.json").read_text())
     assert recorded["steps"] == cfg.train.max_steps
+
+
+# Figures of this process, not of the run: the time this command took and what it resumed from.
+PROCESS_FIGURES = ("process_wall_time_s", "resumed_from")
+
+
+def test_a_finished_run_recorded_again_keeps_every_figure(trained_smoke, tmp_path):
+    """The train stage run again over a finished run (after a SIGTERM to `dvc repro` once
+    training had ended, or after `rm` of metrics/train.json) trains nothing and writes the
+    run's train.json again: every figure of the run as it was (epochs included)."""
+    import shutil
+
+    cfg = copy.deepcopy(trained_smoke)
+    for name in ("metrics_dir", "plots_dir", "wandb_dir"):
+        setattr(cfg.paths, name, str(tmp_path / name))
+    cfg.paths.train_dir = str(tmp_path / "train")
+    shutil.copytree(trained_smoke.paths.train_dir, cfg.paths.train_dir)
+    finished = json.loads((Path(trained_smoke.paths.metrics_dir) / "train.json").read_text())
+    run(cfg)
+    again = json.loads((tmp_path / "metrics_dir" / "train.json").read_text())
+    assert again["resumed_from"] == str(Path(cfg.paths.train_dir) / "checkpoints" / "last.ckpt")
+    assert finished["epochs"] >= 1
+    for key in PROCESS_FIGURES + ("checkpoint_dir",):  # checkpoint_dir: where the copy lies
+        finished.pop(key), again.pop(key)
+    assert again == finished

@@ -1143,10 +1143,12 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         parser.error("--out is required (unless --build-venv-only or --dry-run)")
     payload = run(args)
     if not args.dry_run:
-        from pipeline.atomic import write_json_atomic
+        from pipeline.atomic import write_text_atomic
+        from pipeline.portable_paths import relativize
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.out, payload, sort_keys=True)
+        text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+        write_text_atomic(args.out, relativize(text, Path.cwd(), CACHE))
         generated = Layout(Path(payload["work_dir"])).generate
         for split in payload["scores"]:
             shutil.copyfile(generated / f"{split}.hyp", hypotheses_path(args.out, split))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import write_text_atomic
 from pipeline.config_schema import DataConfig, LimitsConfig
 from pipeline.errors import ConfigError, DataError
 
@@ -263,4 +264,5 @@ def clean_split(raw: ParallelText, data: DataConfig) -> tuple[ParallelText, dict
 
 
 def write_lines(path: Path, lines: list[str]) -> None:
-    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    """One line each, atomically (a full disk or read-only place is an error naming `path`)."""
+    write_text_atomic(path, "".join(f"{line}\n" for line in lines))

@@ -31,7 +31,8 @@ def prepare(cfg: Config, cache_dir: Path | None = None) -> dict:
     cleaned, split_stats = {}, {}
     for split, pair in raw.items():
         cleaned[split], split_stats[split] = clean_split(pair, data)
-    with atomic_directory(cfg.paths.prepared) as staging:
+    keep = {**cfg.paths.outputs("prepared"), "data.raw_dir": data.raw_dir}
+    with atomic_directory(cfg.paths.prepared, keep) as staging:
         for split, pair in cleaned.items():
             write_lines(staging / f"{split}.{data.src_lang}", pair.src)
             write_lines(staging / f"{split}.{data.tgt_lang}", pair.tgt)

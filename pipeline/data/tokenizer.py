@@ -433,7 +433,7 @@ def tokenize(cfg: Config) -> dict:
         subwords = SubwordNmt.learn(sources, targets, data.tokenizer.vocab_size)
         train_text = subwords.sources(sources) + subwords.targets(targets)
     splits, metrics = {}, {}
-    with atomic_directory(cfg.paths.tokenized) as staging:
+    with atomic_directory(cfg.paths.tokenized, cfg.paths.outputs("tokenized")) as staging:
         model_path = train_tokenizer(train_text, data.tokenizer, staging / MODEL_FILE, cfg.seed)
         pretokenizer.write(model_path)
         if subwords is not None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from pipeline import console
-from pipeline.atomic import atomic_directory, write_json_atomic
+from pipeline.atomic import atomic_directory, atomic_write, write_json_atomic
 from pipeline.config_schema import Config, DataConfig, EvalConfig
 from pipeline.data.corpus import ParallelText, write_lines
 from pipeline.data.prepared import read_prepared
@@ -102,8 +102,8 @@ def write_model_checkpoint(sources: Sequence[Path], target: Path) -> dict:
     if len(sources) > 1:
         checkpoint["state_dict"] = average_checkpoints(list(sources))
     checkpoint["averaged_from"] = [str(path) for path in sources]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, target)
+    # Into an open file: a full disk is then an OSError naming no torch internals.
+    atomic_write(target, lambda f: torch.save(checkpoint, f))
     return checkpoint
 
 
@@ -398,7 +398,10 @@ def run(cfg: Config, wandb_run=None) -> dict:
     signatures: dict = {}
     src_ids: dict[str, list[list[int]]] = {}
     translations: dict[str, list[Translation]] = {}
-    with atomic_directory(cfg.paths.eval_dir) as staging:
+    keep = cfg.paths.outputs("eval_dir")  # the checkpoints (train_dir) among them
+    if cfg.eval.checkpoint:
+        keep["eval.checkpoint"] = cfg.eval.checkpoint
+    with atomic_directory(cfg.paths.eval_dir, keep) as staging:
         write_model_checkpoint(sources, staging / MODEL_CHECKPOINT)
         model = load_model(staging / MODEL_CHECKPOINT)
         tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)

@@ -19,7 +19,8 @@ Many workers, on one machine or many, run the same command against one storage U
   stops the trial the same way, but leaves the storage alone: others retry the stale trial. One
   whose heartbeat went stale while it evaluated records nothing if the storage no longer has its
   trial RUNNING (another worker has counted it dead and runs the point again).
-- a trial trains in its point's own work directory (`<work-dir>/<study>/<variant>-seed<seed>/`,
+- a trial trains in its point's own work directory (`<work-dir>/<study>-<key>/<variant>-seed<seed>/`,
+  the key a hash of the study's storage and id; locked while a worker trains there;
   outside the repository: checkpoints, averaged model, heatmaps), so the re-run of an interrupted
   point resumes from its checkpoint instead of training from step 0. A finished trial's record
   (metrics, params, val and test hypotheses, validation curves, run info) is copied into

@@ -94,7 +94,7 @@ def cli(argv: list[str] | None = None) -> None:
     from pipeline.sweep.claims import FINISHED, _count, retry_failed
     from pipeline.sweep.ddp import TRIAL_ENV
     from pipeline.sweep.deadline import parse_deadline
-    from pipeline.sweep.spec import _overrides_text, load_spec
+    from pipeline.sweep.spec import _overrides_text, load_spec, study_work_dir
     from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
     from pipeline.sweep.summary import study_summary
     from pipeline.sweep.trial import run_trial_rank
@@ -132,7 +132,8 @@ def cli(argv: list[str] | None = None) -> None:
     print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
     from pipeline.disk_usage import leftovers_message
 
-    print(f"trial work folders: {leftovers_message([args.work_dir / spec.study])}")
+    study_dir = study_work_dir(args.work_dir, spec.study, storage, study._study_id)
+    print(f"trial work folders: {leftovers_message([study_dir])}")
 
 
 def worker_flags(args: argparse.Namespace, deadline: Deadline | None) -> list[str]:

@@ -107,9 +107,12 @@ def point_name(spec: StudySpec, trial: optuna.Trial) -> str:
 
 
 def trial_paths(
-    results_root: Path, work_root: Path, spec: StudySpec, trial: optuna.Trial
+    results_root: Path, study_dir: Path, spec: StudySpec, trial: optuna.Trial
 ) -> TrialPaths:
+    """`study_dir`: the study's work folder (`pipeline.sweep.spec.study_work_dir`)."""
     name = point_name(spec, trial)
     return TrialPaths(
-        work=work_root / spec.study / name, record=results_root / spec.study / "trials" / name
+        work=study_dir / name,
+        record=results_root / spec.study / "trials" / name,
+        work_root=study_dir.parent,
     )

@@ -18,6 +18,7 @@ from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
+from pipeline.portable_paths import copy_relativized, relativize
 from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
 from pipeline.sweep.summary import TEST_ATTR
@@ -32,35 +33,59 @@ CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
 CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
 
 
+class _Attempt:
+    """An attempt in progress: `trained()` once its training has ended (the wall time it
+    records is training's; evaluation's is the record's own figure)."""
+
+    def __init__(self, work: Path, base: dict) -> None:
+        self.work, self.base = work, base
+        self.started = time.perf_counter()
+        self.train_wall: float | None = None
+
+    def trained(self) -> None:
+        self.train_wall = round(time.perf_counter() - self.started, 1)
+        self.log(TRAINED)
+
+    def log(self, outcome: str) -> None:
+        wall = self.train_wall
+        if wall is None:
+            wall = round(time.perf_counter() - self.started, 1)
+        step = _checkpoint_step(self.work)
+        _append_attempt(self.work, {**self.base, "outcome": outcome, "step": step,
+                                    "wall_time_s": wall})  # fmt: skip
+
+
 @contextlib.contextmanager
 def _attempt_logged(work: Path, trial: optuna.Trial):
-    """Log each training attempt at the point (trial, steps, wall time, machine) in its work dir,
-    also for an attempt that was preempted or killed: the record sums them.
+    """Log each attempt at the point (trial, steps, training's wall time, machine) in its work
+    dir, also for an attempt that was preempted or killed: the record sums them. The block
+    trains and evaluates, calling `trained()` in between; an attempt is finished only once
+    both are done.
 
-    A line saying the attempt started comes first; its outcome follows when it ends. A SIGKILL
-    leaves only the first: the next attempt at the point counts that one killed, at the step
-    of the newest checkpoint it left, for the time until the last file it wrote."""
+    A line saying the attempt started comes first, one when its training ended, and its
+    outcome when it ends. A SIGKILL leaves no outcome: the next attempt at the point counts
+    that one killed, at the step of the newest checkpoint it left, for the time until the last
+    file it wrote in training (or its training's time, killed while it evaluated)."""
     from pipeline.environment import hardware
 
     base = {"trial": trial.number, "hardware": hardware(), "threads": torch.get_num_threads()}
     _close_killed_attempts(work)
     start = {"outcome": STARTED, "step": _checkpoint_step(work), "wall_time_s": 0.0}
     _append_attempt(work, {**base, **start, "started_at": time.time()})
-    started = time.perf_counter()
+    attempt = _Attempt(work, base)
     outcome = "interrupted"
     try:
-        yield
+        yield attempt
         outcome = "finished"
     except Preempted:
         outcome = "preempted"
         raise
     finally:
-        wall = round(time.perf_counter() - started, 1)
-        step = _checkpoint_step(work)
-        _append_attempt(work, {**base, "outcome": outcome, "step": step, "wall_time_s": wall})
+        attempt.log(outcome)
 
 
 STARTED = "started"  # an attempt's first line; its last says how it ended
+TRAINED = "trained"  # its training ended; evaluation follows
 
 
 def _append_attempt(work: Path, line: dict) -> None:
@@ -91,15 +116,18 @@ def _checkpoint_step(work: Path) -> int:
 def _close_killed_attempts(work: Path) -> None:
     """Record the attempts that started but never ended (their process was killed) as killed:
     at the step of the newest checkpoint (where the next attempt resumes), for the time until
-    the last checkpoint or history row written at the point."""
+    the last checkpoint or history row written at the point (training's time, where training
+    had ended)."""
     step = _checkpoint_step(work)
     written = [work / "train" / "checkpoints", work / "plots"]
     last_write = max((p.stat().st_mtime for d in written if d.is_dir() for p in d.rglob("*")),
                      default=0.0)  # fmt: skip
     for attempt in read_attempts(work):
-        if attempt["outcome"] != STARTED:
+        if attempt["outcome"] not in (STARTED, TRAINED):
             continue
-        wall = round(max(0.0, last_write - attempt["started_at"]), 1)
+        wall = attempt["wall_time_s"]  # killed while it evaluated: its training's time
+        if attempt["outcome"] == STARTED:
+            wall = round(max(0.0, last_write - attempt["started_at"]), 1)
         killed = {"outcome": "killed", "step": max(step, attempt["step"]), "wall_time_s": wall}
         _append_attempt(work, {**attempt, **killed})
 
@@ -115,13 +143,15 @@ def _record(
 
     record = paths.record
     record.mkdir(parents=True, exist_ok=True)
+    # Paths under the work root are recorded relative to it: no machine's home in a record.
     for name in ("train.json", "eval.json"):
-        shutil.copyfile(Path(cfg.paths.metrics_dir) / name, record / name)
+        copy_relativized(
+            Path(cfg.paths.metrics_dir) / name, record / name, Path.cwd(), paths.work_root
+        )
     for hypotheses in sorted(Path(cfg.paths.eval_dir).glob("*.hyp")):
         shutil.copyfile(hypotheses, record / hypotheses.name)
-    write_text_atomic(
-        record / "params.yaml", yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
-    )
+    params = yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
+    write_text_atomic(record / "params.yaml", relativize(params, Path.cwd(), paths.work_root))
     curve = validation_curve(cfg)
     write_json_atomic(record / CURVE_FILE, curve)
     attempts = [
@@ -151,7 +181,9 @@ def _record(
         "test_chrf": test.get("chrf"),
         "parameters": train_metrics.get("num_parameters"),
         "record": record.name,
-        "checkpoint_dir": str(Path(cfg.paths.train_dir).resolve()),
+        "checkpoint_dir": relativize(
+            str(Path(cfg.paths.train_dir).resolve()), Path.cwd(), paths.work_root
+        ),
         # what a worker's --deadline expects a trial of this variant to take
         WALL_TIME_ATTR: round(run["train_wall_time_s"] + run["eval_wall_time_s"], 1),
     }

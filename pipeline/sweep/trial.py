@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -12,14 +14,14 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline import config_schema
-from pipeline.errors import Preempted
+from pipeline.errors import PipelineError, Preempted
 from pipeline.sweep.ddp import _one_ddp_launch
 from pipeline.sweep.deadline import CURRENT_DEADLINE, DeadlineCallback
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
 from pipeline.sweep.params import suggest_params, trial_paths
 from pipeline.sweep.pruning import StepPruningCallback, _pruner
 from pipeline.sweep.records import _attempt_logged, _record
-from pipeline.sweep.spec import WORK_ROOT, StudySpec, trial_config
+from pipeline.sweep.spec import WORK_ROOT, StudySpec, study_work_dir, trial_config
 from pipeline.sweep.storage import open_storage
 
 PRECISION_ATTR = "train_precision"  # what the trial trains at: its DDP ranks read it
@@ -29,10 +31,11 @@ def run_trial(
     spec: StudySpec,
     trial: optuna.Trial,
     results_root: Path,
-    work_root: Path = WORK_ROOT,
+    study_dir: Path,
     precision: str | None = None,
 ) -> float:
-    """Train + evaluate one trial through the DVC stages' code; returns the objective.
+    """Train + evaluate one trial through the DVC stages' code in the point's folder under
+    `study_dir` (the study's work folder, `study_work_dir`); returns the objective.
 
     `precision`: what `train.precision: auto` stands for in this trial (the study's pinned
     precision, decided once for the whole study; see `pipeline.sweep.pin`)."""
@@ -40,19 +43,21 @@ def run_trial(
     from pipeline.tracking import finish_run, start_wandb_run
 
     params = suggest_params(spec, trial)
-    paths = trial_paths(results_root, work_root, spec, trial)
+    paths = trial_paths(results_root, study_dir, spec, trial)
     cfg = _with_precision(trial_config(spec, params, paths), precision)
     trial.set_user_attr(PRECISION_ATTR, cfg.train.precision)
-    ensure_data(cfg, work_root / spec.study / "data")
+    ensure_data(cfg, study_dir / "data")
     run = start_wandb_run(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
     try:
-        with _attempt_logged(paths.work, trial):
-            train_metrics = _train(spec, trial, cfg, wandb_run=run)
-        eval_started = time.perf_counter()
-        eval_metrics = evaluate.run(cfg, wandb_run=run)
-        eval_seconds = time.perf_counter() - eval_started
+        with _attempt_logged(paths.work, trial) as attempt:  # finished once evaluated too
+            with owned_folder(paths.work, trial.number):  # no second writer of its checkpoints
+                train_metrics = _train(spec, trial, cfg, wandb_run=run)
+            attempt.trained()
+            eval_started = time.perf_counter()
+            eval_metrics = evaluate.run(cfg, wandb_run=run)
+            eval_seconds = time.perf_counter() - eval_started
     finally:
         finish_run(run)
     _ensure_still_running(trial)
@@ -127,12 +132,39 @@ def run_trial_rank(
     (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     trial = optuna.Trial(study, frozen._trial_id)
     params = suggest_params(spec, trial)  # the values already drawn for this trial
-    paths = trial_paths(results_root, work_root, spec, trial)
+    study_dir = study_work_dir(work_root, spec.study, storage_url, study._study_id)
+    paths = trial_paths(results_root, study_dir, spec, trial)
     cfg = _with_precision(trial_config(spec, params, paths), frozen.user_attrs.get(PRECISION_ATTR))
     # done by rank 0: sets the paths
-    ensure_data(cfg, work_root / spec.study / "data")
+    ensure_data(cfg, study_dir / "data")
     with contextlib.suppress(optuna.TrialPruned):
         _train(spec, trial, cfg, wandb_run=None)
+
+
+LOCK_FILE = ".lock"  # in a point's work folder: held by the worker that trains there
+
+
+@contextlib.contextmanager
+def owned_folder(work: Path, number: int):
+    """Hold the point's folder for this process while it trains there (an exclusive lock on
+    `work/.lock`, let go by the kernel when the process dies); a folder another live process
+    holds is refused, naming it, before anything is written."""
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise PipelineError(
+                f"trial {number}: its folder {work} is in use by {holder} (a worker still "
+                "training this point); this worker leaves it alone"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        yield
 
 
 def ensure_data(cfg: config_schema.Config, data_root: Path) -> None:

@@ -32,7 +32,7 @@ from pipeline.sweep.deadline import (
 )
 from pipeline.sweep.heartbeat import heartbeat
 from pipeline.sweep.params import point_name
-from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, StudySpec
+from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, StudySpec, claim_study_work_dir
 from pipeline.sweep.storage import _experimental_ok, commit_study, open_storage, open_study
 from pipeline.sweep.summary import trial_line
 from pipeline.sweep.trial import run_trial
@@ -58,7 +58,7 @@ def run_worker(
     fits before `deadline`).
 
     `trial_fn(spec, trial, results_root) -> objective` defaults to `run_trial` (train +
-    evaluate, in `work_root`). The worker checks the study's pin first (`pipeline.sweep.pin`;
+    evaluate, in the study's folder under `work_root`, `study_work_dir`). The worker checks the study's pin first (`pipeline.sweep.pin`;
     a study it creates is pinned to it). `commit`: commit the study's records after each
     finished trial (`storage.commit_study`).
     """
@@ -68,9 +68,10 @@ def run_worker(
     worker = pin.this_worker(spec, pinned)
     pin.check_pin(study, spec, worker, allow_mixed)
     if trial_fn is None:
+        study_dir = claim_study_work_dir(work_root, spec.study, storage_url, study._study_id)
 
         def trial_fn(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float:
-            return run_trial(spec, trial, results_root, work_root, precision=worker.precision)
+            return run_trial(spec, trial, results_root, study_dir, precision=worker.precision)
 
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
     estimate = spec.settings.trial_minutes_estimate

@@ -355,7 +355,10 @@ def summarize(
         "train/tokens_per_sec": throughput.tokens_per_sec,
         "train/target_tokens": int(throughput.target_tokens),
         "steps": trainer.global_step,
-        "epochs": trainer.current_epoch,
+        # Epochs training went into: the last, cut by max_steps, counts. Not current_epoch,
+        # which a finished run restored from its last checkpoint (saved within that epoch)
+        # has one lower: recording the run again would change it.
+        "epochs": trainer.fit_loop.epoch_progress.current.started,
         # The whole run's, across resumes, to its final checkpoint (work lost to a kill
         # excluded: a finished run that is only recorded keeps its own); this process's too.
         "wall_time_s": throughput.wall_seconds,

@@ -1,0 +1,156 @@
+"""Paths in records and checkpoints are relative to the repository or to the work root, never
+absolute paths of one machine's home directory.
+
+    python -m pipeline.portable_paths --relativize                 # every tracked record
+    python -m pipeline.portable_paths --relativize ablations/results/table3_seeds
+
+A path under the sweeps' work root (`$XDG_CACHE_HOME/transformer-ablations` of any user:
+`/root/.cache/transformer-ablations/...`, `/home/<user>/.cache/transformer-ablations/...`) is
+written `<work-root>/...`; a path in the repository, relative to it; any other path in a home
+directory, `~/...`. `--relativize` rewrites files written before this rule (or by code that
+predates it) in place: text records (JSON, YAML, JSON lines, Markdown, text) and Optuna's
+SQLite storages (`study.db`: the user and system attributes of studies and trials, in one
+transaction, then vacuumed so that no old value stays in a free page). Rewriting is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.atomic import write_text_atomic
+from pipeline.cli import main, parser
+from pipeline.errors import DataError
+
+WORK_ROOT_MARK = "<work-root>"
+HOME_MARK = "~"
+WORK_ROOT_NAME = "transformer-ablations"  # pipeline.sweep.spec.WORK_ROOT's last part
+# The folders holding committed records (what --relativize and the test read).
+RECORD_ROOTS = ("ablations/results", "results", "metrics", "benchmarks/results")
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".md", ".txt", ".tsv", ".csv", ".lock")
+DATABASE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+# Optuna's tables of JSON values that may hold paths (user attributes such as checkpoint_dir).
+ATTRIBUTE_TABLES = ("study_user_attributes", "study_system_attributes",
+                    "trial_user_attributes", "trial_system_attributes")  # fmt: skip
+
+_HOME = r"(?<![\w./~-])(?:/root|/home/[^/\s\"',:;]+)"
+HOME_PATH = re.compile(_HOME + r"(?=/|\b)")  # an absolute path in someone's home
+_WORK = re.compile(_HOME + r"/\.cache/" + re.escape(WORK_ROOT_NAME) + r"(?![\w.-])")
+
+
+def relativize(text: str, repo: Path | None = None, work_root: Path | None = None) -> str:
+    """`text` with every absolute path under a work root, the repository `repo` or a home
+    directory written portably (see the module's doc); `work_root`: this machine's, when it
+    lies elsewhere (XDG_CACHE_HOME, a test's folder)."""
+    if work_root is not None:
+        text = _replace_prefix(text, str(Path(work_root)), WORK_ROOT_MARK)
+    text = _WORK.sub(WORK_ROOT_MARK, text)
+    if repo is not None:
+        text = re.sub(_START + re.escape(str(Path(repo))) + "/", "", text)  # relative to it
+        text = _replace_prefix(text, str(Path(repo)), ".")
+    return HOME_PATH.sub(HOME_MARK, text)
+
+
+_START = r"(?<![\w./~-])"  # a path starts here, not within another one
+
+
+def _replace_prefix(text: str, prefix: str, mark: str) -> str:
+    """`prefix` where it is a whole path or a path's leading folders, replaced by `mark`."""
+    return re.sub(_START + re.escape(prefix) + r"(?=/|$|[\s\"',:;)\]}])", lambda _: mark, text)
+
+
+def copy_relativized(
+    source: Path, target: Path, repo: Path | None = None, work_root: Path | None = None
+) -> None:
+    """A text record copied with its paths written portably (atomically)."""
+    write_text_atomic(target, relativize(source.read_text(encoding="utf-8"), repo, work_root))
+
+
+def home_paths(text: str) -> list[str]:
+    """The absolute home paths in `text` (what a record must not hold)."""
+    return [match.group(0) for match in re.finditer(_HOME + r"/[^\s\"',;)\]}]*", text)]
+
+
+def tracked_records(repo: Path, roots: Iterable[str] = RECORD_ROOTS) -> list[Path]:
+    """The files git tracks under `roots` of `repo` that hold records (text or SQLite)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *roots], cwd=repo,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return [repo / name for name in listed.split("\0")
+            if name and name.endswith(TEXT_SUFFIXES + DATABASE_SUFFIXES)]  # fmt: skip
+
+
+def _files(paths: Iterable[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file()
+                            and p.name.endswith(TEXT_SUFFIXES + DATABASE_SUFFIXES))  # fmt: skip
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise DataError(f"{path}: no such file or folder")
+    return found
+
+
+def relativize_file(path: Path, repo: Path | None = None, work_root: Path | None = None) -> bool:
+    """Rewrite one record in place; whether it changed."""
+    if path.name.endswith(DATABASE_SUFFIXES):
+        return relativize_database(path, repo, work_root)
+    text = path.read_text(encoding="utf-8")
+    new = relativize(text, repo, work_root)
+    if new != text:
+        write_text_atomic(path, new)
+    return new != text
+
+
+def relativize_database(
+    path: Path, repo: Path | None = None, work_root: Path | None = None
+) -> bool:
+    """The attribute values of an Optuna SQLite storage, rewritten in one transaction."""
+    changed = 0
+    with sqlite3.connect(path, timeout=60) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        for table in (t for t in ATTRIBUTE_TABLES if t in tables):
+            rows = db.execute(f"SELECT rowid, value_json FROM {table}").fetchall()
+            for rowid, value in rows:
+                new = relativize(value, repo, work_root) if value else value
+                if new != value:
+                    db.execute(f"UPDATE {table} SET value_json = ? WHERE rowid = ?", (new, rowid))
+                    changed += 1
+    if changed:
+        with sqlite3.connect(path, timeout=60) as db:
+            db.execute("VACUUM")  # no old value left in a free page
+    return bool(changed)
+
+
+def parse_args(argv: list[str] | None):
+    cli = parser("pipeline.portable_paths", __doc__)
+    cli.add_argument("--relativize", action="store_true", required=True,
+                     help="rewrite absolute home paths in the records in place")  # fmt: skip
+    cli.add_argument("paths", nargs="*", type=Path,
+                     help=f"files or folders (default: git's tracked records under "
+                          f"{', '.join(RECORD_ROOTS)})")  # fmt: skip
+    cli.add_argument("--repo", type=Path, default=Path("."), help="the repository (default: .)")
+    return cli.parse_args(argv)
+
+
+def cli(argv: list[str] | None = None) -> list[Path]:
+    args = parse_args(argv)
+    repo = args.repo.resolve()
+    files = _files(args.paths) if args.paths else tracked_records(repo)
+    from pipeline.sweep.spec import WORK_ROOT
+
+    rewritten = [path for path in files if relativize_file(path, repo, WORK_ROOT)]
+    for path in rewritten:
+        print(f"rewrote {path}")
+    print(f"{len(rewritten)} of {len(files)} record(s) rewritten")
+    return rewritten
+
+
+if __name__ == "__main__":
+    main(lambda: cli(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""Records name paths relative to the repository or to the work root: no tracked record holds
+a machine's home directory, and `--relativize` rewrites one that does (text and Optuna's
+SQLite storage alike)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import optuna
+
+from pipeline.portable_paths import (
+    ATTRIBUTE_TABLES,
+    DATABASE_SUFFIXES,
+    home_paths,
+    relativize,
+    tracked_records,
+)
+from tests.conftest import REPO_ROOT
+
+
+def database_text(path) -> str:
+    """Every attribute value of an Optuna SQLite storage, and its raw bytes (old pages too)."""
+    with sqlite3.connect(path) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        values = [value for table in ATTRIBUTE_TABLES if table in tables
+                  for (value,) in db.execute(f"SELECT value_json FROM {table}")]  # fmt: skip
+    return "\n".join(filter(None, values)) + path.read_bytes().decode("latin-1")
+
+
+def test_no_tracked_record_holds_an_absolute_home_path():
+    offenders = {}
+    for path in tracked_records(REPO_ROOT):
+        if path.name.endswith(DATABASE_SUFFIXES):
+            text = database_text(path)
+        else:
+            text = path.read_text(encoding="utf-8")
+        if found := home_paths(text):
+            offenders[str(path.relative_to(REPO_ROOT))] = found[0]
+    assert not offenders, (
+        f"{len(offenders)} tracked record(s) hold absolute home paths; rewrite them with "
+        f"`python -m pipeline.portable_paths --relativize <folder>`: {offenders}"
+    )
+
+
+def test_relativize_rewrites_text_records_and_a_study_database(tmp_path):
+    home = "/home/alice/.cache/transformer-ablations"
+    record = tmp_path / "study" / "trials" / "base-seed1"
+    record.mkdir(parents=True)
+    (record / "params.yaml").write_text(f"paths:\n  train_dir: {home}/study/base-seed1/train\n")
+    (record / "train.json").write_text(
+        f'{{"checkpoint_dir": "{home}/study/base-seed1/train/checkpoints", '
+        f'"resumed_from": "/root/runs/last.ckpt", "repo": "{REPO_ROOT}/models/train"}}\n'
+    )
+    storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    study = optuna.create_study(study_name="study", storage=storage)
+    trial = study.ask()
+    trial.set_user_attr("checkpoint_dir", f"{home}/study/base-seed1/train")
+    study.tell(trial, 1.0)
+    study.set_user_attr("note", "/root/notes")
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline.portable_paths", "--relativize",
+             str(tmp_path / "study")],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    result = run()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("3 of 3 record(s) rewritten\n")
+    assert (record / "params.yaml").read_text() == (
+        "paths:\n  train_dir: <work-root>/study/base-seed1/train\n"
+    )
+    assert (record / "train.json").read_text() == (
+        '{"checkpoint_dir": "<work-root>/study/base-seed1/train/checkpoints", '
+        '"resumed_from": "~/runs/last.ckpt", "repo": "models/train"}\n'
+    )
+    study = optuna.load_study(study_name="study", storage=storage)
+    assert study.trials[0].user_attrs["checkpoint_dir"] == "<work-root>/study/base-seed1/train"
+    assert study.user_attrs["note"] == "~/notes" and study.trials[0].value == 1.0
+    assert not home_paths(database_text(tmp_path / "study" / "study.db"))  # no old page either
+    assert run().stdout.endswith("0 of 3 record(s) rewritten\n")  # idempotent
+
+
+def test_relativize_leaves_other_absolute_paths_and_names_alone():
+    text = "/tmp/x /work/shared/data /rooted/x a/root/b /home"
+    assert relativize(text) == text
