@@ -249,8 +249,9 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     assert exp.returncode != 0
     assert "run the same command again to resume from it" in out
     assert "its checkpoints wait in models/train.preempted/checkpoints" in out
-    assert not list(checkpoints.glob("*.ckpt")), "moved out of the checkout's reach"
     kept = repo / "models/train.preempted/checkpoints"
+    for left in checkpoints.glob("*.ckpt"):  # what the next checkout may delete is kept linked
+        assert os.path.samefile(left, kept / left.name), "kept out of the checkout's reach"
     stopped = yaml.safe_load((kept / "progress.json").read_text())["step"]
     assert 0 < stopped < 400
     kept_files = _file_hashes(kept)
