@@ -1,5 +1,5 @@
 """`--deadline`: a worker that must stop by a given time (a SLURM `--time` limit, a spot
-instance, a machine lent for some hours) starts only trials it can finish by then, and at the
+instance, a machine held for some hours) starts only trials it can finish by then, and at the
 deadline stops its running trial at a checkpoint, as a preemption does, and exits 0.
 
 A trial fits when the study's measured time for its variant (the median of its finished trials'
