@@ -54,6 +54,11 @@ def _verdict_cell(row: VariantRow) -> str:
     return row.verdict or "-"
 
 
+def _base_and_compared(rows: list[VariantRow]) -> list[VariantRow]:
+    """The rows of the main tables: the base and the variants run under its conditions."""
+    return [r for r in rows if r.delta is None or r.comparable]
+
+
 def grid_table(rows: list[VariantRow]) -> str:
     """The base and the variants compared with it (same run conditions): test2016 BLEU, the
     difference to the base with its interval, the tests and the verdict."""
@@ -64,9 +69,7 @@ def grid_table(rows: list[VariantRow]) -> str:
         "paper, Table 3: Δ BLEU (PPL) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        if r.delta is not None and not r.comparable:
-            continue
+    for r in _base_and_compared(rows):
         params = f"{r.parameters / 1e6:.2f} M" if r.parameters else "-"
         lines.append(
             f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_bleu)} | "
@@ -86,9 +89,7 @@ def ppl_table(rows: list[VariantRow]) -> str:
         "p (Holm) | paper, Table 3: Δ PPL |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        if r.delta is not None and not r.comparable:
-            continue
+    for r in _base_and_compared(rows):
         low, high = r.ppl_interval
         mean = statistics.fmean(r.val_ppl)
         cell = f"{mean:.2f}" + ("" if low is None else f" [{low:.2f}, {high:.2f}]")
