@@ -262,19 +262,17 @@ class LimitsConfig:
     """Bounds on what the corpus and its download may cost: a gzip bomb or a trickling server
     is refused naming the file or URL instead of filling memory or waiting for ever."""
 
-    max_file_mb: float = 512.0  # decompressed bytes of one corpus file, in MiB
-    max_line_bytes: int = 65536  # decompressed bytes of one line (a sentence is far shorter)
-    download_read_timeout_s: float = 60.0  # one network read
-    download_deadline_s: float = 900.0  # a whole file's download
-    download_min_rate_kb_s: float = 8.0  # average KiB/s, measured once the grace period is over
-    download_grace_s: float = 30.0
+    max_file_mb: float = key(512.0, gt=0.0)  # decompressed bytes of one corpus file, in MiB
+    # decompressed bytes of one line (a sentence is far shorter)
+    max_line_bytes: int = key(65536, gt=0)
+    download_read_timeout_s: float = key(60.0, gt=0.0)  # one network read
+    download_deadline_s: float = key(900.0, gt=0.0)  # a whole file's download
+    # average KiB/s, measured once the grace period is over
+    download_min_rate_kb_s: float = key(8.0, ge=0.0)
+    download_grace_s: float = key(30.0, ge=0.0)
 
     def validate(self, prefix: str) -> None:
-        for key in ("max_file_mb", "max_line_bytes", "download_read_timeout_s",
-                    "download_deadline_s"):  # fmt: skip
-            _check(getattr(self, key) > 0, f"{prefix}.{key}", "must be > 0")
-        for key in ("download_min_rate_kb_s", "download_grace_s"):
-            _check(getattr(self, key) >= 0, f"{prefix}.{key}", "must be >= 0")
+        check_domains(self, prefix)
 
     @property
     def max_file_bytes(self) -> int:

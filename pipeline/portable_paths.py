@@ -22,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pipeline.atomic import write_text_atomic
 from pipeline.cli import main, parser
@@ -57,6 +58,18 @@ def relativize(text: str, repo: Path | None = None, work_root: Path | None = Non
 
 
 _START = r"(?<![\w./~-])"  # a path starts here, not within another one
+
+
+def relativize_tree(value: Any, repo: Path | None = None, work_root: Path | None = None) -> Any:
+    """A tree of dicts, lists and scalars (a checkpoint's saved config) with every string
+    written portably by `relativize`; the tree itself is left as it was."""
+    if isinstance(value, str):
+        return relativize(value, repo, work_root)
+    if isinstance(value, dict):
+        return {key: relativize_tree(item, repo, work_root) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(relativize_tree(item, repo, work_root) for item in value)
+    return value
 
 
 def _replace_prefix(text: str, prefix: str, mark: str) -> str:

@@ -355,3 +355,59 @@ def test_a_mirror_holds_hard_links_to_exactly_the_saved_checkpoints(tmp_path):
     shutil.rmtree(directory.parent)
     assert read_checkpoint(mirror / LAST_NAME)["global_step"] == 20
     assert json.loads((mirror / PROGRESS_NAME).read_text())["step"] == 20
+
+
+def strings_in(tree) -> list[str]:
+    """Every string of a loaded checkpoint: its keys and values, at any depth."""
+    if isinstance(tree, str):
+        return [tree]
+    if isinstance(tree, dict):
+        return [s for key, value in tree.items() for s in strings_in(key) + strings_in(value)]
+    if isinstance(tree, (list, tuple)):
+        return [s for item in tree for s in strings_in(item)]
+    return []
+
+
+@pytest.mark.slow
+def test_a_checkpoint_names_no_path_of_its_machine_and_its_bookkeeping_survives_a_move(
+    trained_smoke, tmp_path, tmp_path_factory, monkeypatch
+):
+    """A finished run's folder copied elsewhere (another checkout, another machine) and
+    extended there: its checkpoints name no absolute path of the folder they were written in
+    (the config's paths relative to the working folder, the callbacks' files by name), and the
+    callbacks keep their bookkeeping: the run still holds save_top_k step checkpoints and
+    save_top_k best ones, the older ones removed, not every file of both folders."""
+    import warnings
+
+    from pipeline.training.trainer import run
+
+    base = tmp_path_factory.getbasetemp()
+    monkeypatch.chdir(base)  # a "repository" holding the corpus, the subwords and both runs
+    cfg = copy.deepcopy(trained_smoke)
+    for name in ("metrics_dir", "plots_dir", "wandb_dir"):
+        setattr(cfg.paths, name, str(tmp_path / name))
+    cfg.paths.train_dir = str(tmp_path / "moved" / "train")
+    shutil.copytree(trained_smoke.paths.train_dir, cfg.paths.train_dir)
+    folder = checkpoint_dir(cfg.paths.train_dir)
+    written_in = str(checkpoint_dir(trained_smoke.paths.train_dir).resolve())
+    assert not [s for s in strings_in(read_checkpoint(folder / LAST_NAME)) if written_in in s]
+
+    steps = cfg.train.max_steps
+    cfg.train.max_steps = steps + cfg.train.val_check_interval  # one more validation
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "The dirpath has changed ..."
+        warnings.filterwarnings("ignore", message=r"(?!The dirpath has changed)")
+        run(cfg)
+    names = sorted(p.name for p in folder.glob("*.ckpt"))
+    k = cfg.train.save_top_k
+    assert [n for n in names if n.startswith("step-")] == [
+        f"step-{s:07d}.ckpt" for s in range(cfg.train.max_steps, 0, -cfg.train.val_check_interval)
+    ][:k][::-1], names
+    assert len([n for n in names if n.startswith("best-")]) == k, names
+    last = read_checkpoint(folder / LAST_NAME)
+    assert last["global_step"] == cfg.train.max_steps
+    saved = strings_in(last)
+    assert not [s for s in saved if str(base) in s], [s for s in saved if str(base) in s]
+    assert last["hyper_parameters"]["config"]["paths"]["train_dir"] == str(
+        (tmp_path / "moved" / "train").relative_to(base)
+    )

@@ -352,11 +352,8 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
 
     for trial, steps in ((long, 20), (short, 10)):
         # in the point's work dir: a pruned trial leaves no record
-        point = (
-            tmp_path
-            / "work"
-            / "ddp_smoke"
-            / f"{trial.params['variant']}-seed{trial.params['seed']}"
+        point = study_folder(tmp_path / "work", results, "ddp_smoke") / (
+            f"{trial.params['variant']}-seed{trial.params['seed']}"
         )
         train_json = point / "metrics" / "train.json"
         summary = json.loads(train_json.read_text())

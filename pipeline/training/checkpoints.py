@@ -8,6 +8,11 @@ Layout of `<train_dir>/checkpoints/`:
                                              (`best-step-...-loss-2.3456` when val_bleu is off)
     progress.json                            the step and file of the newest save
 
+A checkpoint names no absolute path of the machine it was written on: its saved config's
+paths are written as `pipeline.portable_paths` writes records (relative to the repository, to
+the work root, or to `~`), and the checkpoint callbacks name their files relative to their own
+folder, so their state still holds where the folder is moved or copied.
+
 Every file is written to a temporary name beside its target, fsynced and renamed over it
 (`os.replace` is atomic on POSIX), so a killed process leaves either the old or the new file,
 never half of one. Reading a checkpoint verifies the CRC-32 of each record of its archive, so
@@ -31,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pipeline.atomic import atomic_write
 from pipeline.errors import DataError
+from pipeline.portable_paths import relativize_tree
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_NAME = "last.ckpt"
@@ -50,10 +57,61 @@ _BEST_FILE = re.compile(
     r"^best-step-(?P<step>\d+)-(?P<metric>bleu|loss)-(?P<score>-?[\d.]+)\.ckpt$"
 )
 _REQUIRED_KEYS = ("state_dict", "global_step", "hyper_parameters")
+HERE = "."  # a checkpoint callback's saved folder: the one its checkpoint lies in
+_CALLBACK_FILE_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 
 def checkpoint_dir(train_dir: str | os.PathLike) -> Path:
     return Path(train_dir) / CHECKPOINT_DIR
+
+
+class PortableModelCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, its state naming its files relative to its folder: the
+    folder is saved as "." and each file by its name. Loaded, the names resolve against the
+    folder the callback writes to now, so a run moved aside and back, or copied to another
+    machine, keeps its best-k bookkeeping (Lightning drops it when the saved folder differs)."""
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's own key: checkpoints saved before this class resume as before
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        folder = Path(self.dirpath) if self.dirpath else None
+
+        def name(path: str) -> str:
+            return Path(path).name if folder and path and Path(path).parent == folder else path
+
+        state.update({key: name(state[key]) for key in _CALLBACK_FILE_KEYS})
+        state["best_k_models"] = {name(path): score
+                                  for path, score in state["best_k_models"].items()}  # fmt: skip
+        state["dirpath"] = HERE if folder else state["dirpath"]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") == HERE and self.dirpath:
+
+            def path(name: str) -> str:
+                return os.path.join(self.dirpath, name) if name and os.sep not in name else name
+
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                **{key: path(state_dict.get(key, "")) for key in _CALLBACK_FILE_KEYS},
+                "best_k_models": {path(name): score
+                                  for name, score in state_dict["best_k_models"].items()},
+            }  # fmt: skip
+        super().load_state_dict(state_dict)
+
+
+def portable_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint` with its saved config's paths written portably (a shallow copy: the
+    module's own hyperparameters are not touched)."""
+    saved = checkpoint.get("hyper_parameters")
+    if not isinstance(saved, dict):
+        return checkpoint
+    return {**checkpoint, "hyper_parameters": relativize_tree(dict(saved), Path.cwd())}
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -77,6 +135,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         path = Path(path)
+        checkpoint = portable_checkpoint(checkpoint)
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         progress = {"step": int(checkpoint.get("global_step", 0)), "file": path.name}
         atomic_write(path.parent / PROGRESS_NAME, lambda f: f.write(json.dumps(progress).encode()))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from pipeline.atomic import write_json_atomic
@@ -44,6 +44,7 @@ from pipeline.training.checkpoints import (
     LAST_NAME,
     STEP_TEMPLATE,
     AtomicCheckpointIO,
+    PortableModelCheckpoint,
     checkpoint_dir,
     code_version,
 )
@@ -92,23 +93,24 @@ def build_callbacks(cfg: Config, process_started: float | None = None) -> list[C
     monitor, mode = monitored_metric(cfg)
     callbacks: list[Callback] = [
         Throughput(process_started),
+        # The best save_top_k validations (averaging the best N); before the next callback, so
+        # that the last.ckpt it writes holds this one's bookkeeping of the same validation.
+        PortableModelCheckpoint(
+            dirpath=directory,
+            filename=BEST_TEMPLATES[monitor],
+            monitor=monitor,
+            mode=mode,
+            save_top_k=cfg.train.save_top_k,
+            auto_insert_metric_name=False,
+        ),
         # last.ckpt (resume) + the newest save_top_k validations (averaging the last N)
-        ModelCheckpoint(
+        PortableModelCheckpoint(
             dirpath=directory,
             filename=STEP_TEMPLATE,
             monitor="step",
             mode="max",
             save_top_k=cfg.train.save_top_k,
             save_last=True,
-            auto_insert_metric_name=False,
-        ),
-        # the best save_top_k validations (averaging the best N)
-        ModelCheckpoint(
-            dirpath=directory,
-            filename=BEST_TEMPLATES[monitor],
-            monitor=monitor,
-            mode=mode,
-            save_top_k=cfg.train.save_top_k,
             auto_insert_metric_name=False,
         ),
     ]
