@@ -67,7 +67,7 @@ def _to_config(raw: DictConfig | dict, origin: str) -> Config:
         first_line = str(err.msg).splitlines()[0]
         if not key:
             key, first_line = _misplaced_container(raw, Config) or ("?", first_line)
-        raise ConfigError(f"{origin}: config key '{key}': {first_line}") from None
+        raise ConfigError(f"{origin}: config key '{key}': {first_line}", key=key) from None
     return cfg
 
 

@@ -235,7 +235,7 @@ NO_STEP_LIMIT = -1  # train.max_steps (Lightning's convention): train.max_epochs
 
 def _check(condition: bool, key: str, message: str) -> None:
     if not condition:
-        raise ConfigError(f"config key '{key}': {message}")
+        raise ConfigError(f"config key '{key}': {message}", key=key)
 
 
 @dataclass

@@ -15,7 +15,12 @@ class PipelineError(Exception):
 
 
 class ConfigError(PipelineError):
-    """An unknown, ill-typed or impossible configuration value."""
+    """An unknown, ill-typed or impossible configuration value; `key`: the dotted key it
+    names, where it names one."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class DataError(PipelineError):

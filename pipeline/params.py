@@ -10,6 +10,7 @@ experiment), validated, and says which experiment params.yaml now holds and whic
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -46,6 +47,72 @@ def write(overrides: list[str], path: Path = Path(PARAMS_FILE)) -> str:
         + (" with other values" if held == name else "")
         + " (left by `dvc exp run -S ...` or an edit)"
     )
+
+
+LOCK_FILE = "dvc.lock"
+_ABSENT = object()
+
+
+def _lookup(tree, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
+def last_run_value(key: str, lock: Path = Path(LOCK_FILE)):
+    """The value `key` had in the last run DVC recorded (the params of its stages in
+    dvc.lock), or `_ABSENT` where no stage recorded it."""
+    try:
+        stages = yaml.safe_load(lock.read_text(encoding="utf-8"))["stages"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return _ABSENT
+    for stage in stages.values():
+        recorded = ((stage or {}).get("params") or {}).get(PARAMS_FILE) or {}
+        # a stage may record a whole section ("train") or one key ("data.src_lang")
+        for name, value in recorded.items():
+            if key == name:
+                return value
+            if key.startswith(f"{name}."):
+                found = _lookup(value, key[len(name) + 1 :])
+                if found is not _ABSENT:
+                    return found
+    return _ABSENT
+
+
+def put_back(key: str | None, path: Path = Path(PARAMS_FILE), lock: Path = Path(LOCK_FILE)) -> str:
+    """Under `dvc exp run`, which writes its `-S` values into params.yaml before any stage
+    runs, a value the check stage refused is put back as the last recorded run had it (the
+    refused key, or the nearest enclosing one the run recorded: a mapping given a new entry),
+    so the workspace is left as it was; what happened, as a sentence for the error ("" if
+    nothing)."""
+    if not key or not os.environ.get("DVC_EXP_NAME"):
+        return ""
+    key = key.split("[", 1)[0]  # an item of a list: the list is what -S set
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return ""
+    parts = key.split(".")
+    recorded = next(((".".join(parts[:n]), value) for n in range(len(parts), 0, -1)
+                     if (value := last_run_value(".".join(parts[:n]), lock)) is not _ABSENT),
+                    None)  # fmt: skip
+    if recorded is None:
+        return (
+            f"{path} keeps the refused value (no recorded run has '{key}'): give it a valid "
+            "one with -S, or recompose the file with `make params`"
+        )
+    name, before = recorded
+    *folders, leaf = name.split(".")
+    parent = values
+    for part in folders:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+    if not isinstance(parent, dict) or parent.get(leaf, _ABSENT) == before:
+        return ""
+    parent[leaf] = before
+    write_text_atomic(path, yaml.safe_dump(values, sort_keys=False, allow_unicode=True))
+    return f"{path}: '{name}' put back to {before!r}, its value in the last run ({lock})"
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -52,7 +52,10 @@ def corpus_record(data: DataConfig, cache_dir: Path | None = None) -> dict:
         files = _text_files(data, splits)
     else:
         if not data.hf_path:
-            raise ConfigError("config key 'data.hf_path': source=hf needs a dataset name or folder")
+            raise ConfigError(
+                "config key 'data.hf_path': source=hf needs a dataset name or folder",
+                key="data.hf_path",
+            )
         files = {"hf": f"{data.hf_path} {data.hf_name or ''}".strip()}
     return {"source": data.source, "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
             "files": files}  # fmt: skip
@@ -63,6 +66,7 @@ def check(cfg: Config, cache_dir: Path | None = None) -> dict:
     if cfg.eval.checkpoint and not Path(cfg.eval.checkpoint).is_file():
         raise ConfigError(
             f"config key 'eval.checkpoint': {cfg.eval.checkpoint} is not a file; point it at a "
-            f"checkpoint (under {Path(cfg.paths.train_dir) / 'checkpoints'}) or set it to null"
+            f"checkpoint (under {Path(cfg.paths.train_dir) / 'checkpoints'}) or set it to null",
+            key="eval.checkpoint",
         )
     return corpus_record(cfg.data, cache_dir)

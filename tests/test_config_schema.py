@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -29,6 +30,33 @@ LEAVES = config_schema.schema_leaves(config_schema.Config)
 def default_params() -> dict:
     """conf/ composed with no overrides: what params.yaml holds (valid)."""
     return OmegaConf.to_container(config_lib.compose_dict())
+
+
+@functools.cache
+def last_run_lock() -> dict:
+    """dvc.lock as DVC writes it after a run of the default params: each stage of dvc.yaml
+    records the params it declares, with their values."""
+    from tests.conftest import REPO_ROOT
+
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    values = default_params()
+
+    def value(dotted: str):
+        tree = values
+        for part in dotted.split("."):
+            tree = tree[part]
+        return tree
+
+    return {"schema": "2.0", "stages": {
+        name: {"params": {"params.yaml": {key: value(key) for key in stage["params"]}}}
+        for name, stage in stages.items() if stage.get("params")
+    }}  # fmt: skip
+
+
+def recorded_by_the_lock(key: str) -> bool:
+    return any(key == name or key.startswith(f"{name}.")
+               for stage in last_run_lock()["stages"].values()
+               for name in stage["params"]["params.yaml"])  # fmt: skip
 
 
 def names_the_key(stderr: str, key: str) -> bool:
@@ -56,7 +84,9 @@ def test_a_value_outside_its_domain_is_refused_by_the_check_stage_naming_the_key
 ):
     """For every key of the schema, a value outside its domain (of the wrong type, below its
     minimum, above its maximum, not a choice, ...) in params.yaml: the check stage's entry point
-    exits 2 naming the key, without a traceback, and writes nothing."""
+    exits 2 naming the key, without a traceback, and writes nothing. Under `dvc exp run` (which
+    wrote the value there) it puts the key back as the last run recorded it in dvc.lock, or
+    says that params.yaml keeps the value where no run recorded the key."""
     bad = data.draw(outside_domain(hint, domain), label=key)
     with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
         params = Path("params.yaml")
@@ -69,6 +99,38 @@ def test_a_value_outside_its_domain_is_refused_by_the_check_stage_naming_the_key
         assert names_the_key(stderr.getvalue(), key), stderr.getvalue()
         assert [p.name for p in Path().iterdir()] == ["params.yaml"]
         assert params.read_bytes() == written
+
+        # Under `dvc exp run -S`, which wrote the value: put back as the last run had it.
+        Path("dvc.lock").write_text(yaml.safe_dump(last_run_lock()))
+        stderr = io.StringIO()
+        with (
+            pytest.raises(SystemExit) as exit,
+            contextlib.redirect_stderr(stderr),
+            mock_environ(DVC_EXP_NAME="brave-moth"),
+        ):
+            main(check.run, stage="check")
+        assert exit.value.code == 2 and names_the_key(stderr.getvalue(), key), stderr.getvalue()
+        if recorded_by_the_lock(key):
+            assert "put back to" in stderr.getvalue(), stderr.getvalue()
+            assert yaml.safe_load(params.read_text()) == default_params()
+        else:
+            assert "keeps the refused value" in stderr.getvalue(), stderr.getvalue()
+            assert params.read_bytes() == written
+
+
+@contextlib.contextmanager
+def mock_environ(**values):
+    """os.environ with `values` set for the block (a hypothesis test takes no monkeypatch)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.mark.parametrize(

@@ -330,7 +330,11 @@ def outputs_snapshot(repo: Path) -> dict[str, str]:
 
 
 def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
+    """A value the check stage refuses under `dvc exp run -S`: no output of the last good run
+    touched, and the refused key put back in params.yaml as that run had it (DVC wrote it
+    there before any stage ran)."""
     before = outputs_snapshot(smoke)
+    values = yaml.safe_load((smoke / "params.yaml").read_text())
     assert {"metrics/train.json", "metrics/eval.json", "metrics/prepare.json"} <= set(before)
     missing = smoke / "models" / "nope.ckpt"
     for bad, named in [
@@ -347,6 +351,10 @@ def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
         assert result.returncode != 0, output[-3000:]
         assert outputs_snapshot(smoke) == before, f"{bad}: the last good run was touched"
         assert named in output and "failed to reproduce 'check'" in output, output[-3000:]
+        if named.startswith("config key"):
+            key = named.split("'")[1]
+            assert f"params.yaml: '{key}' put back to" in output, output[-3000:]
+            assert yaml.safe_load((smoke / "params.yaml").read_text()) == values, bad
 
 
 def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
