@@ -238,13 +238,20 @@ def test_allow_unverified_names_files(make_config):
 
 class TricklingHandler(http.server.BaseHTTPRequestHandler):
     """Announces `server.size` bytes, then sends `server.chunk` of them every `server.every`
-    seconds: each read returns in time, so only the download's pace can end it."""
+    seconds: each read returns in time, so only the download's pace can end it. With
+    `server.headers_every`, the status line and headers themselves come a byte at a time."""
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(self.server.size))
-        self.end_headers()
         try:
+            if every := getattr(self.server, "headers_every", None):
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {self.server.size}\r\n" + "X: " * 200
+                for byte in head.encode():
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(every)
+            self.send_response(200)
+            self.send_header("Content-Length", str(self.server.size))
+            self.end_headers()
             for _ in range(0, self.server.size, self.server.chunk):
                 self.wfile.write(b"\x1f" * self.server.chunk)
                 self.wfile.flush()
@@ -268,16 +275,19 @@ def trickling_server():
 
 
 @pytest.mark.parametrize(
-    ("chunk", "every", "bound"),
-    # one byte every 0.5 s (the read timeout is 2 s); 4 KiB/s, fast enough, for too long
-    [(1, 0.5, "data.limits.download_min_rate_kb_s=1"),
-     (4096, 0.5, "data.limits.download_deadline_s=4")],
-    ids=["below_min_rate", "past_deadline"],
+    ("chunk", "every", "headers_every", "bound"),
+    # one byte every 0.5 s (the read timeout is 2 s); 4 KiB/s, fast enough, for too long; the
+    # headers themselves a byte every 0.5 s (no body read ever starts)
+    [(1, 0.5, None, "data.limits.download_min_rate_kb_s=1"),
+     (4096, 0.5, None, "data.limits.download_deadline_s=4"),
+     (4096, 0.5, 0.5, "data.limits.download_deadline_s=4")],
+    ids=["below_min_rate", "past_deadline", "headers_trickle"],
 )  # fmt: skip
 def test_a_trickling_server_ends_the_check_stage_with_exit_2_naming_the_url(
-    tmp_path, trickling_server, chunk, every, bound
+    tmp_path, trickling_server, chunk, every, headers_every, bound
 ):
     trickling_server.size, trickling_server.chunk, trickling_server.every = 1 << 20, chunk, every
+    trickling_server.headers_every = headers_every
     url = f"http://127.0.0.1:{trickling_server.server_address[1]}"
     write_params(tmp_path, f"data.raw_dir={tmp_path / 'no_copy'}", f"data.url={url}",
                  "data.limits.download_read_timeout_s=2", "data.limits.download_deadline_s=4",

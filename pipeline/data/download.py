@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import ipaddress
 import os
+import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -126,6 +128,31 @@ def _check_pace(received: int, started: float, limits: LimitsConfig) -> None:
         )
 
 
+@contextlib.contextmanager
+def _wall_clock_deadline(seconds: float, started: float):
+    """Raise `_TooSlow` where the download waits when `seconds` have passed since `started`,
+    whatever it waits on: a server that sends its headers a byte at a time keeps every read in
+    time and never reaches the body's pace checks. A SIGALRM timer, so only on the main
+    thread (elsewhere the per-read timeout and the body's checks remain)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _TooSlow(
+            f"not done after {time.monotonic() - started:.0f} s, the bound "
+            f"data.limits.download_deadline_s={seconds:g}"
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds - (time.monotonic() - started), 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def download_file(
     url: str, dest: Path, expected_sha256: str | None, limits: LimitsConfig | None = None
 ) -> Path:
@@ -140,6 +167,7 @@ def download_file(
     try:
         started = time.monotonic()
         with (
+            _wall_clock_deadline(limits.download_deadline_s, started),
             os.fdopen(fd, "wb") as out,
             _OPENER.open(url, timeout=timeout) as response,
         ):
