@@ -89,19 +89,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    # Optuna, torch and Lightning load after the command line is read: `--help` is instant.
+    # The spec is checked first, and Optuna, torch and Lightning load only after it: `--help`
+    # and a bad spec are answered at once.
+    from pipeline.sweep.spec import _overrides_text, load_spec, study_work_dir
+
+    spec = load_spec(args.spec, allow_large_grid=args.allow_large_grid)
     from pipeline.sweep import launch
     from pipeline.sweep.claims import FINISHED, _count, retry_failed
     from pipeline.sweep.ddp import TRIAL_ENV
     from pipeline.sweep.deadline import parse_deadline
-    from pipeline.sweep.spec import _overrides_text, load_spec, study_work_dir
     from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
     from pipeline.sweep.summary import study_summary
     from pipeline.sweep.trial import run_trial_rank
     from pipeline.sweep.worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    spec = load_spec(args.spec, allow_large_grid=args.allow_large_grid)
     storage = args.storage or default_storage(spec, args.results_dir)
     if args.git_add:
         git_add_study(args.results_dir / spec.study)

@@ -283,7 +283,8 @@ class TranslationModule(L.LightningModule):
         if bad_steps.max().item() < 0:
             return
         step = int(bad_steps[bad_steps.ge(0)].min().item())
-        last = getattr(self.trainer.checkpoint_callback, "last_model_path", "") or "none yet"
+        saved = [getattr(c, "last_model_path", "") for c in self.trainer.checkpoint_callbacks]
+        last = next(filter(None, saved), "none yet")  # the callback that writes last.ckpt
         raise DivergedError(
             f"training diverged: train/loss became NaN/inf at step {step}. "
             f"The last good checkpoint is {last}. Lower train.lr_factor, raise "
