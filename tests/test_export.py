@@ -36,10 +36,9 @@ from pipeline.evaluation import evaluate
 from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, log_prob_tolerance
 from tests.test_tokenizer import moses_tokenized_copy
 
-FP32_EPS = torch.finfo(torch.float32).eps
 TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)
 # Post-norm, sinusoids, tied (the paper; the smoke model too) and everything else at once.
 ARCHITECTURES = {
@@ -65,32 +64,6 @@ def ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg):
         length_normalization=eval_cfg.length_normalization,
     )  # fmt: skip
     return ours, theirs
-
-
-def reduction_length(model) -> int:
-    """The most float32 products summed on the way from the inputs to one log-prob: each
-    attention's projection (d_model), scores (d_model / heads), weighted sum (up to
-    max_positions keys) and output projection (d_model); each feed-forward's two layers
-    (d_model, d_ff); each LayerNorm's mean and variance (d_model); the output layer (d_model)
-    and the log-softmax's normaliser (vocab)."""
-    cfg = model.cfg
-    attention = 3 * cfg.d_model + cfg.d_model // cfg.heads + cfg.max_positions
-    norm, ffn = cfg.d_model, cfg.d_model + cfg.d_ff
-    encoder_layer = attention + ffn + 2 * norm
-    decoder_layer = 2 * attention + ffn + 3 * norm
-    return (cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
-            + cfg.d_model + model.vocab_size)  # fmt: skip
-
-
-def log_prob_tolerance(model, log_probs) -> float:
-    """How far two float32 implementations of the same model may put log P(hypothesis), for
-    `hypothesis_log_probs`' rows of it: a sum of n products carries a rounding error of at most
-    n * eps times the size of its terms (eps: float32's unit of least precision), here the
-    reduction length times the spread of each position's logits (a log-softmax does not see
-    what all logits share), summed over the positions. A worst-case bound: any summation
-    order, vector width or fused multiply-add of any CPU stays within it."""
-    spread = (log_probs.amax(dim=1) - log_probs.amin(dim=1)).sum()
-    return FP32_EPS * reduction_length(model) * float(spread)
 
 
 def assert_exported_translates_as_ours(model, tokenizer, exported, src_ids, eval_cfg):

@@ -12,7 +12,7 @@ from pipeline.training.module import (
     cooldown_scale,
     inverse_sqrt_rate,
 )
-from tests.conftest import split_loss
+from tests.conftest import FP32_EPS, float32_tolerance, split_loss
 
 
 def test_schedule_values_at_chosen_steps():
@@ -81,17 +81,19 @@ def test_corpus_bleu_metric_equals_sacrebleu_over_batches():
     metric.update(hypotheses[:1], references[:1])
     metric.update(hypotheses[1:], references[1:])
     expected = sacrebleu.corpus_bleu(hypotheses, [references]).score
-    assert metric.compute().item() == pytest.approx(expected, abs=1e-4)
+    # sacrebleu's own float64 score of the same statistics, returned as a float32 tensor: one
+    # rounding, eps / 2 relative.
+    assert metric.compute().item() == pytest.approx(expected, rel=FP32_EPS)
     metric.reset()
     metric.update(["x y z"], ["a b c"])  # no n-gram matches at all
     assert metric.compute().item() == pytest.approx(
-        sacrebleu.corpus_bleu(["x y z"], [["a b c"]]).score, abs=1e-6
+        sacrebleu.corpus_bleu(["x y z"], [["a b c"]]).score, rel=FP32_EPS
     )
     lowercase = CorpusBleu(lowercase=True)
     lowered = [h.lower() for h in hypotheses]  # a case-folded model's output
     lowercase.update(lowered, references)
     expected_lc = sacrebleu.corpus_bleu(lowered, [references], lowercase=True).score
-    assert lowercase.compute().item() == pytest.approx(expected_lc, abs=1e-4)
+    assert lowercase.compute().item() == pytest.approx(expected_lc, rel=FP32_EPS)
     assert expected_lc > sacrebleu.corpus_bleu(lowered, [references]).score + 5
 
 
@@ -181,4 +183,7 @@ def test_val_loss_is_the_mean_over_the_splits_tokens(trained_smoke):
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False)  # fmt: skip
     (logged,) = trainer.validate(module, dataloaders=loader, verbose=False)
-    assert logged["val/loss"] == pytest.approx(per_token, rel=1e-5)
+    # The same per-batch loss sums; val/loss divides and multiplies each by its token count
+    # and adds them up in float32, split_loss in float64.
+    tolerance = float32_tolerance(len(loader) + 2, per_token)
+    assert logged["val/loss"] == pytest.approx(per_token, abs=tolerance)

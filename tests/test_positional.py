@@ -13,6 +13,7 @@ from pipeline.model.positional import (
     SinusoidalPositionalEncoding,
     build_positional,
 )
+from tests.conftest import FP32_EPS, sample_std_tolerance
 
 
 def paper_pe(pos: int, dim: int, d_model: int) -> float:
@@ -28,7 +29,9 @@ def test_sinusoids_match_the_paper_formula(d_model):
     table = pe(300)
     for pos in [0, 1, 2, 17, 101, 299]:
         for dim in range(d_model):
-            assert table[pos, dim].item() == pytest.approx(paper_pe(pos, dim, d_model), abs=1e-6)
+            # Computed in float64 (as paper_pe is) and rounded once to float32: eps / 2 at most.
+            expected = paper_pe(pos, dim, d_model)
+            assert table[pos, dim].item() == pytest.approx(expected, abs=FP32_EPS)
 
 
 def test_offset_selects_later_positions():
@@ -61,7 +64,8 @@ def test_learned_positions_are_trainable_rows():
     rows.sum().backward()
     grad = pe.table.weight.grad
     assert torch.all(grad[2:6] == 1) and torch.all(grad[:2] == 0) and torch.all(grad[6:] == 0)
-    assert pe.table.weight.std().item() == pytest.approx(8**-0.5, rel=0.3)
+    spread = sample_std_tolerance(pe.table.weight.numel())  # five standard errors of 80 draws
+    assert pe.table.weight.std().item() == pytest.approx(8**-0.5, rel=spread)
 
 
 def test_unknown_kind_is_a_config_error():

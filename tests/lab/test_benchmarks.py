@@ -84,6 +84,7 @@ def test_training_flops_match_torch_flop_counter():
     with FlopCounterMode(display=False) as counter:
         model(src, tgt_in).sum().backward()
     expected = train_throughput.training_flops(cfg, 500, batch=6, src_len=11, tgt_len=9)
+    # A count of operations, not float arithmetic: the formula's approximation (see its module).
     assert counter.get_total_flops() == pytest.approx(expected, rel=0.05)
 
 
