@@ -223,11 +223,14 @@ def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
     assert (checkpoints / "last.ckpt").exists()  # the run is kept for the next repro to judge
 
 
+PREEMPTED_STEPS = 160  # a checkpoint every 20: the stop lands well before the end
+
+
 def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     """`dvc exp run` checks the workspace out before it runs, which deletes the checkpoints of a
     train stage DVC never recorded (persist or not): a stopped stage keeps them beside the
     workspace's, and the same command run again puts them back and resumes."""
-    values = ["experiment=smoke", "train.max_steps=400", "train.val_check_interval=20",
+    values = ["experiment=smoke", f"train.max_steps={PREEMPTED_STEPS}", "train.val_check_interval=20",
               "train.progress_bar=false"]  # fmt: skip
     compose_params(repo, *values)
     sh(["dvc", "repro", "tokenize"], repo)
@@ -253,7 +256,7 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     for left in checkpoints.glob("*.ckpt"):  # what the next checkout may delete is kept linked
         assert os.path.samefile(left, kept / left.name), "kept out of the checkout's reach"
     stopped = yaml.safe_load((kept / "progress.json").read_text())["step"]
-    assert 0 < stopped < 400
+    assert 0 < stopped < PREEMPTED_STEPS
     kept_files = _file_hashes(kept)
 
     # Run again with a value that changes the run: refused, naming the key, and the stopped
@@ -267,13 +270,15 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
 
     again = sh(["dvc", "exp", "run", *overrides], repo)  # as the message says
     summary = yaml.safe_load((repo / "metrics/train.json").read_text())
-    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 400, again.stdout[
-        -3000:
-    ]
+    assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == PREEMPTED_STEPS, (
+        again.stdout[-3000:]
+    )
     assert not list(kept.iterdir()) and not (repo / "models/train.replaced").exists()
     histories = _histories(repo)
     steps = [int(line.split("\t")[0]) for line in histories["train/loss.tsv"].splitlines()[1:]]
-    assert steps == list(range(10, 401, 10))  # smoke logs every 10 steps: each row once
+    assert steps == list(
+        range(10, PREEMPTED_STEPS + 1, 10)
+    )  # smoke logs every 10 steps: each row once
 
     # The recorded run's outputs deleted, the same command again: DVC restores the checkpoints
     # from its cache; the stage records the run and writes its histories again from them.
@@ -281,7 +286,9 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
         shutil.rmtree(repo / output_dir, ignore_errors=True)
     sh(["dvc", "exp", "run", *overrides], repo)
     recorded = yaml.safe_load((repo / "metrics/train.json").read_text())
-    assert recorded["steps"] == 400 and recorded["wall_time_s"] == summary["wall_time_s"]
+    assert (
+        recorded["steps"] == PREEMPTED_STEPS and recorded["wall_time_s"] == summary["wall_time_s"]
+    )
     assert _histories(repo) == histories
 
 
@@ -298,6 +305,12 @@ VENV = Path(sys.executable).parent.parent  # for `make`, which would otherwise b
 
 def set_params(values: list[str]) -> list[str]:
     return [arg for value in values for arg in ("-S", value)]
+
+
+# The tests sharing a module fixture run on one test worker, which builds it once (each worker
+# would build its own).
+SMOKE_RUN_GROUP = pytest.mark.xdist_group("smoke_run")
+QUEUED_GROUP = pytest.mark.xdist_group("queued")
 
 
 @pytest.fixture(scope="module")
@@ -329,6 +342,7 @@ def outputs_snapshot(repo: Path) -> dict[str, str]:
     }
 
 
+@SMOKE_RUN_GROUP
 def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
     """A value the check stage refuses under `dvc exp run -S`: no output of the last good run
     touched, and the refused key put back in params.yaml as that run had it (DVC wrote it
@@ -357,6 +371,7 @@ def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
             assert yaml.safe_load((smoke / "params.yaml").read_text()) == values, bad
 
 
+@SMOKE_RUN_GROUP
 def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
     from pipeline import config as config_lib
 
@@ -386,6 +401,7 @@ print(Path(cfg.paths.wandb_dir).resolve())
 """
 
 
+@SMOKE_RUN_GROUP
 def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
     from pipeline import tracking
 
@@ -420,6 +436,7 @@ def corpus_copy(multi30k_dir: Path, dest: Path) -> Path:
     return dest
 
 
+@SMOKE_RUN_GROUP
 def test_another_copy_of_the_corpus_is_seen_by_dvc(smoke, tmp_path, multi30k_dir, monkeypatch):
     other = corpus_copy(multi30k_dir, tmp_path / "corpus")
     for lang in ("en", "de"):  # the same folder layout, another validation set
@@ -493,6 +510,7 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
     assert [int(row.split("\t")[0]) for row in history] == list(range(10, 81, 10))
 
 
+@SMOKE_RUN_GROUP
 def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
     smoke, tmp_path, multi30k_dir, monkeypatch
 ):
@@ -513,6 +531,7 @@ def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
     assert {"test/bleu_lc", "eval/test_x/bleu_lc", "eval/val/bleu_lc"} <= set(summary)
 
 
+@SMOKE_RUN_GROUP
 def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
     shown = sh(ONE_LINE_VIEW, smoke, env={"COLUMNS": "200"}).stdout
     lines = shown.splitlines()
@@ -530,6 +549,7 @@ def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
     assert len(metrics["metrics/summary.json"]["data"]) <= 12
 
 
+@SMOKE_RUN_GROUP
 def test_the_plots_page_works_offline(smoke):
     from html.parser import HTMLParser
 
@@ -603,6 +623,7 @@ def queued_experiments(repo: Path) -> dict[str, dict]:
     return found
 
 
+@QUEUED_GROUP
 def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
     """Each queued experiment found the corpus from its temporary copy and ran to the end."""
     experiments = queued_experiments(queued)
@@ -610,6 +631,7 @@ def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
     assert all(e["metrics"]["test/bleu_lc"] >= 0 for e in experiments.values())
 
 
+@QUEUED_GROUP
 def test_the_experiments_view_fits_80_columns_with_test_bleu_lc(queued):
     """`make exps` at 80 columns: every experiment on one line with what it changed, val and
     test BLEU (lc), updates and wall time, best test BLEU (lc) first."""
@@ -645,6 +667,7 @@ def _curves(plots: dict, revision: str) -> list[dict]:
     return sorted(points, key=lambda point: sorted(point.items()))
 
 
+@QUEUED_GROUP
 def test_plots_diff_draws_both_experiments_and_apply_shows_the_applied_one(queued):
     """`dvc plots diff <exp> <exp>` has each experiment's curves; after `dvc exp apply <exp>`
     the workspace's curves (what `make plots` draws) are that experiment's."""
