@@ -30,6 +30,15 @@ FP32_EPS = 2.0**-23
 BF16_EPS = 2.0**-7
 
 
+# A resumed run against the same run trained straight through, on one machine: the resumed one
+# repeats the same operations on the same batches with the same random state and kernels, so
+# the two are equal to the bit, whatever the CPU (both runs are on the one machine; only a
+# kernel that picks its reduction order by memory alignment could differ, in the last bits).
+# 1e-6 admits last-bit noise at these weights' size (|w| < 1: a few float32 ulps); a resume that
+# is not exact (a batch skipped or repeated, an optimizer state lost) moves weights by ~lr.
+RESUMED_RUN_ATOL = 1e-6
+
+
 def float32_tolerance(terms: int, scale: float = 1.0) -> float:
     """How far two float32 evaluations of the same sum of `terms` products may lie apart:
     `terms` * FP32_EPS * `scale`, where `scale` is the size of the summed terms (Σ|x_i|; the
