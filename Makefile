@@ -23,12 +23,10 @@ setup: $(BIN)/activate
 
 # The fast suite plus the marked slow end-to-end tests (what CI runs), on TEST_WORKERS pytest
 # processes of one thread each (pytest-xdist). The slow tests come first (tests/conftest.py) and
-# are handed out one at a time, so the long ones run side by side and the short ones fill in;
-# tests that share an expensive module fixture (`xdist_group`) go to one worker, which builds
-# it once.
+# are handed out one at a time, so the long ones run side by side and the short ones fill in.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 tests
 
 lint: setup
 	$(BIN)/ruff check pipeline tests benchmarks

@@ -307,12 +307,6 @@ def set_params(values: list[str]) -> list[str]:
     return [arg for value in values for arg in ("-S", value)]
 
 
-# The tests sharing a module fixture run on one test worker, which builds it once (each worker
-# would build its own).
-SMOKE_RUN_GROUP = pytest.mark.xdist_group("smoke_run")
-QUEUED_GROUP = pytest.mark.xdist_group("queued")
-
-
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, multi30k_dir) -> Path:
     """One `dvc exp run -S experiment=smoke` (40 steps) in a copy of the repository, shared by
@@ -342,7 +336,6 @@ def outputs_snapshot(repo: Path) -> dict[str, str]:
     }
 
 
-@SMOKE_RUN_GROUP
 def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
     """A value the check stage refuses under `dvc exp run -S`: no output of the last good run
     touched, and the refused key put back in params.yaml as that run had it (DVC wrote it
@@ -371,7 +364,6 @@ def test_a_bad_config_is_refused_before_dvc_deletes_the_last_good_run(smoke):
             assert yaml.safe_load((smoke / "params.yaml").read_text()) == values, bad
 
 
-@SMOKE_RUN_GROUP
 def test_make_repro_runs_the_default_experiment_not_a_leftover_preset(smoke):
     from pipeline import config as config_lib
 
@@ -401,7 +393,6 @@ print(Path(cfg.paths.wandb_dir).resolve())
 """
 
 
-@SMOKE_RUN_GROUP
 def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
     from pipeline import tracking
 
@@ -436,7 +427,6 @@ def corpus_copy(multi30k_dir: Path, dest: Path) -> Path:
     return dest
 
 
-@SMOKE_RUN_GROUP
 def test_another_copy_of_the_corpus_is_seen_by_dvc(smoke, tmp_path, multi30k_dir, monkeypatch):
     other = corpus_copy(multi30k_dir, tmp_path / "corpus")
     for lang in ("en", "de"):  # the same folder layout, another validation set
@@ -510,7 +500,6 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
     assert [int(row.split("\t")[0]) for row in history] == list(range(10, 81, 10))
 
 
-@SMOKE_RUN_GROUP
 def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
     smoke, tmp_path, multi30k_dir, monkeypatch
 ):
@@ -531,7 +520,6 @@ def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
     assert {"test/bleu_lc", "eval/test_x/bleu_lc", "eval/val/bleu_lc"} <= set(summary)
 
 
-@SMOKE_RUN_GROUP
 def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
     shown = sh(ONE_LINE_VIEW, smoke, env={"COLUMNS": "200"}).stdout
     lines = shown.splitlines()
@@ -549,7 +537,6 @@ def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
     assert len(metrics["metrics/summary.json"]["data"]) <= 12
 
 
-@SMOKE_RUN_GROUP
 def test_the_plots_page_works_offline(smoke):
     from html.parser import HTMLParser
 
@@ -623,7 +610,6 @@ def queued_experiments(repo: Path) -> dict[str, dict]:
     return found
 
 
-@QUEUED_GROUP
 def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
     """Each queued experiment found the corpus from its temporary copy and ran to the end."""
     experiments = queued_experiments(queued)
@@ -631,7 +617,6 @@ def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
     assert all(e["metrics"]["test/bleu_lc"] >= 0 for e in experiments.values())
 
 
-@QUEUED_GROUP
 def test_the_experiments_view_fits_80_columns_with_test_bleu_lc(queued):
     """`make exps` at 80 columns: every experiment on one line with what it changed, val and
     test BLEU (lc), updates and wall time, best test BLEU (lc) first."""
@@ -667,7 +652,6 @@ def _curves(plots: dict, revision: str) -> list[dict]:
     return sorted(points, key=lambda point: sorted(point.items()))
 
 
-@QUEUED_GROUP
 def test_plots_diff_draws_both_experiments_and_apply_shows_the_applied_one(queued):
     """`dvc plots diff <exp> <exp>` has each experiment's curves; after `dvc exp apply <exp>`
     the workspace's curves (what `make plots` draws) are that experiment's."""
