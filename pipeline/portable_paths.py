@@ -16,6 +16,7 @@ idempotent.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import subprocess
@@ -30,7 +31,9 @@ from pipeline.errors import DataError
 
 WORK_ROOT_MARK = "<work-root>"
 HOME_MARK = "~"
-WORK_ROOT_NAME = "transformer-ablations"  # pipeline.sweep.spec.WORK_ROOT's last part
+WORK_ROOT_NAME = "transformer-ablations"
+# The sweeps' work root: trials' checkpoints and other bulky outputs, outside the repository.
+WORK_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / WORK_ROOT_NAME
 # The folders holding committed records (what --relativize and the test read).
 RECORD_ROOTS = ("ablations/results", "results", "metrics", "benchmarks/results")
 TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".md", ".txt", ".tsv", ".csv", ".lock")
@@ -156,8 +159,6 @@ def cli(argv: list[str] | None = None) -> list[Path]:
     args = parse_args(argv)
     repo = args.repo.resolve()
     files = _files(args.paths) if args.paths else tracked_records(repo)
-    from pipeline.sweep.spec import WORK_ROOT
-
     rewritten = [path for path in files if relativize_file(path, repo, WORK_ROOT)]
     for path in rewritten:
         print(f"rewrote {path}")

@@ -7,7 +7,6 @@ is composed at load time, so a bad override fails before a worker starts.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import typing
 from collections import Counter
@@ -29,14 +28,11 @@ from pipeline.config_schema import (
     key,
 )
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.portable_paths import WORK_ROOT  # noqa: F401 (where the sweep modules find it)
 
 RESULTS_ROOT = Path("ablations/results")
 
 
-# Checkpoints and other bulky trial outputs live outside the repository (never in git).
-WORK_ROOT = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-ablations"
-)
 STUDY_FILE = ".study.json"  # in a study's work folder: the study it belongs to
 STUDY_KEY_LENGTH = 12  # hex digits of the identity hash in a study's work folder name
 

@@ -41,7 +41,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pipeline.atomic import atomic_write
 from pipeline.errors import DataError
-from pipeline.portable_paths import relativize_tree
+from pipeline.portable_paths import WORK_ROOT, relativize_tree
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_NAME = "last.ckpt"
@@ -111,7 +111,7 @@ def portable_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     saved = checkpoint.get("hyper_parameters")
     if not isinstance(saved, dict):
         return checkpoint
-    return {**checkpoint, "hyper_parameters": relativize_tree(dict(saved), Path.cwd())}
+    return {**checkpoint, "hyper_parameters": relativize_tree(dict(saved), Path.cwd(), WORK_ROOT)}
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
