@@ -115,7 +115,7 @@ class RecordBatches(Callback):
 
 def test_callbacks_rank_checkpoints_and_stop_early_by_the_monitored_metric(make_config):
     by_bleu = build_callbacks(make_config("train.early_stopping_patience=3", "train.save_top_k=4"))
-    throughput, best_k, last_k, early = by_bleu
+    throughput, last_k, best_k, early = by_bleu
     assert isinstance(throughput, Throughput)
     assert (last_k.monitor, last_k.mode, last_k.save_top_k, last_k.save_last) == (
         "step", "max", 4, True)  # fmt: skip
@@ -123,7 +123,7 @@ def test_callbacks_rank_checkpoints_and_stop_early_by_the_monitored_metric(make_
     assert isinstance(early, EarlyStopping)
     assert (early.monitor, early.patience, early.mode) == ("val/bleu", 3, "max")
     by_loss = build_callbacks(make_config("train.val_bleu=false"))
-    assert [(c.monitor, c.mode) for c in by_loss[1:]] == [("val/loss", "min"), ("step", "max")]
+    assert [(c.monitor, c.mode) for c in by_loss[1:]] == [("step", "max"), ("val/loss", "min")]
 
 
 def test_train_stage_refuses_progress_without_a_checkpoint(make_config, tmp_path):

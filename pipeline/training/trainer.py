@@ -93,16 +93,6 @@ def build_callbacks(cfg: Config, process_started: float | None = None) -> list[C
     monitor, mode = monitored_metric(cfg)
     callbacks: list[Callback] = [
         Throughput(process_started),
-        # The best save_top_k validations (averaging the best N); before the next callback, so
-        # that the last.ckpt it writes holds this one's bookkeeping of the same validation.
-        PortableModelCheckpoint(
-            dirpath=directory,
-            filename=BEST_TEMPLATES[monitor],
-            monitor=monitor,
-            mode=mode,
-            save_top_k=cfg.train.save_top_k,
-            auto_insert_metric_name=False,
-        ),
         # last.ckpt (resume) + the newest save_top_k validations (averaging the last N)
         PortableModelCheckpoint(
             dirpath=directory,
@@ -111,6 +101,15 @@ def build_callbacks(cfg: Config, process_started: float | None = None) -> list[C
             mode="max",
             save_top_k=cfg.train.save_top_k,
             save_last=True,
+            auto_insert_metric_name=False,
+        ),
+        # the best save_top_k validations (averaging the best N)
+        PortableModelCheckpoint(
+            dirpath=directory,
+            filename=BEST_TEMPLATES[monitor],
+            monitor=monitor,
+            mode=mode,
+            save_top_k=cfg.train.save_top_k,
             auto_insert_metric_name=False,
         ),
     ]
