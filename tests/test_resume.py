@@ -139,6 +139,25 @@ def test_a_checkpoint_older_than_a_config_key_resumes_as_its_default(make_config
     assert fixed == ["runtime.cpu_speed_paths"]
 
 
+def test_a_path_the_checkpoint_wrote_portably_is_the_same_value(make_config, tmp_path, monkeypatch):
+    """A checkpoint writes the paths of its config relative to the working folder: resuming with
+    the same file named by its absolute path is the same run; another file is not."""
+    from pipeline.training.checkpoints import portable_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    cfg = make_config("data.source=text")
+    cfg.data.text_files = {"train": {"en": str(tmp_path / "corpus" / "train.en")}}
+    saved = portable_checkpoint({"hyper_parameters": {"config": config_lib.to_dict(cfg)}})
+    assert saved["hyper_parameters"]["config"]["data"]["text_files"]["train"]["en"] == (
+        "corpus/train.en"
+    )
+    assert config_differences(saved["hyper_parameters"]["config"], cfg)[0] == []
+    cfg.data.text_files = {"train": {"en": str(tmp_path / "other" / "train.en")}}
+    assert config_differences(saved["hyper_parameters"]["config"], cfg)[0] == [
+        "data.text_files.train.en"
+    ]
+
+
 def test_a_checkpoint_with_host_knobs_under_train_resumes(make_config, tmp_path):
     """A checkpoint saved before `runtime` had its own section holds the host knobs under
     `train.`: the same run resumes without a warning, a knob that changes the run

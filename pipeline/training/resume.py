@@ -30,6 +30,7 @@ from pipeline.config import leaves, subtree, to_dict, with_runtime_section
 from pipeline.config_schema import Config
 from pipeline.data.download import sha256_of
 from pipeline.errors import ConfigError
+from pipeline.portable_paths import WORK_ROOT, relativize_tree
 from pipeline.training.checkpoints import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -90,7 +91,10 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
     saved = with_runtime_section(saved)  # a checkpoint of the older layout compares as today's
-    current, defaults = to_dict(cfg), to_dict(Config())
+    # A checkpoint writes paths portably (pipeline.training.checkpoints): both sides compare so.
+    saved = relativize_tree(saved, Path.cwd(), WORK_ROOT)
+    current = relativize_tree(to_dict(cfg), Path.cwd(), WORK_ROOT)
+    defaults = to_dict(Config())
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
         # A key the checkpoint's config lacks is newer than it: its default is what ran.
