@@ -61,17 +61,22 @@ def _lookup(tree, dotted: str):
     return tree
 
 
-def last_run_value(key: str, lock: Path = Path(LOCK_FILE)):
-    """The value `key` had in the last run DVC recorded (the params of its stages in
-    dvc.lock), or `_ABSENT` where no stage recorded it."""
+def recorded_params(lock: Path = Path(LOCK_FILE)) -> list[dict]:
+    """The params each stage of dvc.lock recorded for the last run DVC recorded ([] where
+    there is no readable dvc.lock)."""
     try:
         stages = yaml.safe_load(lock.read_text(encoding="utf-8"))["stages"]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return _ABSENT
-    for stage in stages.values():
-        recorded = ((stage or {}).get("params") or {}).get(PARAMS_FILE) or {}
+        return []
+    return [((stage or {}).get("params") or {}).get(PARAMS_FILE) or {} for stage in stages.values()]
+
+
+def last_run_value(key: str, recorded: list[dict]):
+    """The value `key` had in the `recorded_params` of the last run, or `_ABSENT` where no
+    stage recorded it."""
+    for params in recorded:
         # a stage may record a whole section ("train") or one key ("data.src_lang")
-        for name, value in recorded.items():
+        for name, value in params.items():
             if key == name:
                 return value
             if key.startswith(f"{name}."):
@@ -94,20 +99,19 @@ def put_back(key: str | None, path: Path = Path(PARAMS_FILE), lock: Path = Path(
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return ""
+    recorded = recorded_params(lock)
     parts = key.split(".")
-    recorded = next(((".".join(parts[:n]), value) for n in range(len(parts), 0, -1)
-                     if (value := last_run_value(".".join(parts[:n]), lock)) is not _ABSENT),
-                    None)  # fmt: skip
-    if recorded is None:
+    found = next(((".".join(parts[:n]), value) for n in range(len(parts), 0, -1)
+                  if (value := last_run_value(".".join(parts[:n]), recorded)) is not _ABSENT),
+                 None)  # fmt: skip
+    if found is None:
         return (
             f"{path} keeps the refused value (no recorded run has '{key}'): give it a valid "
             "one with -S, or recompose the file with `make params`"
         )
-    name, before = recorded
-    *folders, leaf = name.split(".")
-    parent = values
-    for part in folders:
-        parent = parent.get(part) if isinstance(parent, dict) else None
+    name, before = found
+    folder, _, leaf = name.rpartition(".")
+    parent = config.subtree(values, folder) if folder else values
     if not isinstance(parent, dict) or parent.get(leaf, _ABSENT) == before:
         return ""
     parent[leaf] = before

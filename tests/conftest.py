@@ -328,6 +328,17 @@ def raw_lines(path: Path) -> list[str]:
         return handle.read().split("\n")[:-1]
 
 
+# A valid study spec: one grid point of the smoke experiment (tests change one key of it).
+GRID_SPEC = {
+    "study": "domains",
+    "kind": "grid",
+    "base_experiment": "smoke",
+    "objective": {"metric": "val/bleu", "direction": "maximize"},
+    "seeds": [1],
+    "variants": {"base": {}},
+}
+
+
 def gzip_bomb(path: Path, megabytes: int, line: bytes) -> None:
     """`megabytes` MiB of `line` over and over, gzipped: about a thousandth of that on disk."""
     block = line * ((1 << 20) // len(line))

@@ -12,7 +12,6 @@ signal or a full disk have tests of their own, listed in docs/reliability.md.
 
 from __future__ import annotations
 
-import gzip
 import http.server
 import os
 import subprocess
@@ -22,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 
 from pipeline import config  # noqa: E402
+from tests.conftest import GRID_SPEC, gzip_bomb, snapshot  # noqa: E402
+from tests.test_download import TricklingHandler  # noqa: E402
 
 CORPUS = Path(os.environ.get("MULTI30K_DIR", REPO_ROOT.parent / "shared" / "data" / "multi30k"))
 COMMAND_TIMEOUT_S = 120  # far above any scenario's few seconds: a hang is a failure, not a wait
@@ -123,67 +125,33 @@ def corpus_with(name: str, write: Callable[[Path], None], *overrides: str):
     return setup
 
 
-def gzip_bomb(path: Path, megabytes: int = 8) -> None:
-    """`megabytes` MiB of one short line, gzipped: a few KiB on disk."""
-    block = b"two dogs are playing in the snow .\n" * 30_000
-    with gzip.open(path, "wb", compresslevel=9) as handle:
-        while handle.tell() < megabytes << 20:
-            handle.write(block)
-
-
-def endless_line(path: Path, megabytes: int = 2) -> None:
-    with gzip.open(path, "wb", compresslevel=9) as handle:
-        handle.write(b"a " * (megabytes << 19))  # no newline
-
-
 SCENARIOS += [
     Scenario("check refuses a gzip bomb past data.limits.max_file_mb", CHECK,
              "train.en.gz: more than 4 MiB of text",
-             setup=corpus_with("train.en.gz", gzip_bomb, "data.limits.max_file_mb=4")),
+             setup=corpus_with("train.en.gz", partial(gzip_bomb, megabytes=8,
+                                                      line=b"two dogs are playing in the snow .\n"),
+                               "data.limits.max_file_mb=4")),
     Scenario("check refuses a line past data.limits.max_line_bytes", CHECK,
              "train.de.gz:1: the line is longer than 65536 bytes",
-             setup=corpus_with("train.de.gz", endless_line)),
+             setup=corpus_with("train.de.gz", partial(gzip_bomb, megabytes=2, line=b"a "))),
 ]  # fmt: skip
 
 # ---- a server that trickles ------------------------------------------------------------------
 
 
-class Trickling(http.server.BaseHTTPRequestHandler):
-    """Sends one byte every half second, each read in time: its headers too (`/headers/...`)
-    or only its body."""
-
-    def do_GET(self) -> None:
-        size = 1 << 20
-        head = f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode()
-        try:
-            if self.path.startswith("/headers/"):
-                for byte in head:
-                    self.wfile.write(bytes([byte]))
-                    self.wfile.flush()
-                    time.sleep(0.5)
-            else:
-                self.wfile.write(head)
-            for _ in range(size):
-                self.wfile.write(b"\x1f")
-                self.wfile.flush()
-                time.sleep(0.5)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up
-            pass
-
-    def log_message(self, format, *args) -> None:  # noqa: A002 (http.server's name)
-        pass
-
-
-def trickling_server() -> str:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickling)
+def trickling_server(chunk: int, every: float, headers_every: float | None = None) -> str:
+    """The URL of a server that sends `chunk` bytes every `every` seconds, each read in time
+    (`tests.test_download.TricklingHandler`), its headers too a byte every `headers_every`."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TricklingHandler)
     server.daemon_threads = True
+    server.size, server.chunk, server.every = 1 << 20, chunk, every
+    server.headers_every = headers_every
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def download_from(path: str, *bounds: str):
+def download_from(url: str, *bounds: str):
     def setup(workspace: Path) -> dict[str, str]:
-        url = f"{SERVER}{path}"
         params_with(f"data.raw_dir={workspace / 'no_copy'}", f"data.url={url}",
                     "data.limits.download_read_timeout_s=2", *bounds)(workspace)  # fmt: skip
         return {"MULTI30K_DIR": ""}
@@ -191,27 +159,20 @@ def download_from(path: str, *bounds: str):
     return setup
 
 
-SERVER = trickling_server()
 SCENARIOS += [
     Scenario("check ends a body trickling below data.limits.download_min_rate_kb_s", CHECK,
              "data.limits.download_min_rate_kb_s=1",
-             setup=download_from("", "data.limits.download_grace_s=2",
+             setup=download_from(trickling_server(1, 0.5), "data.limits.download_grace_s=2",
                                  "data.limits.download_min_rate_kb_s=1")),
     Scenario("check ends headers trickling past data.limits.download_deadline_s", CHECK,
              "data.limits.download_deadline_s=3",
-             setup=download_from("/headers", "data.limits.download_deadline_s=3")),
+             setup=download_from(trickling_server(4096, 0.5, headers_every=0.5),
+                                 "data.limits.download_deadline_s=3")),
 ]  # fmt: skip
 
 # ---- study specs -----------------------------------------------------------------------------
 
-SPEC = {
-    "study": "outside",
-    "kind": "grid",
-    "base_experiment": "smoke",
-    "objective": {"metric": "val/bleu", "direction": "maximize"},
-    "seeds": [1],
-    "variants": {"base": {}},
-}
+SPEC = {**GRID_SPEC, "study": "outside"}
 SEARCH = {"kind": "search", "space": {"model.dropout": {"type": "float", "low": 0.0, "high": 0.5}}}
 BAD_SPECS = [
     ("seeds: []", {"seeds": []}, "key 'seeds': must be a list of at least one item"),
@@ -248,11 +209,6 @@ SCENARIOS += [
 
 
 # ---- running them ----------------------------------------------------------------------------
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink()}  # fmt: skip
 
 
 def run(scenario: Scenario, workspace: Path) -> str | None:

@@ -22,19 +22,11 @@ from pipeline.cli import main
 from pipeline.config_schema import schema_leaves
 from pipeline.sweep.cli import cli, parse_args, worker_flags
 from pipeline.sweep.spec import StudySpec
-from tests.conftest import REPO_ROOT, outside_domain, set_key
+from tests.conftest import GRID_SPEC, REPO_ROOT, outside_domain, set_key
 
 LEAVES = schema_leaves(StudySpec)
 
-# A valid grid spec: each test changes one key of it
-SPEC = {
-    "study": "domains",
-    "kind": "grid",
-    "base_experiment": "smoke",
-    "objective": {"metric": "val/bleu", "direction": "maximize"},
-    "seeds": [1],
-    "variants": {"base": {}},
-}
+SPEC = GRID_SPEC  # each test changes one key of it
 
 
 def names_the_key(stderr: str, key: str) -> bool:

@@ -105,13 +105,19 @@ class PortableModelCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
 
 
+def portable_config(tree: Any) -> Any:
+    """A config (or any tree of its values) with its paths written as a checkpoint saves them:
+    relative to the working folder, `<work-root>/...` or `~/...` (a copy)."""
+    return relativize_tree(tree, Path.cwd(), WORK_ROOT)
+
+
 def portable_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """`checkpoint` with its saved config's paths written portably (a shallow copy: the
     module's own hyperparameters are not touched)."""
     saved = checkpoint.get("hyper_parameters")
     if not isinstance(saved, dict):
         return checkpoint
-    return {**checkpoint, "hyper_parameters": relativize_tree(dict(saved), Path.cwd(), WORK_ROOT)}
+    return {**checkpoint, "hyper_parameters": portable_config(saved)}
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -30,7 +30,6 @@ from pipeline.config import leaves, subtree, to_dict, with_runtime_section
 from pipeline.config_schema import Config
 from pipeline.data.download import sha256_of
 from pipeline.errors import ConfigError
-from pipeline.portable_paths import WORK_ROOT, relativize_tree
 from pipeline.training.checkpoints import (
     LAST_NAME,
     PROGRESS_NAME,
@@ -38,6 +37,7 @@ from pipeline.training.checkpoints import (
     code_version,
     find_resume_checkpoint,
     move_checkpoints,
+    portable_config,
     read_checkpoint,
     remove_checkpoints,
 )
@@ -91,9 +91,8 @@ def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
     """(fixed, free): the keys whose values differ between a checkpoint's config and `cfg`,
     split into those that change what the run computes and those that cannot."""
     saved = with_runtime_section(saved)  # a checkpoint of the older layout compares as today's
-    # A checkpoint writes paths portably (pipeline.training.checkpoints): both sides compare so.
-    saved = relativize_tree(saved, Path.cwd(), WORK_ROOT)
-    current = relativize_tree(to_dict(cfg), Path.cwd(), WORK_ROOT)
+    # A checkpoint writes its paths portably: both sides compare so.
+    saved, current = portable_config(saved), portable_config(to_dict(cfg))
     defaults = to_dict(Config())
     fixed, free = [], []
     for section in RESUME_FIXED_KEYS:
