@@ -93,6 +93,42 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+# ---- fixtures built once per test run ------------------------------------------------------
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """The folder every pytest-xdist worker of this run can see: the parent of the workers'
+    own base folders (the base folder itself without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(folder: Path, build) -> Path:
+    """`build()` fills `folder` once per test run, whichever worker asks first: the others wait
+    on a file lock and then read what it built. A read-only fixture costs its build once,
+    not once per worker. A build that failed is not tried again: the others fail at once,
+    naming it."""
+    from filelock import FileLock
+
+    done, failed = folder / ".built", folder.with_name(folder.name + ".failed")
+    with FileLock(folder.with_name(folder.name + ".lock")):
+        if failed.exists():
+            pytest.fail(f"building {folder.name} failed in another worker:\n{failed.read_text()}")
+        if not done.exists():
+            import shutil
+            import traceback
+
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            try:
+                build()
+            except BaseException:
+                failed.write_text(traceback.format_exc()[-5000:])
+                raise
+            done.touch()
+    return folder
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _offline_wandb():
     """W&B has no server here: every test run is offline unless a test says otherwise."""
@@ -376,33 +412,31 @@ def sliced_config(make_config, sliced_corpus, tmp_path):
 
 @pytest.fixture(scope="session")
 def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_schema.Config:
-    """`experiment=smoke` with prepare + tokenize already run once (outputs in a session tmp dir).
+    """`experiment=smoke` with prepare + tokenize run once per test run (`build_once`).
 
-    Shared by the whole session: treat it as read-only (`copy.deepcopy` it before changing a
+    Shared by every test of every worker: treat it as read-only (`copy.deepcopy` it before changing a
     value, and point paths.train_dir etc. elsewhere with `redirect_paths` if a test writes).
     """
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
-    root = tmp_path_factory.mktemp("tokenized_smoke")
+    root = shared_root(tmp_path_factory) / "tokenized_smoke"
     cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", "experiment=smoke"])
     cfg = redirect_paths(cfg, root)
-    prepare(cfg)
-    tokenize(cfg)
+    build_once(root, lambda: (prepare(cfg), tokenize(cfg)))
     return cfg
 
 
 @pytest.fixture(scope="session")
 def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
-    tokenized once per session; read-only like `tokenized_smoke`."""
+    tokenized once per test run; read-only like `tokenized_smoke`."""
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
-    root = tmp_path_factory.mktemp("tokenized_multi30k")
+    root = shared_root(tmp_path_factory) / "tokenized_multi30k"
     cfg = redirect_paths(config_lib.compose([f"data.raw_dir={multi30k_dir}"]), root)
-    prepare(cfg)
-    tokenize(cfg)
+    build_once(root, lambda: (prepare(cfg), tokenize(cfg)))
     return cfg
 
 
@@ -411,36 +445,46 @@ def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
 
 @pytest.fixture(scope="session")
 def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_schema.Config:
-    """`tokenized_smoke` trained once per session by `trainer.run` (experiment=smoke: 40 steps,
-    step checkpoints at 20 and 40); paths.train_dir etc. in a session tmp dir. Read-only:
+    """`tokenized_smoke` trained once per test run by `trainer.run` (experiment=smoke: 40
+    steps, step checkpoints at 20 and 40), shared by every worker. Read-only:
     `copy.deepcopy` it and point eval_dir/metrics_dir/plots_dir/wandb_dir elsewhere to write."""
     import copy
 
     from pipeline.training.trainer import run
 
     cfg = copy.deepcopy(tokenized_smoke)
-    root = tmp_path_factory.mktemp("trained_smoke")
+    root = shared_root(tmp_path_factory) / "trained_smoke"
     for name in ("train_dir", "eval_dir", "metrics_dir", "plots_dir", "wandb_dir"):
         setattr(cfg.paths, name, str(root / name))
     cfg.train.progress_bar = False
-    run(cfg)
+    build_once(root, lambda: run(cfg))
     return cfg
 
 
 @pytest.fixture(scope="session")
 def smoke_stage_run(tmp_path_factory, multi30k_dir):
     """`experiment=smoke` through the four stage commands, as `make repro > log` runs them
-    (stdout a pipe, not a terminal), once per session in a tmp folder: `.root` (params.yaml and
+    (stdout a pipe, not a terminal), once per test run: `.root` (params.yaml and
     every output) and `.results` ({stage: CompletedProcess}, text captured). Read-only."""
+    import json
     from types import SimpleNamespace
 
-    root = tmp_path_factory.mktemp("smoke_stages")
-    write_params(root, "experiment=smoke")
-    env = {**os.environ, config_lib.RAW_DIR_ENV: str(multi30k_dir), "WANDB_MODE": "offline"}
-    results = {}
-    for stage in ("prepare", "tokenize", "train", "evaluate"):
-        results[stage] = run_stage(stage, root, env=env, timeout=900)
-        assert results[stage].returncode == 0, results[stage].stderr[-3000:]
+    root = shared_root(tmp_path_factory) / "smoke_stages"
+    record = root / "stages.json"  # what each stage printed, for every worker to read
+
+    def build() -> None:
+        write_params(root, "experiment=smoke")
+        env = {**os.environ, config_lib.RAW_DIR_ENV: str(multi30k_dir), "WANDB_MODE": "offline"}
+        results = {}
+        for stage in ("prepare", "tokenize", "train", "evaluate"):
+            result = run_stage(stage, root, env=env, timeout=900)
+            assert result.returncode == 0, result.stderr[-3000:]
+            results[stage] = [result.args, result.returncode, result.stdout, result.stderr]
+        record.write_text(json.dumps(results))
+
+    build_once(root, build)
+    results = json.loads(record.read_text())
+    results = {stage: subprocess.CompletedProcess(*result) for stage, result in results.items()}
     return SimpleNamespace(root=root, results=results)
 
 

@@ -33,6 +33,7 @@ from pipeline.training.checkpoints import (
     select_checkpoints,
 )
 from pipeline.training.resume import resume_checkpoint
+from tests.conftest import shared_root
 
 
 def _checkpoint(step: int, seed: int = 0) -> dict:
@@ -381,7 +382,7 @@ def test_a_checkpoint_names_no_path_of_its_machine_and_its_bookkeeping_survives_
 
     from pipeline.training.trainer import run
 
-    base = tmp_path_factory.getbasetemp()
+    base = shared_root(tmp_path_factory)  # where the shared runs and this test's folder are
     monkeypatch.chdir(base)  # a "repository" holding the corpus, the subwords and both runs
     cfg = copy.deepcopy(trained_smoke)
     for name in ("metrics_dir", "plots_dir", "wandb_dir"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, build_once, shared_root
 
 pytestmark = pytest.mark.slow
 
@@ -307,15 +307,19 @@ def set_params(values: list[str]) -> list[str]:
     return [arg for value in values for arg in ("-S", value)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory, multi30k_dir) -> Path:
-    """One `dvc exp run -S experiment=smoke` (40 steps) in a copy of the repository, shared by
-    the tests below: each works on a copy of it (`smoke`)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MULTI30K_DIR", str(multi30k_dir))
-        repo = copy_repository(tmp_path_factory.mktemp("smoke_run") / "repo")
-        sh(["dvc", "exp", "run", *set_params(SMOKE)], repo)
-    return repo
+    """One `dvc exp run -S experiment=smoke` (40 steps) in a copy of the repository, once per
+    test run, shared by the tests below: each works on a copy of it (`smoke`)."""
+    folder = shared_root(tmp_path_factory) / "smoke_run"
+
+    def build() -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("MULTI30K_DIR", str(multi30k_dir))
+            repo = copy_repository(folder / "repo")
+            sh(["dvc", "exp", "run", *set_params(SMOKE)], repo)
+
+    return build_once(folder, build) / "repo"
 
 
 @pytest.fixture
@@ -567,33 +571,44 @@ QUEUED_HEADS = ("2", "4")
 SMOKE_HEADS = "4"  # conf/experiment/smoke.yaml's
 
 
-@pytest.fixture(scope="module")
-def queued(tmp_path_factory, multi30k_dir) -> Path:
+@pytest.fixture(scope="session")
+def queued_run(tmp_path_factory, multi30k_dir) -> Path:
     """A copy of the repository with the corpus where conf/ looks for it, beside the
     repository (`../shared/data/multi30k`), no MULTI30K_DIR and no download allowed; README's
-    queue line run there: DVC runs each experiment in its own temporary copy
-    (`.dvc/tmp/exps/<copy>/`)."""
-    root = tmp_path_factory.mktemp("queued")
-    (root / "shared" / "data").mkdir(parents=True)
-    (root / "shared" / "data" / "multi30k").symlink_to(multi30k_dir)
-    (root / "repo").mkdir()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("MULTI30K_DIR", raising=False)
-        repo = copy_repository(root / "repo")
-        heads = f"model.heads={','.join(QUEUED_HEADS)}"
-        sh(["dvc", "exp", "run", "--queue", *set_params([*SMOKE, "data.download=false", heads])],
-           repo)  # fmt: skip
-        sh(["dvc", "queue", "start", "-j", "1"], repo)
-        deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline:
-            status = sh(["dvc", "queue", "status"], repo).stdout
-            if not any(word in status for word in ("Queued", "Running")):
-                break
-            time.sleep(10)
-    logs = "".join(sh(["dvc", "queue", "logs", name], repo, check=False).stdout[-3000:]
-                   for name in sh(["dvc", "exp", "ls", "--name-only"], repo).stdout.split())  # fmt: skip
-    assert status.count("Success") == len(QUEUED_HEADS), f"{status}\n{logs}"
-    return repo
+    queue line run there once per test run: DVC runs each experiment in its own temporary
+    copy (`.dvc/tmp/exps/<copy>/`). The folder holding both."""
+    root = shared_root(tmp_path_factory) / "queued"
+
+    def build() -> None:
+        (root / "shared" / "data").mkdir(parents=True)
+        (root / "shared" / "data" / "multi30k").symlink_to(multi30k_dir)
+        (root / "repo").mkdir()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delenv("MULTI30K_DIR", raising=False)
+            repo = copy_repository(root / "repo")
+            heads = f"model.heads={','.join(QUEUED_HEADS)}"
+            sh(["dvc", "exp", "run", "--queue",
+                *set_params([*SMOKE, "data.download=false", heads])], repo)  # fmt: skip
+            sh(["dvc", "queue", "start", "-j", "1"], repo)
+            deadline = time.monotonic() + 1800
+            while time.monotonic() < deadline:
+                status = sh(["dvc", "queue", "status"], repo).stdout
+                if not any(word in status for word in ("Queued", "Running")):
+                    break
+                time.sleep(2)
+        names = sh(["dvc", "exp", "ls", "--name-only"], repo).stdout.split()
+        logs = "".join(sh(["dvc", "queue", "logs", name], repo, check=False).stdout[-3000:]
+                       for name in names)  # fmt: skip
+        assert status.count("Success") == len(QUEUED_HEADS), f"{status}\n{logs}"
+
+    return build_once(root, build)
+
+
+@pytest.fixture
+def queued(queued_run, tmp_path) -> Path:
+    """A copy of `queued_run`'s repository (and the corpus beside it) for one test: DVC takes
+    its lock there, and `dvc exp apply` changes it."""
+    return Path(shutil.copytree(queued_run, tmp_path / "queued", symlinks=True)) / "repo"
 
 
 def queued_experiments(repo: Path) -> dict[str, dict]:

@@ -17,8 +17,8 @@ import yaml
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
-from tests.conftest import float32_tolerance, run_stage
-from tests.test_tokenizer import moses_tokenized_copy
+from tests.conftest import build_once, float32_tolerance, run_stage, shared_root
+from tests.test_tokenizer import moses_config, moses_tokenized_copy
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 
@@ -330,15 +330,16 @@ def trained_moses(tokenized_smoke, tmp_path_factory):
     """The smoke corpus as Wu et al.'s recipe reads it (lowercased, Moses-tokenized, source
     eos) and the smoke model trained on it for 40 updates (validations and checkpoints at
     20 and 40); read-only like `trained_smoke`."""
+    from pipeline.data.tokenizer import tokenize
     from pipeline.training.trainer import run
 
-    root = tmp_path_factory.mktemp("trained_moses")
-    cfg = moses_tokenized_copy(tokenized_smoke, root)
+    root = shared_root(tmp_path_factory) / "trained_moses"
+    cfg = moses_config(tokenized_smoke, root)
     for name in ("train_dir", "eval_dir", "metrics_dir", "plots_dir", "wandb_dir"):
         setattr(cfg.paths, name, str(root / name))
     cfg.train.max_steps, cfg.train.val_check_interval = 40, 20
     cfg.train.progress_bar = False
-    run(cfg)
+    build_once(root, lambda: (tokenize(cfg), run(cfg)))
     return cfg
 
 

@@ -36,7 +36,7 @@ from pipeline.evaluation import evaluate
 from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
-from tests.conftest import REPO_ROOT, log_prob_tolerance
+from tests.conftest import REPO_ROOT, build_once, log_prob_tolerance, shared_root
 from tests.test_tokenizer import moses_tokenized_copy
 
 TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)
@@ -328,16 +328,19 @@ def test_a_checkpoint_that_would_run_code_is_refused(malicious_checkpoint, tmp_p
 def smoke_export(trained_smoke, tmp_path_factory) -> SimpleNamespace:
     """The smoke run's averaged model.ckpt (as the evaluate stage writes it), exported by the
     command line with float32 and with int8 weights."""
-    root = tmp_path_factory.mktemp("export")
+    root = shared_root(tmp_path_factory) / "smoke_export"
     checkpoint = root / "model.ckpt"
-    evaluate.write_model_checkpoint(evaluate.source_checkpoints(trained_smoke), checkpoint)
     spm = evaluate.tokenizer_path(trained_smoke)
-    folders = {}
-    for quantization in ("float32", "int8"):
-        folders[quantization] = root / quantization
-        result = run_export("--checkpoint", str(checkpoint), "--tokenizer", str(spm),
-                            "--out", str(folders[quantization]), "--quantization", quantization)  # fmt: skip
-        assert result.returncode == 0, result.stderr
+    folders = {quantization: root / quantization for quantization in ("float32", "int8")}
+
+    def build() -> None:
+        evaluate.write_model_checkpoint(evaluate.source_checkpoints(trained_smoke), checkpoint)
+        for quantization, folder in folders.items():
+            result = run_export("--checkpoint", str(checkpoint), "--tokenizer", str(spm),
+                                "--out", str(folder), "--quantization", quantization)  # fmt: skip
+            assert result.returncode == 0, result.stderr
+
+    build_once(root, build)
     return SimpleNamespace(checkpoint=checkpoint, tokenizer=spm, **folders)
 
 

@@ -34,7 +34,7 @@ from pipeline.training.preemption import (
     PreemptionCallback,
 )
 from pipeline.training.trainer import run
-from tests.conftest import RESUMED_RUN_ATOL, redirect_paths
+from tests.conftest import RESUMED_RUN_ATOL, build_once, redirect_paths, shared_root
 
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MAX_STEPS = 45  # with max_tokens=3000: 35 batches per epoch, so runs cross an epoch
@@ -260,12 +260,22 @@ class RecordBatches(Callback):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tokenized_smoke, tmp_path_factory):
-    """`RUN` trained in one go (in-process): its final checkpoint and its batches by step."""
-    cfg = _config(tokenized_smoke, tmp_path_factory.mktemp("uninterrupted"))
-    recorder = RecordBatches()
-    summary = run(cfg, callbacks=[recorder])
-    assert summary["train/target_tokens"] == recorder.target_tokens > 0
-    batches = dict(recorder.batches)
+    """`RUN` trained in one go (in-process, once per test run): its final checkpoint and its
+    batches by step."""
+    root = shared_root(tmp_path_factory) / "uninterrupted"
+    cfg = _config(tokenized_smoke, root)
+    recorded = root / "batches.json"
+
+    def build() -> None:
+        recorder = RecordBatches()
+        summary = run(cfg, callbacks=[recorder])
+        assert summary["train/target_tokens"] == recorder.target_tokens > 0
+        recorded.write_text(json.dumps({"batches": recorder.batches,
+                                        "target_tokens": recorder.target_tokens}))  # fmt: skip
+
+    build_once(root, build)
+    recorder = json.loads(recorded.read_text())
+    batches = dict(recorder["batches"])
     assert sorted(batches) == list(range(1, MAX_STEPS + 1))
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
@@ -275,7 +285,7 @@ def uninterrupted(tokenized_smoke, tmp_path_factory):
     # the same, so a re-run records the finished run instead of training its last steps again
     assert _last(cfg)["global_step"] == MAX_STEPS and _progress_step(cfg) == MAX_STEPS
     return {"last": _last(cfg), "batches": batches, "per_epoch": per_epoch,
-            "logged": _logged(cfg), "target_tokens": recorder.target_tokens}  # fmt: skip
+            "logged": _logged(cfg), "target_tokens": recorder["target_tokens"]}  # fmt: skip
 
 
 # ---------------------------------------------------------------------- fast checks

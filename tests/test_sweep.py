@@ -570,8 +570,9 @@ def files_holding(root: Path, text: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
-@pytest.mark.slow  # the worker retries the connection for ~40 s before it gives up
 def test_a_storage_password_is_masked_in_a_connection_error(tmp_path):
+    """A database that does not exist: said at once (no retries: another try cannot help),
+    with the server's own words and the password masked."""
     spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
@@ -584,6 +585,19 @@ def test_a_storage_password_is_masked_in_a_connection_error(tmp_path):
     assert "nonexistent_db" in result.stderr  # the real error, told
     assert "s3cret-pw" not in result.stdout + result.stderr
     assert not files_holding(tmp_path, "s3cret-pw")
+
+
+def test_a_database_that_does_not_exist_is_not_asked_again(monkeypatch):
+    """Opening the storage retries the races of workers creating its schema, not an error
+    that a retry cannot remove (before: ten tries over ~50 s)."""
+    from pipeline.errors import PipelineError
+    from pipeline.sweep import storage
+
+    waits = []
+    monkeypatch.setattr(storage.time, "sleep", waits.append)
+    with pytest.raises(PipelineError, match='database "nonexistent_db" does not exist'):
+        sweep.open_storage(secret_url("nonexistent_db"), sweep.SweepSettings())
+    assert waits == []
 
 
 def test_a_storage_password_is_masked_in_the_workers_closing_line(tmp_path):

@@ -426,6 +426,13 @@ def moses_tokenized_copy(tokenized_smoke, root: Path, **tokenizer_settings):
     """The smoke corpus tokenized as Wu et al.'s recipe reads it: lowercased and
     Moses-tokenized before the subword model (outputs under `root`), with
     `tokenizer_settings` besides; its config."""
+    cfg = moses_config(tokenized_smoke, root, **tokenizer_settings)
+    tokenize(cfg)
+    return cfg
+
+
+def moses_config(tokenized_smoke, root: Path, **tokenizer_settings):
+    """`moses_tokenized_copy`'s config, before its tokenize."""
     cfg = copy.deepcopy(tokenized_smoke)
     cfg.data.tokenizer.pretokenizer = "moses"
     cfg.data.tokenizer.case_fold = True
@@ -434,7 +441,6 @@ def moses_tokenized_copy(tokenized_smoke, root: Path, **tokenizer_settings):
         setattr(cfg.data.tokenizer, key, value)
     cfg.paths.tokenized = str(root / "tokenized")
     cfg.paths.metrics_dir = str(root / "metrics")
-    tokenize(cfg)
     return cfg
 
 

@@ -36,7 +36,14 @@ from pipeline.training.module import DivergedError, TranslationModule, inverse_s
 from pipeline.training.precision import cpu_has_bf16_instructions
 from pipeline.training.throughput import Throughput
 from pipeline.training.trainer import build_callbacks, run
-from tests.conftest import FP32_EPS, RESUMED_RUN_ATOL, redirect_paths, run_stage
+from tests.conftest import (
+    FP32_EPS,
+    RESUMED_RUN_ATOL,
+    build_once,
+    redirect_paths,
+    run_stage,
+    shared_root,
+)
 
 DATA = ["experiment=smoke", "data.max_train_pairs=200"]
 TINY = [
@@ -72,10 +79,9 @@ def tokenized_200(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
 
-    cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", *DATA])
-    cfg = redirect_paths(cfg, tmp_path_factory.mktemp("tokenized_200"))
-    prepare(cfg)
-    tokenize(cfg)
+    root = shared_root(tmp_path_factory) / "tokenized_200"
+    cfg = redirect_paths(config_lib.compose([f"data.raw_dir={multi30k_dir}", *DATA]), root)
+    build_once(root, lambda: (prepare(cfg), tokenize(cfg)))
     return cfg
 
 

@@ -81,12 +81,25 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
                 _begin_sqlite_transactions_immediately(storage.engine)
             return storage
         except Exception as err:  # concurrent CREATE TABLE / version row races
-            if attempt == attempts - 1:
+            if attempt == attempts - 1 or _lasting(err):
                 raise PipelineError(
                     f"cannot open Optuna storage {hide_password(url)}: {hide_passwords(str(err))}"
                 ) from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+# What the server or driver says when asking again cannot help: the database or user is not
+# there, the password is wrong, the host has no address, the driver is not installed.
+LASTING_ERRORS = ("does not exist", "authentication failed", "no password supplied",
+                  "could not translate host name", "unable to open database file",
+                  "No module named")  # fmt: skip
+
+
+def _lasting(err: Exception) -> bool:
+    """Whether opening the storage failed for a reason a retry cannot remove (the retries are
+    for workers racing to create the schema): the user hears it at once, not ~50 s later."""
+    return any(marker in str(err) for marker in LASTING_ERRORS)
 
 
 def _begin_sqlite_transactions_immediately(engine) -> None:
