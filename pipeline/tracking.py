@@ -43,6 +43,9 @@ its config (`dvc_exp_name`), so that `dvc exp show` and the W&B runs point at ea
 offline run's folder also gets `files/config.yaml` (W&B's own layout of it, which only an
 online run writes by itself), so its config is readable without W&B's tools.
 
+Training logs through Lightning's W&B logger, in `pipeline.training.wandb_logger`: this
+module does not import Lightning, so evaluating and reporting start without it.
+
 `read_offline_run` reads a run's `.wandb` file back (config, history, summary) with W&B's own
 protocol buffers: W&B 0.31 ships no reader, and tests and reports need one.
 """
@@ -61,9 +64,6 @@ import warnings
 import zlib
 from pathlib import Path
 from typing import Any
-
-from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from pipeline.config import to_dict
 from pipeline.config_schema import Config
@@ -198,54 +198,6 @@ def no_answer(url: str, timeout: float) -> str | None:
         reason = getattr(err, "reason", None) or err
         return f"{url} gave no answer within logger.wandb.init_timeout={timeout:g} s: {reason}"
     return None
-
-
-class PipelineWandbLogger(WandbLogger):
-    """Lightning's WandbLogger whose run comes from `start_wandb_run` (mode, fallback, config,
-    tags, group), created lazily on global rank zero only: one W&B run per training, also
-    under DDP. A failed fit finishes the run as failed; `finish()` ends a successful one after
-    the caller has added its summary.
-
-    With `run` (a sweep trial's run, say) the logger logs into it and leaves finishing it to
-    its owner."""
-
-    def __init__(
-        self,
-        cfg: Config,
-        job_type: str,
-        name: str | None = None,
-        group: str | None = None,
-        run=None,
-    ):
-        super().__init__(project=cfg.logger.wandb.project, save_dir=cfg.paths.wandb_dir)
-        self._start = (cfg, job_type, name, group)
-        self._given_run = run
-
-    @property
-    @rank_zero_experiment
-    def experiment(self):
-        if self._experiment is None:
-            self._experiment = self._given_run or start_wandb_run(*self._start)
-            # Lightning's x axis: every metric is plotted against the optimizer step.
-            self._experiment.define_metric("trainer/global_step")
-            self._experiment.define_metric("*", step_metric="trainer/global_step", step_sync=True)
-        return self._experiment
-
-    def finalize(self, status: str) -> None:
-        super().finalize(status)
-        if status != "success":
-            self.finish(exit_code=1)
-
-    def finish(self, exit_code: int = 0) -> None:
-        if self._experiment is not None and self._given_run is None:
-            finish_run(self._experiment, exit_code=exit_code)
-
-
-def wandb_logger(
-    cfg: Config, job_type: str, name: str | None = None, group: str | None = None, run=None
-) -> PipelineWandbLogger:
-    """The Lightning logger for a training run (see `PipelineWandbLogger`)."""
-    return PipelineWandbLogger(cfg, job_type, name=name, group=group, run=run)
 
 
 # ---------------------------------------------------------------------- reading offline runs

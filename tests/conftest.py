@@ -86,11 +86,30 @@ def log_prob_tolerance(model, log_probs, keys: int | None = None) -> float:
     return float32_tolerance(reduction_length(model, keys), float(spread))
 
 
+# The fixtures `build_once` builds for every worker of a run (tests that ask for them wait
+# while one worker builds them).
+BUILT_ONCE = ("tokenized_smoke", "tokenized_multi30k", "trained_smoke", "smoke_stage_run",
+              "smoke_run", "queued_run", "uninterrupted", "trained_moses", "smoke_export",
+              "tokenized_200")  # fmt: skip
+
+
 def pytest_collection_modifyitems(items):
     """The slow end-to-end tests first (their order otherwise kept): pytest-xdist hands tests
     out in this order, so the long ones run side by side at the start and the short ones fill
-    in at the end, instead of one long test running alone while the other worker idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    in at the end, instead of one long test running alone while the other worker idles.
+    Within each part, the first test to ask for a fixture built once comes before the others
+    that ask for it: the other worker takes other tests while it is built, not the same
+    fixture to wait on."""
+    asked: set[str] = set()
+
+    def waits(item) -> bool:
+        shared = {name for name in getattr(item, "fixturenames", ()) if name in BUILT_ONCE}
+        later = bool(shared) and shared <= asked
+        asked.update(shared)
+        return later
+
+    order = {id(item): (item.get_closest_marker("slow") is None, waits(item)) for item in items}
+    items.sort(key=lambda item: order[id(item)])
 
 
 # ---- fixtures built once per test run ------------------------------------------------------

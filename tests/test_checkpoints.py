@@ -17,14 +17,14 @@ import pytest
 import torch
 import yaml
 
+from pipeline.atomic import atomic_write
 from pipeline.config import to_dict
 from pipeline.errors import DataError, DiskFullError
+from pipeline.training.checkpoint_io import AtomicCheckpointIO
 from pipeline.training.checkpoints import (
     CORRUPT_SUFFIX,
     LAST_NAME,
     PROGRESS_NAME,
-    AtomicCheckpointIO,
-    atomic_write,
     average_checkpoints,
     checkpoint_dir,
     find_resume_checkpoint,
@@ -66,7 +66,7 @@ def test_atomic_save_survives_a_kill_mid_write_and_resume_removes_its_leftover(m
     # A child process writes a large checkpoint over it and is killed while writing.
     script = (
         "import sys, torch\n"
-        "from pipeline.training.checkpoints import AtomicCheckpointIO\n"
+        "from pipeline.training.checkpoint_io import AtomicCheckpointIO\n"
         "big = {'global_step': 2, 'hyper_parameters': {}, 'state_dict': "
         "{'w': torch.zeros(64, 1024, 1024)}}\n"  # 256 MiB: several seconds of writing
         "AtomicCheckpointIO().save_checkpoint(big, sys.argv[1])\n"

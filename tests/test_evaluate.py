@@ -152,6 +152,43 @@ def averaged_state(paths) -> dict[str, torch.Tensor]:
     }
 
 
+# What evaluating, translating and exporting a checkpoint import: Lightning costs seconds of
+# start-up in each process and none of them trains.
+LOAD_WITHOUT_LIGHTNING = """
+import json, sys
+from pipeline import config, tracking
+from pipeline.evaluation import evaluate
+cfg = config.from_dict(json.loads(sys.argv[1]))
+sources = evaluate.source_checkpoints(cfg)
+evaluate.check_trained_with(sources, cfg)
+evaluate.load_model(sources[0])
+print(sorted(name for name in sys.modules if name.split(".")[0] == "lightning"))
+"""
+
+
+def test_a_checkpoint_loads_without_lightning_as_lightning_loads_it(trained_smoke):
+    from pipeline.config import to_dict
+    from pipeline.training.checkpoints import LAST_NAME, checkpoint_dir
+    from pipeline.training.module import TranslationModule
+
+    checkpoint = checkpoint_dir(trained_smoke.paths.train_dir) / LAST_NAME
+    saved_config = json.dumps(to_dict(trained_smoke))
+    loaded = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_LIGHTNING, saved_config],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split("\n")[-2] == "[]", loaded.stdout
+
+    ours = evaluate.load_model(checkpoint)
+    reference = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu",
+                                                       weights_only=True).model.float().eval()  # fmt: skip
+    assert type(ours) is type(reference) and not ours.training
+    assert ours.speed_paths == reference.speed_paths
+    expected = reference.state_dict()
+    assert ours.state_dict().keys() == expected.keys()
+    for name, value in ours.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
 @pytest.mark.slow
 def test_evaluate_end_to_end(trained_smoke, tmp_path):
     from pipeline.tracking import offline_run_dirs, read_offline_run

@@ -91,7 +91,7 @@ SCRIPT = textwrap.dedent(
 
     args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
     if "--kill-after-saving" in args:  # SIGKILL right after writing the checkpoint of that name
-        from pipeline.training.checkpoints import AtomicCheckpointIO
+        from pipeline.training.checkpoint_io import AtomicCheckpointIO
         save = AtomicCheckpointIO.save_checkpoint
         def save_then_die(self, checkpoint, path, storage_options=None):
             save(self, checkpoint, path, storage_options)

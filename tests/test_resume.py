@@ -12,9 +12,9 @@ import pytest
 
 from pipeline import config as config_lib
 from pipeline.errors import ConfigError
+from pipeline.training.checkpoint_io import AtomicCheckpointIO
 from pipeline.training.checkpoints import (
     LAST_NAME,
-    AtomicCheckpointIO,
     checkpoint_dir,
     code_version,
     read_checkpoint,

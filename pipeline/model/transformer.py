@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from pipeline.config_schema import ModelConfig
+from pipeline.config_schema import Config, ModelConfig
 from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
 from pipeline.model.dropout import dropout_module
@@ -202,6 +202,14 @@ class Transformer(nn.Module):
             x, weights = layer(x, memory, memory_mask, need_weights=True)
             per_layer.append(weights[0])  # (heads, T, S)
         return torch.stack(per_layer)
+
+
+def build_transformer(cfg: Config, vocab_size: int) -> Transformer:
+    """The Transformer a run's config describes: its model section, the tokenizer's padding
+    id, and the CPU speed paths it chose (`runtime.cpu_speed_paths`, part of the run: it changes
+    dropout's mask stream). Training builds it so, and so does loading a checkpoint."""
+    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)
+    return Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id, speed_paths)
 
 
 def keep_linear_defaults_as_fairseq(model: nn.Module) -> None:

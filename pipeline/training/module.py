@@ -31,15 +31,14 @@ from pipeline.config import from_dict, to_dict
 from pipeline.config_schema import Config
 from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
-from pipeline.kernels import SpeedPaths
 from pipeline.model.decoding import greedy_decode
-from pipeline.model.transformer import Transformer
+from pipeline.model.transformer import build_transformer
+from pipeline.training.checkpoints import PRECISION_KEY
 from pipeline.training.loss import output_layer_loss
 from pipeline.training.preemption import PreemptionCallback
 
 # The running means of the logging window (train.log_every_n_steps), saved in checkpoints.
 TRAIN_WINDOW_METRICS = ("train_loss", "train_nll")
-PRECISION_KEY = "precision"  # the checkpoint entry: the precision the run trained in
 # sacrebleu's BLEU sufficient statistics: hyp_len, ref_len, 4 x n-gram matches, 4 x n-gram totals.
 BLEU_STATS = 2 + 2 * MAX_NGRAM_ORDER
 
@@ -159,8 +158,7 @@ class TranslationModule(L.LightningModule):
         self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
         # runtime.cpu_speed_paths: a host choice that changes dropout's mask stream, so it is
         # part of the saved config and a resumed run keeps it.
-        speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)
-        self.model = Transformer(cfg.model, vocab_size, self.pad_id, speed_paths)
+        self.model = build_transformer(cfg, vocab_size)
         # train.compile: a compiled forward function (not a module, so the state_dict keys
         # stay `model.*`); the plain module otherwise.
         compiled = torch.compile(self.model.teacher_forced_states) if cfg.train.compile else None

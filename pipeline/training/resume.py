@@ -23,8 +23,6 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import leaves, subtree, to_dict, with_runtime_section
 from pipeline.config_schema import Config
@@ -32,6 +30,7 @@ from pipeline.data.download import sha256_of
 from pipeline.errors import ConfigError
 from pipeline.training.checkpoints import (
     LAST_NAME,
+    PRECISION_KEY,
     PROGRESS_NAME,
     checkpoint_dir,
     code_version,
@@ -41,7 +40,6 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     remove_checkpoints,
 )
-from pipeline.training.module import PRECISION_KEY
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +83,15 @@ REPLACED_RECORD = "replaced.json"  # in each of them: its fingerprint, why it mo
 # <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
 PREEMPTED_SUFFIX = ".preempted"
 LOCK_SUFFIX = ".lock"  # <train_dir>.lock: held by the process training there
+
+
+def _rank() -> int:
+    """This process's rank in a DDP job (0 alone), as Lightning reads it from the launcher's
+    environment: imported here, so that checking a checkpoint's config (the evaluate stage)
+    does not load Lightning."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank
 
 
 def config_differences(saved: dict, cfg: Config) -> tuple[list[str], list[str]]:
@@ -178,7 +185,7 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     `train.resume=false` also moves the previous run aside: nothing is deleted.
     """
     train_dir = Path(cfg.paths.train_dir)
-    if rank_zero_only.rank == 0:  # half-written files of a writer that was killed
+    if _rank() == 0:  # half-written files of a writer that was killed
         remove_stale_temps(checkpoint_dir(train_dir))
     restore_preempted_run(cfg)
     if not cfg.train.resume:
@@ -218,7 +225,7 @@ def _move_aside(train_dir: Path, why: str, then: str | None = None) -> None:
     a record of what it was and why it moved (REPLACED_RECORD). A run already kept there, byte
     for byte (a finished run DVC's checkout restores each time `dvc exp run` moves it aside),
     is not kept twice. `then`: what happens next (default: training anew)."""
-    if rank_zero_only.rank != 0:
+    if _rank() != 0:
         return
     directory = checkpoint_dir(train_dir)
     then = then or f"training anew in {directory}"
@@ -303,7 +310,7 @@ def discard_mirror(cfg: Config) -> None:
     """Remove the mirror of a run that finished (its checkpoints stay in the stage's output,
     which DVC records)."""
     mirror = preempted_checkpoints(cfg)
-    if rank_zero_only.rank == 0 and mirror.is_dir():
+    if _rank() == 0 and mirror.is_dir():
         for path in mirror.iterdir():
             if path.is_file():
                 path.unlink()
@@ -316,7 +323,7 @@ def training_lock(cfg: Config) -> Iterator[None]:
     moving its checkpoints aside: DVC exits at once on SIGTERM) waits for the first to end,
     saying so, instead of working on its checkpoints at the same time. The lock dies with
     its process, however it ends."""
-    if rank_zero_only.rank != 0:
+    if _rank() != 0:
         yield
         return
     path = _beside(cfg.paths.train_dir, LOCK_SUFFIX)
@@ -346,7 +353,7 @@ def stash_preempted_run(cfg: Config) -> Path | None:
     exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
     Returns where they went (None: there were none, or another rank moves them)."""
     kept = checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
-    if rank_zero_only.rank == 0 and move_checkpoints(cfg.paths.train_dir, kept):
+    if _rank() == 0 and move_checkpoints(cfg.paths.train_dir, kept):
         return kept
     return None
 
@@ -357,7 +364,7 @@ def restore_preempted_run(cfg: Config) -> bool:
     whether there was one."""
     kept = _beside(cfg.paths.train_dir, PREEMPTED_SUFFIX)
     stash = checkpoint_dir(kept)
-    if rank_zero_only.rank != 0 or not stash.is_dir() or not any(stash.iterdir()):
+    if _rank() != 0 or not stash.is_dir() or not any(stash.iterdir()):
         return False
     here = checkpoint_dir(cfg.paths.train_dir)
     for path in stash.iterdir():  # links of a mirror to files still in place: nothing to move

@@ -37,14 +37,12 @@ from pipeline.atomic import write_json_atomic
 from pipeline.config_schema import Config
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import PipelineError, Preempted
-from pipeline.tracking import PipelineWandbLogger, wandb_logger
 from pipeline.training import early_signals
+from pipeline.training.checkpoint_io import AtomicCheckpointIO, PortableModelCheckpoint
 from pipeline.training.checkpoints import (
     BEST_TEMPLATES,
     LAST_NAME,
     STEP_TEMPLATE,
-    AtomicCheckpointIO,
-    PortableModelCheckpoint,
     checkpoint_dir,
     code_version,
 )
@@ -70,6 +68,7 @@ from pipeline.training.resume import (
     training_lock,
 )
 from pipeline.training.throughput import Throughput
+from pipeline.training.wandb_logger import PipelineWandbLogger, wandb_logger
 
 log = logging.getLogger(__name__)
 
