@@ -587,6 +587,26 @@ def test_a_storage_password_is_masked_in_a_connection_error(tmp_path):
     assert not files_holding(tmp_path, "s3cret-pw")
 
 
+def test_a_worker_that_trains_nothing_loads_no_lightning(tmp_path):
+    """A worker refused, out of time or with nothing left answers in a second: Lightning
+    (seconds to load) waits for a trial to train."""
+    spec = write_spec(tmp_path, f"idle_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
+    args = [str(spec), "--n-trials", "0", "--results-dir", str(tmp_path / "results"),
+            "--work-dir", str(tmp_path / "work")]  # fmt: skip
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['pipeline.sweep', *{args!r}]\n"
+            "try:\n"
+            "    runpy.run_module('pipeline.sweep', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as done:\n"
+            "    assert done.code in (0, None), done.code\n"
+            "print('lightning' in sys.modules)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "0 finished trials in sqlite:///" in result.stdout, result.stdout
+    assert result.stdout.splitlines()[-1] == "False", result.stdout
+
+
 def test_a_database_that_does_not_exist_is_not_asked_again(monkeypatch):
     """Opening the storage retries the races of workers creating its schema, not an error
     that a retry cannot remove (before: ten tries over ~50 s)."""

@@ -19,12 +19,10 @@ import time
 from dataclasses import dataclass
 
 import optuna
-from lightning.pytorch.callbacks import Callback
 from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
 from pipeline.sweep.claims import grid_point
-from pipeline.training.preemption import PreemptionCallback
 
 WALL_TIME_ATTR = "wall_time_s"  # a finished trial's training (all attempts) + evaluation time
 # The deadline of the worker running this trial, for the trial's training (`DeadlineCallback`).
@@ -117,19 +115,3 @@ def fits(study: optuna.Study, deadline: Deadline | None, estimate_minutes: float
 
 def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
-
-
-class DeadlineCallback(Callback):
-    """Stops training at a checkpoint (the preemption path) once the worker's deadline is
-    reached; the worker then queues the point again and exits."""
-
-    def __init__(self, deadline: Deadline) -> None:
-        self.deadline = deadline
-        self.stopped = False
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        if self.stopped or not self.deadline.passed():
-            return
-        self.stopped = True
-        (preemption,) = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionCallback)]
-        preemption.request_stop(f"the worker's deadline ({self.deadline.clock()})")

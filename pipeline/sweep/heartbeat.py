@@ -9,11 +9,7 @@ import logging
 import threading
 import time
 
-from lightning.pytorch.callbacks import Callback
 from optuna.storages import RDBStorage
-
-from pipeline.sweep.spec import SweepSettings
-from pipeline.training.preemption import PreemptionCallback
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +69,3 @@ def heartbeat(storage: RDBStorage, trial_id: int, interval: float):
         stop.set()
         # A beat stuck on a storage out of reach (SQLite waits for its lock) is left behind.
         thread.join(timeout=0 if beat.lost else None)
-
-
-class HeartbeatWatchdog(Callback):
-    """Stops a trial's training at a checkpoint, as a preemption does, once the storage has
-    recorded none of its heartbeats for `grace_period - heartbeat_interval` seconds: past
-    `grace_period` other workers count the trial dead and run its point again, in the same
-    work directory, and two processes would train one run."""
-
-    def __init__(self, beat: Heartbeat, settings: SweepSettings) -> None:
-        self.beat = beat
-        self.limit = settings.grace_period - settings.heartbeat_interval
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        silent = self.beat.silent_for()
-        if self.beat.lost or silent < self.limit:
-            return
-        self.beat.lost = True
-        why = self.beat.last_error or "no answer"
-        (preemption,) = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionCallback)]
-        preemption.request_stop(
-            f"a lost heartbeat (the study's storage recorded none for {silent:.0f} s: {why})"
-        )

@@ -16,10 +16,10 @@ from optuna.trial import TrialState
 from pipeline import config_schema
 from pipeline.errors import PipelineError, Preempted
 from pipeline.sweep.ddp import _one_ddp_launch
-from pipeline.sweep.deadline import CURRENT_DEADLINE, DeadlineCallback
-from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT, HeartbeatWatchdog
+from pipeline.sweep.deadline import CURRENT_DEADLINE
+from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT
 from pipeline.sweep.params import suggest_params, trial_paths
-from pipeline.sweep.pruning import StepPruningCallback, _pruner
+from pipeline.sweep.pruning import _pruner
 from pipeline.sweep.records import _attempt_logged, _record
 from pipeline.sweep.spec import WORK_ROOT, StudySpec, study_work_dir, trial_config
 from pipeline.sweep.storage import open_storage
@@ -102,6 +102,11 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
 def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_schema.Config, wandb_run) -> dict:
     """`trainer.run` with the pruning callback; raises `optuna.TrialPruned` once training has
     stopped on the pruner's word (on every rank: the others stop at the same step)."""
+    from pipeline.sweep.trial_callbacks import (
+        DeadlineCallback,
+        HeartbeatWatchdog,
+        StepPruningCallback,
+    )
     from pipeline.training import trainer
 
     # A pruner hears every validation as it happens. Without one the curve is reported once

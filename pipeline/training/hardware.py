@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
-from lightning.fabric.plugins.environments import (
-    LightningEnvironment,
-    SLURMEnvironment,
-    TorchElasticEnvironment,
-)
-from lightning.pytorch.strategies import DDPStrategy, Strategy
 
 from pipeline.config_schema import Config
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:  # Lightning loads where a strategy is built: resolving the device needs none
+    from lightning.pytorch.strategies import Strategy
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 
@@ -60,6 +58,12 @@ def check_cluster_launch(num_nodes: int, devices_per_node: int) -> None:
     `train.ddp_timeout`: refused before any compute, naming the key and the launchers."""
     if num_nodes == 1:
         return
+    from lightning.fabric.plugins.environments import (
+        LightningEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
     launched = (
         TorchElasticEnvironment.detect()
         or SLURMEnvironment.detect()
@@ -89,5 +93,7 @@ def build_strategy(cfg: Config, accelerator: str) -> str | Strategy:
     t = cfg.train
     strategy = resolve_strategy(t.strategy, device_count(t.devices, accelerator), t.num_nodes)
     if strategy == "ddp":
+        from lightning.pytorch.strategies import DDPStrategy
+
         return DDPStrategy(timeout=timedelta(seconds=t.ddp_timeout))
     return strategy
