@@ -507,6 +507,19 @@ def smoke_stage_run(tmp_path_factory, multi30k_dir):
     return SimpleNamespace(root=root, results=results)
 
 
+def frameworks_loaded_by(module: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m module args` run in a fresh interpreter (exit 0 expected) that then prints,
+    on its last line, which of torch, Lightning, Optuna and W&B the command loaded."""
+    code = (f"import runpy, sys; sys.argv = [{module!r}, *{list(args)!r}]\n"
+            "try:\n"
+            f"    runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as done:\n"
+            "    assert done.code in (0, None), done.code\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'optuna', 'wandb') if m in sys.modules))")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
 def run_in_terminal(command: list[str], cwd, env, columns: int = 120, timeout: float = 600) -> str:
     """Run `command` with stdout and stderr on a pseudo-terminal `columns` wide (Python's
     `pty`); its output, carriage returns and all. It must exit 0."""

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, frameworks_loaded_by
 
 STAGES = ("check", "prepare", "tokenize", "train", "evaluate", "summarize")
 
@@ -60,14 +60,7 @@ def test_console_scripts_exist_and_answer_help():
 @pytest.mark.parametrize("module", ["pipeline.sweep", "pipeline.report", "pipeline.clean"])
 def test_help_of_the_tools_loads_no_torch_lightning_or_optuna(module):
     """`--help` answers at once: the frameworks (seconds to load) wait for a real command."""
-    code = (f"import runpy, sys; sys.argv = [{module!r}, '--help']\n"
-            "try:\n"
-            f"    runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
-            "except SystemExit as done:\n"
-            "    assert done.code in (0, None), done.code\n"
-            "print(sorted(m for m in ('torch', 'lightning', 'optuna', 'wandb') if m in sys.modules))")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = frameworks_loaded_by(module, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage: python -m "), result.stdout[:200]
     assert result.stdout.splitlines()[-1] == "[]"
