@@ -40,7 +40,9 @@ from tests.conftest import (
     FP32_EPS,
     RESUMED_RUN_ATOL,
     build_once,
+    float32_tolerance,
     redirect_paths,
+    reduction_length,
     run_stage,
     shared_root,
 )
@@ -381,9 +383,12 @@ class RecordFirstUpdate(Callback):
 
 
 def autograd_update_gradients(cfg, initial: dict, batches: list[dict], per_token: bool):
-    """(gradients, target tokens per batch): what plain autograd gives an update of `batches`
-    from the weights `initial`, for their loss summed over all their target tokens by their
-    number (`per_token`, fairseq's) or for the mean of their per-token losses."""
+    """(gradients, tolerances, target tokens per batch): what plain autograd gives an update
+    of `batches` from the weights `initial`, for their loss summed over all their target tokens
+    by their number (`per_token`, fairseq's) or for the mean of their per-token losses; and per
+    parameter how far another float32 computation of its gradient may lie from it: each entry
+    sums products along the model's reduction chain (`reduction_length`) and over the update's
+    target tokens, `float32_tolerance` of that many terms at the size of the largest entry."""
     reference = TranslationModule(cfg, vocab_size=initial["src_embed.weight"].size(0))
     reference.model.load_state_dict(initial)
     sums, tokens = [], []
@@ -397,7 +402,11 @@ def autograd_update_gradients(cfg, initial: dict, batches: list[dict], per_token
     else:
         loss = sum(total / count for total, count in zip(sums, tokens)) / len(sums)
     loss.backward()
-    return {name: param.grad for name, param in reference.model.named_parameters()}, tokens
+    grads = {name: param.grad for name, param in reference.model.named_parameters()}
+    terms = reduction_length(reference.model) + sum(tokens)
+    tolerances = {name: float32_tolerance(terms, float(grad.abs().max()))
+                  for name, grad in grads.items()}  # fmt: skip
+    return grads, tolerances, tokens
 
 
 @pytest.mark.parametrize("normalization", ["batch", "update"])
@@ -411,12 +420,12 @@ def test_loss_normalization_weighs_an_updates_batches_as_configured(train_config
                        "train.val_bleu=false", "train.gradient_clip_val=0")  # fmt: skip
     recorder = RecordFirstUpdate()
     run(cfg, callbacks=[recorder])
-    expected, tokens = autograd_update_gradients(
+    expected, tolerances, tokens = autograd_update_gradients(
         cfg, recorder.initial, recorder.batches, per_token=normalization == "update"
     )
     assert len(tokens) == 2 and tokens[0] != tokens[1]  # the two weightings differ
     for name, grad in expected.items():
-        assert torch.allclose(recorder.grads[name], grad, rtol=1e-4, atol=1e-7), name
+        torch.testing.assert_close(recorder.grads[name], grad, rtol=0, atol=tolerances[name])
 
 
 @pytest.mark.slow
@@ -509,10 +518,11 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
         assert torch.equal(tensor, ranks[1]["state_dict"][key]), key
     # The first update's gradient: both ranks' summed loss over all their target tokens.
     batches = [batch for rank in ranks for batch in rank["first_update"]]
-    expected, _ = autograd_update_gradients(cfg, ranks[0]["initial"], batches, per_token=True)
+    expected, tolerances, _ = autograd_update_gradients(cfg, ranks[0]["initial"], batches,
+                                                        per_token=True)  # fmt: skip
     for name, grad in expected.items():
         for rank in ranks:
-            assert torch.allclose(rank["grads"][name], grad, rtol=1e-4, atol=1e-7), name
+            torch.testing.assert_close(rank["grads"][name], grad, rtol=0, atol=tolerances[name])
 
     (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)  # exactly one W&B run
     wandb_run = read_offline_run(run_dir)
