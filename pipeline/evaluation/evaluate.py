@@ -111,23 +111,24 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
     """The Transformer of a training (or `model.ckpt`) checkpoint, in eval mode on the CPU."""
     from pipeline.config import from_dict
     from pipeline.model.transformer import build_transformer
-    from pipeline.training.checkpoints import MODEL_PREFIX, load_error
+    from pipeline.training.checkpoints import MODEL_PREFIX, load_error, load_weights_only
 
     checkpoint = Path(checkpoint)
     if problem := not_a_file(checkpoint):
         raise DataError(f"checkpoint {checkpoint} {problem}; {TRAIN_HINT}")
+    failed = "cannot load the model"
+    # Weights only: a checkpoint is user input, and unpickling anything else can run code.
+    saved = load_weights_only(checkpoint, failed, TRAIN_HINT)
     try:
-        # Weights only: a checkpoint is user input, and unpickling anything else can run code.
         # The model's weights are the training module's under `model.`; the module's other
         # entries (optimizer, history) are not needed to translate, nor is Lightning.
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
         hyper = saved["hyper_parameters"]
         model = build_transformer(from_dict(hyper["config"]), hyper["vocab_size"])
         weights = {name.removeprefix(MODEL_PREFIX): value
                    for name, value in saved["state_dict"].items() if name.startswith(MODEL_PREFIX)}  # fmt: skip
         model.load_state_dict(weights)  # strict: every weight of the model, nothing else
-    except Exception as err:  # torch/pickle raise many types for a foreign file
-        raise load_error(checkpoint, err, "cannot load the model", TRAIN_HINT) from None
+    except Exception as err:  # a foreign file's contents fail in many ways
+        raise load_error(checkpoint, err, failed, TRAIN_HINT) from None
     return model.float().eval()
 
 

@@ -144,15 +144,18 @@ def load_error(
     return DataError(f"{message}; {hint}" if hint else message)
 
 
-def load_weights_only(path: str | os.PathLike) -> Any:
+def load_weights_only(
+    path: str | os.PathLike, failed: str = "unreadable checkpoint", hint: str = ""
+) -> Any:
     """`torch.load` on the CPU that never runs code from the file: weights-only, with no
     global allowed beyond torch's own (the module saves its RNG states and hyperparameters
-    as plain types, so the pipeline's checkpoints need none). DataError naming the file."""
+    as plain types, so the pipeline's checkpoints need none). DataError naming the file
+    (`load_error`'s, with `failed` and `hint`)."""
     path = Path(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
-        raise load_error(path, err) from None
+        raise load_error(path, err, failed, hint) from None
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict:
