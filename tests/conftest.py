@@ -87,10 +87,15 @@ def log_prob_tolerance(model, log_probs, keys: int | None = None) -> float:
 
 
 # The fixtures `build_once` builds for every worker of a run (tests that ask for them wait
-# while one worker builds them).
-BUILT_ONCE = ("tokenized_smoke", "tokenized_multi30k", "trained_smoke", "smoke_stage_run",
-              "smoke_run", "queued_run", "uninterrupted", "trained_moses", "smoke_export",
-              "tokenized_200")  # fmt: skip
+# while one worker builds them), as `shared_build` registers them.
+BUILT_ONCE: set[str] = set()
+
+
+def shared_build(fixture):
+    """Marks a fixture (under its `@pytest.fixture`) as one that `build_once` builds: the
+    collection order then hands out the first test asking for it before the others."""
+    BUILT_ONCE.add(fixture.__name__)
+    return fixture
 
 
 def pytest_collection_modifyitems(items):
@@ -430,6 +435,7 @@ def sliced_config(make_config, sliced_corpus, tmp_path):
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """`experiment=smoke` with prepare + tokenize run once per test run (`build_once`).
 
@@ -447,6 +453,7 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_schema.Config:
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
     tokenized once per test run; read-only like `tokenized_smoke`."""
@@ -463,6 +470,7 @@ def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_schema.Config:
     """`tokenized_smoke` trained once per test run by `trainer.run` (experiment=smoke: 40
     steps, step checkpoints at 20 and 40), shared by every worker. Read-only:
@@ -481,6 +489,7 @@ def trained_smoke(tmp_path_factory, tokenized_smoke) -> config_schema.Config:
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def smoke_stage_run(tmp_path_factory, multi30k_dir):
     """`experiment=smoke` through the four stage commands, as `make repro > log` runs them
     (stdout a pipe, not a terminal), once per test run: `.root` (params.yaml and

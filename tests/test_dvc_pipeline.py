@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, build_once, shared_root
+from tests.conftest import REPO_ROOT, build_once, shared_build, shared_root
 
 pytestmark = pytest.mark.slow
 
@@ -308,6 +308,7 @@ def set_params(values: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def smoke_run(tmp_path_factory, multi30k_dir) -> Path:
     """One `dvc exp run -S experiment=smoke` (40 steps) in a copy of the repository, once per
     test run, shared by the tests below: each works on a copy of it (`smoke`)."""
@@ -572,6 +573,7 @@ SMOKE_HEADS = "4"  # conf/experiment/smoke.yaml's
 
 
 @pytest.fixture(scope="session")
+@shared_build
 def queued_run(tmp_path_factory, multi30k_dir) -> Path:
     """A copy of the repository with the corpus where conf/ looks for it, beside the
     repository (`../shared/data/multi30k`), no MULTI30K_DIR and no download allowed; README's

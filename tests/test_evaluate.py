@@ -17,7 +17,7 @@ import yaml
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
-from tests.conftest import build_once, float32_tolerance, run_stage, shared_root
+from tests.conftest import build_once, float32_tolerance, run_stage, shared_build, shared_root
 from tests.test_tokenizer import moses_config, moses_tokenized_copy
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
@@ -363,6 +363,7 @@ def test_load_tokenizer_reads_text_as_the_model_was_trained(tokenized_smoke, tmp
 
 
 @pytest.fixture(scope="module")
+@shared_build
 def trained_moses(tokenized_smoke, tmp_path_factory):
     """The smoke corpus as Wu et al.'s recipe reads it (lowercased, Moses-tokenized, source
     eos) and the smoke model trained on it for 40 updates (validations and checkpoints at

@@ -36,7 +36,7 @@ from pipeline.evaluation import evaluate
 from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
-from tests.conftest import REPO_ROOT, build_once, log_prob_tolerance, shared_root
+from tests.conftest import REPO_ROOT, build_once, log_prob_tolerance, shared_build, shared_root
 from tests.test_tokenizer import moses_tokenized_copy
 
 TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)
@@ -325,6 +325,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(malicious_checkpoint, tmp_p
 
 
 @pytest.fixture(scope="module")
+@shared_build
 def smoke_export(trained_smoke, tmp_path_factory) -> SimpleNamespace:
     """The smoke run's averaged model.ckpt (as the evaluate stage writes it), exported by the
     command line with float32 and with int8 weights."""

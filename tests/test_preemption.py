@@ -34,7 +34,7 @@ from pipeline.training.preemption import (
     PreemptionCallback,
 )
 from pipeline.training.trainer import run
-from tests.conftest import RESUMED_RUN_ATOL, build_once, redirect_paths, shared_root
+from tests.conftest import RESUMED_RUN_ATOL, build_once, redirect_paths, shared_build, shared_root
 
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MAX_STEPS = 45  # with max_tokens=3000: 35 batches per epoch, so runs cross an epoch
@@ -259,6 +259,7 @@ class RecordBatches(Callback):
 
 
 @pytest.fixture(scope="module")
+@shared_build
 def uninterrupted(tokenized_smoke, tmp_path_factory):
     """`RUN` trained in one go (in-process, once per test run): its final checkpoint and its
     batches by step."""

@@ -44,6 +44,7 @@ from tests.conftest import (
     redirect_paths,
     reduction_length,
     run_stage,
+    shared_build,
     shared_root,
 )
 
@@ -76,6 +77,7 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
+@shared_build
 def tokenized_200(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
     from pipeline.data.prepared import prepare
