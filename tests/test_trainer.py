@@ -466,20 +466,24 @@ DDP_SCRIPT = textwrap.dedent(
 
     class Record(Callback):
         def __init__(self):
-            self.batches, self.first_update, self.grads = [], [], None
+            self.batches, self.first_update, self.grads, self.lrs = [], [], None, []
         def on_train_start(self, trainer, module):
             self.initial = {k: v.clone() for k, v in module.model.state_dict().items()}
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             self.batches.append((trainer.current_epoch, batch["ids"].tolist()))
             if trainer.global_step == 0:
                 self.first_update.append({k: v for k, v in batch.items() if torch.is_tensor(v)})
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.lrs.append(optimizer.param_groups[0]["lr"])
         def on_before_zero_grad(self, trainer, module, optimizer):
-            if trainer.global_step == 1 and self.grads is None:
+            if trainer.global_step == 1 and self.grads is None:  # after the first update
                 self.grads = {n: p.grad.clone() for n, p in module.model.named_parameters()}
+                self.after_first = {k: v.clone() for k, v in module.model.state_dict().items()}
         def on_train_end(self, trainer, module):
             torch.save({"batches": self.batches, "world_size": trainer.world_size,
                         "state_dict": module.model.state_dict(), "initial": self.initial,
-                        "first_update": self.first_update, "grads": self.grads},
+                        "first_update": self.first_update, "grads": self.grads,
+                        "after_first": self.after_first, "lrs": self.lrs},
                        f"{sys.argv[2]}/rank{trainer.global_rank}.pt")
 
     with open(sys.argv[1]) as f:
@@ -532,6 +536,24 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 8
     assert metrics["val/bleu"] is not None
+
+
+# The float32 operations from a gradient to Adam's updated weight (the two moments, the square
+# root, the bias corrections, the division, the subtraction), each rounding by at most eps.
+ADAM_STEP_ROUNDINGS = 8
+
+
+def adam_first_step_spread(grad, tolerance: float, lr: float, eps: float) -> torch.Tensor:
+    """How far apart two first Adam updates of each weight may land when their gradients agree
+    to ±`tolerance`. Adam's bias-corrected moments of one gradient are g and g², so the first
+    update moves a weight by lr * g / (|g| + eps), which rises with g: over [g - tolerance,
+    g + tolerance] it spans step(g + tolerance) - step(g - tolerance). That is ~0 where the
+    gradient's sign is sure and up to 2 lr where the gradient is within rounding of 0."""
+
+    def step(g: torch.Tensor) -> torch.Tensor:
+        return lr * g / (g.abs() + eps)
+
+    return step(grad + tolerance) - step(grad - tolerance)
 
 
 def torchrun_env(node_rank: int, num_nodes: int, port: int) -> dict[str, str]:
@@ -596,7 +618,20 @@ def test_two_nodes_under_torchrun_end_with_the_weights_of_one_node_with_the_same
     for key, tensor in alone["state_dict"].items():
         assert torch.equal(nodes[0]["state_dict"][key], nodes[1]["state_dict"][key]), key
         assert not torch.equal(tensor, alone["initial"][key]) or "norm" in key, key
-        assert torch.allclose(nodes[0]["state_dict"][key], tensor, rtol=1e-4, atol=1e-6), key
+    # The same learning rate at every update: both count the same optimizer steps.
+    assert nodes[0]["lrs"] == nodes[1]["lrs"] == alone["lrs"] and len(alone["lrs"]) == 6
+    # The first update, from the same weights: the nodes' averaged gradient is the one node's
+    # accumulated one (two float32 sums of the same terms), and Adam moved each weight alike.
+    _, tolerances, _ = autograd_update_gradients(one, alone["initial"], alone["first_update"],
+                                                 per_token=True)  # fmt: skip
+    lr = alone["lrs"][0]
+    for name, grad in alone["grads"].items():
+        torch.testing.assert_close(nodes[0]["grads"][name], grad, rtol=0, atol=tolerances[name])
+        weights = alone["after_first"][name]
+        apart = (nodes[0]["after_first"][name] - weights).abs()
+        bound = adam_first_step_spread(grad, tolerances[name], lr, one.train.adam_eps)
+        bound += float32_tolerance(ADAM_STEP_ROUNDINGS, weights.abs() + lr)
+        assert bool((apart <= bound).all()), (name, float((apart - bound).max()))
     metrics = json.loads((Path(two.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 6
 
