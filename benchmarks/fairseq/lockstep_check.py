@@ -199,7 +199,7 @@ def train_ours(cfg, vocab_size: int, initial: dict, updates: list[list[dict]], s
 
 def weights_apart(ours: dict, theirs: dict) -> dict:
     """Over all tensors: the largest |ours - fairseq| relative to that tensor's largest weight,
-    and ||ours - fairseq|| / ||fairseq|| over everything."""
+    ||ours - fairseq|| / ||fairseq|| and ||ours - fairseq|| over everything."""
     worst, diff_sq, norm_sq = 0.0, 0.0, 0.0
     for name, tensor in theirs.items():
         if name not in ours:  # fairseq's buffers (versions, positions' placeholders)
@@ -208,10 +208,21 @@ def weights_apart(ours: dict, theirs: dict) -> dict:
         worst = max(worst, float(difference.max() / tensor.abs().max().clamp(min=1e-12)))
         diff_sq += float(difference.pow(2).sum())
         norm_sq += float(tensor.pow(2).sum())
-    return {"max_relative": worst, "relative_norm": math.sqrt(diff_sq / norm_sq)}
+    return {"max_relative": worst, "relative_norm": math.sqrt(diff_sq / norm_sq),
+            "difference_norm": math.sqrt(diff_sq)}  # fmt: skip
 
 
-def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float | None) -> dict:
+def lockstep(
+    cfg,
+    count: int,
+    *,
+    venv: Path,
+    threads: int,
+    warmup_init_lr: float | None,
+    snapshots: Sequence[int] | None = None,
+) -> dict:
+    """`count` updates of both from the same weights; the weights are compared after the
+    `snapshots` updates (by default `snapshot_updates(count)`)."""
     import copy
 
     from benchmarks.fairseq.decode_checkpoint import (
@@ -229,7 +240,7 @@ def lockstep(cfg, count: int, *, venv: Path, threads: int, warmup_init_lr: float
     updates, vocab_size = our_updates(cfg, count)
     torch.manual_seed(cfg.seed)
     initial = Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id)
-    marks = snapshot_updates(count)
+    marks = sorted(snapshots) if snapshots is not None else snapshot_updates(count)
     tokens = cfg.data.tokenizer
     special = {"pad_id": tokens.pad_id, "bos_id": tokens.bos_id, "eos_id": tokens.eos_id,
                "unk_id": tokens.unk_id}  # fmt: skip
