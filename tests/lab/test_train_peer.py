@@ -23,6 +23,7 @@ import torch
 from benchmarks import train_throughput
 from benchmarks.fairseq import step_speed, train_peer
 from pipeline.evaluation.evaluate import pad_batch
+from pipeline.portable_paths import relativize
 from tests.conftest import REPO_ROOT
 from tests.test_moses import OFFICIAL_TOK_DE
 
@@ -491,7 +492,11 @@ def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
         "--max-train-pairs", "400", "--max-eval-pairs", "40", "--bpe-merges", "500",
         "--max-update", "6", "--average-last", "2", "--warmup-updates", "4",
     ])  # fmt: skip
-    assert json.loads(out.read_text()) == json.loads(json.dumps(payload, sort_keys=True))
+    # The record is the payload with the repository's and the cache's paths written portably.
+    record = out.read_text()
+    assert str(REPO_ROOT) not in record and str(train_peer.CACHE) not in record
+    portable = relativize(json.dumps(payload, sort_keys=True), Path.cwd(), train_peer.CACHE)
+    assert json.loads(record) == json.loads(portable)
     assert payload["smoke"] and payload["updates"] == 6 and payload["epochs"] >= 2
     assert payload["target_tokens"] > 0 and payload["tokens_per_s"] > 0
     assert len(payload["averaged_checkpoints"]) == 2
