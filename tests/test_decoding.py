@@ -226,14 +226,17 @@ def with_speed_paths(model: Transformer, speed_paths: SpeedPaths) -> Transformer
     return rebuilt.eval()
 
 
-def beam_score_tolerance(model: Transformer, src_row, tokens: list[int], alpha: float) -> float:
+def beam_score_tolerance(
+    model: Transformer, src_row, tokens: list[int], alpha: float, normalization: str = "gnmt"
+) -> float:
     """How far two float32 evaluations of the model may put a hypothesis' beam score: the
     `log_prob_tolerance` of its teacher-forced rows, over the length normaliser."""
     target = torch.tensor([[BOS, *tokens, EOS]])
     with torch.no_grad():
         rows = model(src_row, target[:, :-1]).log_softmax(-1)[0]
     keys = max(src_row.size(1), target.size(1))
-    return log_prob_tolerance(model, rows, keys) / length_normalizer(len(tokens) + 1, alpha)
+    normalizer = length_normalizer(len(tokens) + 1, alpha, normalization)
+    return log_prob_tolerance(model, rows, keys) / normalizer
 
 
 def test_cached_beam_search_equals_recomputation(transformer, source_batch, speed_paths):

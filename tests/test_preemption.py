@@ -201,8 +201,10 @@ def _assert_same_logs(cfg: config_schema.Config, uninterrupted: dict) -> None:
         assert [step for step, _ in logged[name]] == [step for step, _ in expected[name]], name
         if name == "train/tokens_per_sec":
             continue
+        # Both runs on this machine, the same operations on the same batches: equal but for
+        # last-bit noise (as RESUMED_RUN_ATOL); a batch skipped or repeated moves them by far more.
         for (step, value), (_, reference) in zip(logged[name], expected[name], strict=True):
-            assert value == pytest.approx(reference, rel=1e-5, abs=1e-6), (name, step)
+            assert value == pytest.approx(reference, rel=1e-5, abs=RESUMED_RUN_ATOL), (name, step)
 
 
 def _corrupt_newest(cfg: config_schema.Config) -> int:
