@@ -588,7 +588,7 @@ def start_ddp_script(cfg, folder: Path, env: dict) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_two_nodes_under_torchrun_end_with_the_weights_of_one_node_with_the_same_global_batch(
+def test_two_nodes_under_torchrun_take_the_updates_of_one_node_with_the_same_global_batch(
     train_config, tmp_path
 ):
     # Two machines of one process each, as torchrun starts them; the one-node run takes the
