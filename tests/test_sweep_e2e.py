@@ -367,6 +367,23 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
     assert sorted(r["run"]["job_type"] for r in runs) == ["trial", "trial"]  # rank 0's only
 
 
+def stop_after_a_heartbeat(worker: subprocess.Popen, database: Path) -> None:
+    """SIGSTOP `worker` just after the storage has its next heartbeat. Stopped while it writes
+    one, a worker would keep SQLite's write lock, and every other worker's writes would wait on
+    it: the machine suspended mid-commit, which this storage cannot get past. Just after a
+    heartbeat is committed, the next write is `heartbeat_interval` away."""
+
+    def last_heartbeat():
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=60) as db:
+            return db.execute("SELECT MAX(heartbeat) FROM trial_heartbeats").fetchone()[0]
+
+    before, deadline = last_heartbeat(), time.monotonic() + 60
+    while last_heartbeat() == before:
+        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+        time.sleep(0.01)
+    worker.send_signal(signal.SIGSTOP)
+
+
 def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_took_it_over(
     tmp_path, multi30k_dir, monkeypatch
 ):
@@ -385,7 +402,8 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     while not (attempts.exists() and '"trained"' in attempts.read_text()):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
         time.sleep(0.05)
-    first.send_signal(signal.SIGSTOP)  # evaluating: its training has been logged
+    # evaluating (its training has been logged), stopped between two heartbeats
+    stop_after_a_heartbeat(first, results / "suspended" / "study.db")
     try:
         time.sleep(grace + 1)  # its heartbeat is stale now
         second = start_worker(spec_path, results, work)
