@@ -4,6 +4,7 @@ evaluates four trials (real Lightning, sacreBLEU, SQLite storage, W&B offline), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -373,14 +374,14 @@ def stop_after_a_heartbeat(worker: subprocess.Popen, database: Path) -> None:
     it: the machine suspended mid-commit, which this storage cannot get past. Just after a
     heartbeat is committed, the next write is `heartbeat_interval` away."""
 
-    def last_heartbeat():
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=60) as db:
-            return db.execute("SELECT MAX(heartbeat) FROM trial_heartbeats").fetchone()[0]
-
-    before, deadline = last_heartbeat(), time.monotonic() + 60
-    while last_heartbeat() == before:
-        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
-        time.sleep(0.01)
+    query = "SELECT MAX(heartbeat) FROM trial_heartbeats"
+    with contextlib.closing(
+        sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=60)
+    ) as db:
+        before, deadline = db.execute(query).fetchone(), time.monotonic() + 60
+        while db.execute(query).fetchone() == before:  # autocommit reads: each sees new commits
+            assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+            time.sleep(0.01)
     worker.send_signal(signal.SIGSTOP)
 
 

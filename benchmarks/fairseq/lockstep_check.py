@@ -168,7 +168,8 @@ def train_ours(cfg, vocab_size: int, initial: dict, updates: list[list[dict]], s
             if (batch_idx + 1) % trainer.accumulate_grad_batches:
                 return
             number = trainer.global_step
-            self.record[-1].update(update=number, loss=self._loss_sum / self._tokens)
+            self.record[-1].update(update=number, loss=self._loss_sum / self._tokens,
+                                   target_tokens=self._tokens)  # fmt: skip
             self._loss_sum, self._tokens = 0.0, 0
             if number in snapshots:
                 state = module.model.state_dict()
@@ -265,7 +266,7 @@ def lockstep(
     ours, our_weights = train_ours(cfg, vocab_size, initial.state_dict(), updates, marks)
     rows = []
     for mine, other in zip(ours, theirs):
-        row = {"update": mine["update"],
+        row = {"update": mine["update"], "target_tokens": mine["target_tokens"],
                **{f"{key}_ours": mine[key] for key in ("lr", "loss", "grad_norm")},
                **{f"{key}_fairseq": other[key] for key in ("lr", "loss", "grad_norm")}}  # fmt: skip
         if row["update"] in our_weights:
@@ -274,7 +275,8 @@ def lockstep(
             row["weights_apart"] = weights_apart(fairseq_state_dict(holder),
                                                  their_weights[row["update"]])  # fmt: skip
         rows.append(row)
-    return {"updates": count, "warmup_init_lr_fairseq": start_lr, "rows": rows}
+    return {"updates": count, "vocab_size": vocab_size, "warmup_init_lr_fairseq": start_lr,
+            "rows": rows}  # fmt: skip
 
 
 def fairseq_peer_default(name: str):

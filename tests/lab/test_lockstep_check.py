@@ -77,10 +77,10 @@ def test_ours_and_fairseqs_trainer_take_the_same_updates(tokenized_smoke):
     assert [row["update"] for row in rows] == list(every_update)
     assert any(row["grad_norm_ours"] > t.gradient_clip_val for row in rows)  # clipping ran
 
-    updates, vocab_size = lockstep_check.our_updates(cfg, LOCKSTEP_UPDATES)
-    chain = reduction_length(Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id))
+    model = Transformer(cfg.model, result["vocab_size"], cfg.data.tokenizer.pad_id)
+    chain = reduction_length(model)
     gap_before = 0.0  # ||ours - fairseq|| of the weights the update starts from
-    for row, update in zip(rows, updates, strict=True):
+    for row in rows:
         # fairseq's warm-up runs linearly from its start to the peak: its update k takes
         # start + (k - 1) (peak - start) / warmup, ours k peak / warmup; from the same start
         # (peak / warmup) they differ by (k - 1) / (k warmup) of ours, less than 1 / warmup.
@@ -88,14 +88,14 @@ def test_ours_and_fairseqs_trainer_take_the_same_updates(tokenized_smoke):
         # The update's loss per target token: a sum over its tokens of the model's chain,
         # float32 in both (any order), logged rounded (in bits); to first order, weights
         # `gap_before` apart change it by at most ||gradient|| * gap_before (Cauchy-Schwarz).
-        tokens = sum(int(batch["num_tgt_tokens"]) for batch in update)
+        terms = chain + row["target_tokens"]
         loss_tolerance = (LOGGED_ROUNDING * math.log(2)
-                          + float32_tolerance(chain + tokens, row["loss_ours"])
+                          + float32_tolerance(terms, row["loss_ours"])
                           + row["grad_norm_ours"] * gap_before)  # fmt: skip
         assert row["loss_ours"] == pytest.approx(row["loss_fairseq"], abs=loss_tolerance)
         if row["update"] == 1:  # from the same weights: the same gradient, to float32
             norm_tolerance = (LOGGED_ROUNDING
-                              + float32_tolerance(chain + tokens, row["grad_norm_ours"]))  # fmt: skip
+                              + float32_tolerance(terms, row["grad_norm_ours"]))  # fmt: skip
             assert row["grad_norm_ours"] == pytest.approx(row["grad_norm_fairseq"],
                                                           abs=norm_tolerance)  # fmt: skip
         gap_before = row["weights_apart"]["difference_norm"]
