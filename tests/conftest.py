@@ -23,12 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 # ---- float tolerances ----------------------------------------------------------------------
-
-# Units of least precision at 1 (torch.finfo(...).eps), written out so that this file need not
-# import torch before the thread settings above take effect.
-FP32_EPS = 2.0**-23
-BF16_EPS = 2.0**-7
-
+# (the worst-case float32 rounding bounds are pipeline.rounding's, shared with the benchmarks)
 
 # A resumed run against the same run trained straight through, on one machine: the resumed one
 # repeats the same operations on the same batches with the same random state and kernels, so
@@ -39,51 +34,11 @@ BF16_EPS = 2.0**-7
 RESUMED_RUN_ATOL = 1e-6
 
 
-def float32_tolerance(terms: int, scale: float = 1.0) -> float:
-    """How far two float32 evaluations of the same sum of `terms` products may lie apart:
-    `terms` * FP32_EPS * `scale`, where `scale` is the size of the summed terms (Σ|x_i|; the
-    size of the values compared where the terms are of their order). A worst-case bound for
-    recursive summation (Higham, Accuracy and Stability of Numerical Algorithms, §4.2: each
-    evaluation is within γ_n Σ|x_i| of the exact sum, γ_n = n·u / (1 - n·u) ≈ n·u with
-    u = eps / 2, so two are within about n·eps Σ|x_i|): any summation order, vector width or
-    fused multiply-add of any CPU stays within it. For a chain of sums (a layer, a model) pass
-    the chain's total length, e.g. `reduction_length`."""
-    return terms * FP32_EPS * scale
-
-
 def sample_std_tolerance(n: int, kurtosis: float = 3.0, standard_errors: float = 5.0) -> float:
     """A relative tolerance for the sample standard deviation of `n` independent draws: the
     standard error of a sample std is σ sqrt((kurtosis - 1) / (4 n)) (kurtosis 3 for a
     normal distribution, 1.8 for a uniform one); `standard_errors` of them."""
     return standard_errors * ((kurtosis - 1) / (4 * n)) ** 0.5
-
-
-def reduction_length(model, keys: int | None = None) -> int:
-    """The most float32 products summed on the way from the inputs to one log-prob: each
-    attention's projection (d_model), scores (d_model / heads), weighted sum (up to
-    max_positions keys) and output projection (d_model); each feed-forward's two layers
-    (d_model, d_ff); each LayerNorm's mean and variance (d_model); the output layer (d_model)
-    and the log-softmax's normaliser (vocab). `keys`: the longest sequence attended to, where
-    the inputs are known to be shorter than max_positions."""
-    cfg = model.cfg
-    keys = cfg.max_positions if keys is None else keys
-    attention = 3 * cfg.d_model + cfg.d_model // cfg.heads + keys
-    norm, ffn = cfg.d_model, cfg.d_model + cfg.d_ff
-    encoder_layer = attention + ffn + 2 * norm
-    decoder_layer = 2 * attention + ffn + 3 * norm
-    return (cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer
-            + cfg.d_model + model.vocab_size)  # fmt: skip
-
-
-def log_prob_tolerance(model, log_probs, keys: int | None = None) -> float:
-    """How far two float32 implementations of the same model may put log P(hypothesis), for
-    `hypothesis_log_probs`' rows of it: a sum of n products carries a rounding error of at most
-    n * eps times the size of its terms (eps: float32's unit of least precision), here the
-    reduction length times the spread of each position's logits (a log-softmax does not see
-    what all logits share), summed over the positions. A worst-case bound: any summation
-    order, vector width or fused multiply-add of any CPU stays within it."""
-    spread = (log_probs.amax(dim=1) - log_probs.amin(dim=1)).sum()
-    return float32_tolerance(reduction_length(model, keys), float(spread))
 
 
 # The fixtures `build_once` builds for every worker of a run (tests that ask for them wait

@@ -14,7 +14,7 @@ from pipeline.model.attention import (
     padding_attention_mask,
     scaled_dot_product_attention,
 )
-from tests.conftest import BF16_EPS, FP32_EPS, float32_tolerance
+from pipeline.rounding import BF16_EPS, FP32_EPS, float32_tolerance
 
 B, H, T_Q, T_K, D_K = 3, 4, 5, 7, 8
 

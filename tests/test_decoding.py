@@ -20,7 +20,7 @@ from pipeline.model.decoding import (
 )
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
-from tests.conftest import float32_tolerance, log_prob_tolerance
+from pipeline.rounding import float32_tolerance, log_prob_tolerance
 from tests.test_layers import randomize, small_config
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3

@@ -11,7 +11,7 @@ from torch import nn
 from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.kernels.cpu_dropout import MASK_BITS, CpuDropout, keep_mask
 from pipeline.model.dropout import dropout_module
-from tests.conftest import FP32_EPS
+from pipeline.rounding import FP32_EPS
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

@@ -17,7 +17,8 @@ import yaml
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import evaluate
-from tests.conftest import build_once, float32_tolerance, run_stage, shared_build, shared_root
+from pipeline.rounding import float32_tolerance
+from tests.conftest import build_once, run_stage, shared_build, shared_root
 from tests.test_tokenizer import moses_config, moses_tokenized_copy
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"

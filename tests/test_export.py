@@ -36,7 +36,8 @@ from pipeline.evaluation import evaluate
 from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
-from tests.conftest import REPO_ROOT, build_once, log_prob_tolerance, shared_build, shared_root
+from pipeline.rounding import log_prob_tolerance
+from tests.conftest import REPO_ROOT, build_once, shared_build, shared_root
 from tests.test_tokenizer import moses_tokenized_copy
 
 TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, max_positions=64)

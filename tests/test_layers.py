@@ -16,7 +16,7 @@ from pipeline.model.layers import (
     PositionwiseFeedForward,
     ResidualNorm,
 )
-from tests.conftest import float32_tolerance
+from pipeline.rounding import float32_tolerance
 
 
 def small_config(**overrides) -> ModelConfig:

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.rounding import BF16_EPS, float32_tolerance
 from pipeline.training import loss as loss_lib
 from pipeline.training.loss import label_smoothed_nll, output_layer_loss
-from tests.conftest import BF16_EPS, float32_tolerance
 
 PAD = 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import sacrebleu
 
+from pipeline.rounding import FP32_EPS, float32_tolerance
 from pipeline.training.module import (
     CorpusBleu,
     TokenMean,
@@ -12,7 +13,7 @@ from pipeline.training.module import (
     cooldown_scale,
     inverse_sqrt_rate,
 )
-from tests.conftest import FP32_EPS, float32_tolerance, split_loss
+from tests.conftest import split_loss
 
 
 def test_schedule_values_at_chosen_steps():

@@ -13,7 +13,8 @@ from pipeline.model.positional import (
     SinusoidalPositionalEncoding,
     build_positional,
 )
-from tests.conftest import FP32_EPS, sample_std_tolerance
+from pipeline.rounding import FP32_EPS
+from tests.conftest import sample_std_tolerance
 
 
 def paper_pe(pos: int, dim: int, d_model: int) -> float:

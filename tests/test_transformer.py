@@ -12,7 +12,8 @@ from torch import nn
 from pipeline.errors import ConfigError
 from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.transformer import DecoderCache, Transformer
-from tests.conftest import float32_tolerance, reduction_length, sample_std_tolerance
+from pipeline.rounding import float32_tolerance, reduction_length
+from tests.conftest import sample_std_tolerance
 from tests.test_layers import (
     copy_decoder_layer,
     copy_encoder_layer,

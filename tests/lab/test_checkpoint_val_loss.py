@@ -8,8 +8,9 @@ import pytest
 
 from benchmarks import checkpoint_val_loss
 from pipeline.data.datamodule import TranslationDataModule
+from pipeline.rounding import float32_tolerance
 from pipeline.training.module import TranslationModule
-from tests.conftest import float32_tolerance, split_loss
+from tests.conftest import split_loss
 
 
 def test_one_row_per_step_checkpoint_with_its_loss_per_token(trained_smoke, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.fairseq import lockstep_check, train_peer
-from tests.conftest import float32_tolerance, reduction_length
+from pipeline.rounding import float32_tolerance, reduction_length
 from tests.lab.test_train_peer import flag_values
 
 
