@@ -18,6 +18,9 @@ from pipeline import config_schema
 # a stage) oversubscribe the cores and run 10-40x slower. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# Every DVC command would otherwise start a daemon process to send a usage report (about a
+# CPU-second each, with no network here to send it to).
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"

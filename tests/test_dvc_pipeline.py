@@ -223,7 +223,7 @@ def test_params_changed_under_a_running_stage_are_refused_not_recorded(repo):
     assert (checkpoints / "last.ckpt").exists()  # the run is kept for the next repro to judge
 
 
-PREEMPTED_STEPS = 160  # a checkpoint every 20: the stop lands well before the end
+PREEMPTED_STEPS = 80  # a checkpoint every 20: the stop lands well before the end
 
 
 def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):

@@ -25,7 +25,7 @@ from scipy import stats
 from pipeline import docs_blocks, report, sweep
 from pipeline.errors import PipelineError
 from pipeline.evaluation import seed_stats
-from pipeline.training.module import LOSS_AVERAGE
+from pipeline.sweep.records import LOSS_AVERAGE
 from tests.conftest import REPO_ROOT
 
 SPLIT = report.TEST_SPLIT

@@ -21,7 +21,7 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline import tracking
-from tests.conftest import REPO_ROOT, study_folder
+from tests.conftest import REPO_ROOT, frameworks_loaded_by, study_folder
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,10 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
             "--work-dir", str(work))  # fmt: skip
     assert len(optuna.load_study(study_name="smoke", storage=storage).trials) == 4
 
-    run_cli("pipeline.report", "smoke", "--results-dir", str(results))
+    # The report reads records: it loads no Lightning (seconds to load, the training's).
+    loaded = frameworks_loaded_by("pipeline.report", "smoke", "--results-dir", str(results))
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert "lightning" not in loaded.stdout.splitlines()[-1], loaded.stdout[-500:]
     report = (results / "smoke" / "report.md").read_text()
     assert "| base |" in report and "| heads_1 | model.heads=1 |" in report
     for chart in ("bleu_per_variant", "learning_curves"):

@@ -16,8 +16,8 @@ from pipeline.report.records import (
     RunConditions,
     TrialRecord,
 )
+from pipeline.sweep.records import LOSS_AVERAGE
 from pipeline.sweep.spec import StudySpec
-from pipeline.training.module import LOSS_AVERAGE
 
 BASE_VARIANT = "base"
 SIGNIFICANCE = seed_stats.ALPHA

@@ -23,6 +23,11 @@ from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
 from pipeline.sweep.summary import TEST_ATTR
 
+# What val/loss (hence val/ppl) and train/loss average over (pipeline.training.module's
+# TokenMean), written into each record: runs logged before TokenMean carry no such key and
+# averaged batch means instead.
+LOSS_AVERAGE = "target_token"
+
 RUN_FILE = "run.json"  # written last: a record folder with it is a finished trial
 
 
@@ -139,7 +144,6 @@ def _record(
     keep the headline numbers on the trial itself. `run.json` is written last. Returns the
     validation curve it recorded."""
     from pipeline.environment import provenance
-    from pipeline.training.module import LOSS_AVERAGE
 
     record = paths.record
     record.mkdir(parents=True, exist_ok=True)

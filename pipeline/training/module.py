@@ -64,11 +64,6 @@ def cooldown_scale(step: int, *, max_steps: int, cooldown_steps: int) -> float:
     return min(1.0, (max_steps - step + 1) / cooldown_steps)
 
 
-# What val/loss (hence val/ppl) and train/loss average over, written into study records: runs
-# logged before TokenMean carry no such key and averaged batch means instead.
-LOSS_AVERAGE = "target_token"
-
-
 class TokenMean(MeanMetric):
     """The mean of per-token values weighted by their token counts, summed over DDP ranks,
     without a host sync per update. torchmetrics' `MeanMetric(nan_strategy="disable")` (the
