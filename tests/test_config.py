@@ -107,8 +107,7 @@ def test_meaningless_checkpoint_and_length_limits_are_refused(refused, key, allo
 @pytest.mark.parametrize(
     ("stage", "override", "key"),
     [
-        # the train stage imports Lightning first: ~30 s on the loaded 2-core machine
-        pytest.param("train", "train.save_top_k=0", "train.save_top_k", marks=pytest.mark.slow),
+        ("train", "train.save_top_k=0", "train.save_top_k"),
         ("evaluate", "eval.max_len_b=-100", "eval.max_len_b"),
     ],
 )

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pipeline import config
 from pipeline.cli import main, stage_args
-from pipeline.evaluation import evaluate
 
 
 def run() -> dict:
-    cfg = config.load()
+    cfg = config.load()  # a bad value is refused before torch loads (seconds)
+    from pipeline.evaluation import evaluate
+
     results = evaluate.run(cfg)
     print(evaluate.results_table(results, cfg), flush=True)
     return results

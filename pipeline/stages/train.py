@@ -17,11 +17,13 @@ from pipeline.cli import main, stage_args  # noqa: E402 (after the handlers are 
 
 
 def run() -> dict:
-    # torch and Lightning take seconds to load: only after the signal handlers are in place.
     from pipeline import config
+
+    cfg = config.load()  # a bad value is refused before torch and Lightning load (seconds)
+    # torch and Lightning: only after the signal handlers are in place, and the config read.
     from pipeline.training import trainer
 
-    return trainer.run(config.load())
+    return trainer.run(cfg)
 
 
 if __name__ == "__main__":
