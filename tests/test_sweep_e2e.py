@@ -248,7 +248,9 @@ def test_a_trial_whose_storage_stops_recording_heartbeats_stops_at_a_checkpoint(
     storage no more and exits as a preempted worker does; once the lock is gone, the same
     command resumes the point from that checkpoint."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
-    steps, interval = 400, 20
+    # The worker stops within the 4 s grace period of the lock, a few dozen updates after its
+    # first checkpoint on a 2-core CPU: 200 leave room for a CPU several times faster.
+    steps, interval = 200, 20
     spec_path = write_smoke_grid(tmp_path, "lost_heartbeat", steps, interval, {"base": {}}, 4)
     results, work = tmp_path / "results", tmp_path / "work"
     worker = start_worker(spec_path, results, work)

@@ -23,6 +23,7 @@ from pipeline import config_schema
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
 from pipeline.model.decoding import greedy_decode
+from pipeline.rounding import FP32_EPS, float32_tolerance, reduction_length
 from pipeline.tracking import offline_run_dirs, read_offline_run, start_wandb_run
 from pipeline.training.checkpoints import (
     LAST_NAME,
@@ -37,12 +38,9 @@ from pipeline.training.precision import cpu_has_bf16_instructions
 from pipeline.training.throughput import Throughput
 from pipeline.training.trainer import build_callbacks, run
 from tests.conftest import (
-    FP32_EPS,
     RESUMED_RUN_ATOL,
     build_once,
-    float32_tolerance,
     redirect_paths,
-    reduction_length,
     run_stage,
     shared_build,
     shared_root,
