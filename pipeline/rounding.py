@@ -55,4 +55,4 @@ def logit_tolerances(model, logits, keys: int | None = None):
     """How far two float32 implementations of the same model may put each logit, for
     (..., vocab) logits: the reduction length times the largest logit at that position (a raw
     logit keeps what all logits share), one bound per position (the shape less its last axis)."""
-    return reduction_length(model, keys) * FP32_EPS * logits.abs().amax(dim=-1)
+    return float32_tolerance(reduction_length(model, keys), logits.abs().amax(dim=-1))

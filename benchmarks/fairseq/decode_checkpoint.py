@@ -231,12 +231,13 @@ def probe_difference(model, probe: dict, fairseq_logits: torch.Tensor, pad_id: i
 
     with torch.no_grad():
         ours = model(probe["src"], probe["tgt_in"]).float()
+    theirs = fairseq_logits.float()
     real = probe["tgt_in"].ne(pad_id)
     keys = max(probe["src"].size(1), probe["tgt_in"].size(1))
     # the larger of the two sides' bounds: each side rounds its own logits
     bounds = torch.maximum(logit_tolerances(model, ours, keys),
-                           logit_tolerances(model, fairseq_logits.float(), keys))  # fmt: skip
-    excess = (ours - fairseq_logits.float()).abs().amax(dim=-1) / bounds
+                           logit_tolerances(model, theirs, keys))  # fmt: skip
+    excess = (ours - theirs).abs().amax(dim=-1) / bounds
     return float(excess[real].max())
 
 
