@@ -485,16 +485,22 @@ def _start_and_finish(make_config, root: Path, env: dict, *overrides: str):
     return outcome, result.stderr, exited - outcome["ended"], cfg
 
 
+UNBOUNDED_WAIT_S = 10.0  # W&B's own wait on a held request (an account lookup, a telemetry POST)
+
+
 @pytest.mark.slow
 def test_a_server_holding_posts_costs_at_most_init_timeout_exit_included(
     make_config, tmp_path, no_wandb_account
 ):
-    """Issue #20 item 7: a server that answers HEAD but holds POSTs cost +10 s (account
-    lookups; then W&B's usage telemetry POSTed to /sdk/otel/v1/metrics at exit, 10 s a try).
-    Now every wait is bounded by init_timeout, no telemetry is sent, nothing of the run is lost
-    (`wandb sync` uploads it later). Two servers: one holds every POST (the start falls back
-    offline), one takes the run but holds its file stream and uploads (finish gives up)."""
+    """A server that answers HEAD but holds POSTs would cost W&B's own waits (account lookups;
+    then its usage telemetry POSTed to /sdk/otel/v1/metrics at exit, 10 s a try). Every wait is
+    bounded by init_timeout, no telemetry is sent, nothing of the run is lost (`wandb sync`
+    uploads it later). Two servers: one holds every POST (the start falls back offline), one
+    takes the run but holds its file stream and uploads (finish gives up)."""
     init_timeout = 3.0
+    # Two runs' start-up differs by CPU load, not by the server: allow half of the smallest
+    # unbounded wait this guards against, so one such wait still fails the test on any machine.
+    margin = UNBOUNDED_WAIT_S / 2
     env = _wandb_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     env.pop("WANDB_ERROR_REPORTING", None)  # as users run it: telemetry not asked for, not off
     baseline, _, baseline_exit, _ = _start_and_finish(make_config, tmp_path / "offline", env)
@@ -512,9 +518,9 @@ def test_a_server_holding_posts_costs_at_most_init_timeout_exit_included(
         posted = {path for method, path in requests if method != "HEAD"}
         assert not [path for path in posted if "otel" in path], posted  # no usage telemetry
         assert ("HEAD", "/") in requests  # it was reached, and answered
-        assert start < init_timeout + 3  # + noise between two runs on shared cores
-        assert outcome["finish_s"] < init_timeout + 3
-        assert exit_delay < baseline_exit + 3
+        assert start < init_timeout + margin
+        assert outcome["finish_s"] < init_timeout + margin
+        assert exit_delay < baseline_exit + margin
         wandb_dir = Path(cfg.paths.wandb_dir) / "wandb"
         if answer_graphql:  # started online; what was not uploaded stays in its run folder
             assert not outcome["offline"]
