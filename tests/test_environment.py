@@ -7,6 +7,7 @@ import hashlib
 
 from pipeline import environment
 from pipeline.environment import LOCK_FILE, PYPROJECT
+from tests.conftest import machine_line
 
 
 def test_the_lock_pins_every_requirement_of_pyproject_within_its_range():
@@ -64,3 +65,12 @@ def test_the_commit_a_launcher_names_wins_over_a_copied_checkouts_own(monkeypatc
     assert own is not None  # this checkout's HEAD
     monkeypatch.setenv(environment.COMMIT_ENV, "abc1234")
     assert environment.git_commit() == "abc1234"
+
+
+def test_the_suites_machine_line_names_the_cpu_class_from_the_first_processor(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n"
+                       "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 207\n")  # fmt: skip
+    machine = f"machine: {environment.hardware()}"
+    assert machine_line(cpuinfo) == f"{machine} (CPU family 25, model 17)"
+    assert machine_line(tmp_path / "no_cpuinfo") == machine
