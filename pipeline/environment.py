@@ -31,6 +31,20 @@ HASH_CHARS = 16
 COMMIT_ENV = "TRANSFORMER_ABLATIONS_COMMIT"
 
 
+def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ('model name', 'cpu family', 'model',
+    'flags', ...); empty where there is none (not Linux)."""
+    fields: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def hardware() -> str:
     """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
     import torch
@@ -39,14 +53,8 @@ def hardware() -> str:
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    model = platform.processor() or "CPU"
-    with_cpuinfo = Path("/proc/cpuinfo")
-    if with_cpuinfo.exists():
-        for line in with_cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-                break
+    fields = cpuinfo()
+    model = fields["model name"] if "model name" in fields else platform.processor() or "CPU"
     bf16 = set(CPU_BF16_FLAGS) & cpu_flags()
     extra = f", {'/'.join(sorted(bf16))}" if bf16 else ""
     return f"{model}, {os.cpu_count()} cores{extra}"

@@ -78,16 +78,12 @@ def pytest_collection_modifyitems(items):
 def machine_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """'machine: <CPU model>, N cores[, bf16 flags] (CPU family F, model M)': the CPU class a
     run of the suite had (its time and its bf16 rounding depend on it)."""
-    from pipeline.environment import hardware
+    from pipeline import environment
 
-    fields: dict[str, str] = {}
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+    fields = environment.cpuinfo(cpuinfo)
     ids = ", ".join(f"{name} {fields[key]}" for key, name in
                     (("cpu family", "CPU family"), ("model", "model")) if key in fields)  # fmt: skip
-    return f"machine: {hardware()}" + (f" ({ids})" if ids else "")
+    return f"machine: {environment.hardware()}" + (f" ({ids})" if ids else "")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -29,14 +29,9 @@ PROBE_ROWS = 4096  # tokens in the probe's batch: a training batch's order of ma
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:  # not Linux
-        pass
-    return set()
+    from pipeline.environment import cpuinfo
+
+    return set(cpuinfo().get("flags", "").split())
 
 
 def cpu_has_bf16_instructions() -> bool:
