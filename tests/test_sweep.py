@@ -37,6 +37,11 @@ from tests.conftest import REPO_ROOT, frameworks_loaded_by
 
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
+# The slow point's first attempt: long enough to be killed mid-trial, and to beat (every 1 s)
+# for well over BEATS_AFTER_REPLACEMENT_S after its storage file was replaced under it.
+BEATS_AFTER_REPLACEMENT_S = 10
+SLOW_POINT_S = 25
+
 WORKER = textwrap.dedent(
     """
     import json, os, sys, time
@@ -51,11 +56,10 @@ WORKER = textwrap.dedent(
         point = f"{params['seed']}-{trial.params['variant']}"
         with open(log_path, "a") as log:
             log.write(json.dumps({"pid": os.getpid(), "number": trial.number, "point": point}) + "\\n")
-        # The slow point's first attempt sleeps long enough to be killed mid-trial.
         retry = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("failed_trial")
         if point == slow_point and retry is None and os.environ.get("PREEMPT_SLOW_POINT"):
             raise Preempted("training stopped by SIGTERM at step 3: saved last.ckpt")
-        time.sleep(60 if point == slow_point and retry is None else 0.3)
+        time.sleep(SLOW_POINT_S if point == slow_point and retry is None else 0.3)
         return float(params["seed"])
 
     sweep.run_worker(sweep.load_spec(spec_path), storage, Path(results), trial_fn=trial_fn)
@@ -88,7 +92,7 @@ def start_worker(
     tmp_path: Path, spec: Path, storage: str, slow_point: str = "", env: dict | None = None
 ) -> subprocess.Popen:
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(f"SLOW_POINT_S = {SLOW_POINT_S}\n{WORKER}")
     log = tmp_path / "trials.jsonl"
     return subprocess.Popen(
         [
@@ -110,7 +114,7 @@ def start_worker(
 
 
 def start_slow_point(tmp_path: Path, spec: Path, storage: str) -> subprocess.Popen:
-    """A worker on whose point 1-heads_1 a first attempt takes a minute, once that point runs."""
+    """A worker on whose point 1-heads_1 a first attempt takes SLOW_POINT_S, once that point runs."""
     worker = start_worker(tmp_path, spec, storage, slow_point="1-heads_1")
     deadline = time.monotonic() + 60
     while not any(e["point"] == "1-heads_1" for e in started_points(tmp_path)):
@@ -403,8 +407,9 @@ def test_a_study_db_replaced_under_a_running_worker_is_the_one_it_goes_on_with(t
         (last_beat,) = connection.execute(
             "SELECT heartbeat FROM trial_heartbeats WHERE trial_id = ?", (slow._trial_id,)
         ).fetchone()
-    # The slow trial ran on for a minute, beating into the new file.
-    assert datetime.datetime.fromisoformat(last_beat) > replaced_at + datetime.timedelta(seconds=10)
+    # The slow trial ran on, beating into the new file.
+    beating = datetime.timedelta(seconds=BEATS_AFTER_REPLACEMENT_S)
+    assert datetime.datetime.fromisoformat(last_beat) > replaced_at + beating
 
 
 def test_a_heartbeat_the_storage_refuses_is_logged_and_beats_again(tmp_path, caplog):
