@@ -45,11 +45,17 @@ def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     return fields
 
 
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # bf16 matmuls in hardware (AMX, AVX512-BF16)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return set(cpuinfo().get("flags", "").split())
+
+
 def hardware() -> str:
     """'<CPU model>, N cores[, bf16]' or the GPU's name: the machine a row was measured on."""
     import torch
-
-    from pipeline.training.precision import CPU_BF16_FLAGS, cpu_flags
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"

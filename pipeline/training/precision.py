@@ -21,17 +21,11 @@ from functools import cache
 
 import torch
 
-CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+from pipeline.environment import CPU_BF16_FLAGS, cpu_flags
+
 CHOICE_VARIABLE = "PIPELINE_AUTO_PRECISION"  # the decision, for DDP's worker processes
 PROBE_REPEATS = 9  # interleaved rounds; the median ratio decides
 PROBE_ROWS = 4096  # tokens in the probe's batch: a training batch's order of magnitude
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    from pipeline.environment import cpuinfo
-
-    return set(cpuinfo().get("flags", "").split())
 
 
 def cpu_has_bf16_instructions() -> bool:
