@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import statistics
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,7 @@ from benchmarks.train_throughput import (
 from pipeline import config as config_lib
 from pipeline.config_schema import Config
 from pipeline.environment import provenance
+from pipeline.errors import ConfigError
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.transformer import Transformer
 
@@ -136,14 +139,31 @@ def card_peak(device: torch.device, repeats: int) -> dict:
 
 
 def versions(device: torch.device) -> dict:
-    import ctranslate2
-
-    found = {"torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
-             "cuda": torch.version.cuda, "cudnn": None}  # fmt: skip
+    """torch, CUDA, cuDNN, the NVIDIA driver and CTranslate2 (None where not installed)."""
+    try:
+        import ctranslate2
+    except ImportError:
+        ctranslate2 = None
+    found = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None,
+             "ctranslate2": ctranslate2 and ctranslate2.__version__}  # fmt: skip
     if device.type == "cuda":
         found["cudnn"] = torch.backends.cudnn.version()
-        found["ctranslate2_cuda_devices"] = ctranslate2.get_cuda_device_count()
+        found["driver"] = nvidia_driver()
+        if ctranslate2 is not None:
+            found["ctranslate2_cuda_devices"] = ctranslate2.get_cuda_device_count()
     return found
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version, from NVML (None where it cannot be read)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no NVML library, no driver: the record says so with None
+        return None
+    return version.decode() if isinstance(version, bytes) else version
 
 
 def set_float32_matmuls(device: torch.device, cfg: Config) -> None:
@@ -317,7 +337,8 @@ def decode_suite(args, device: torch.device, skipped: dict) -> dict:
                 loaded.translator.translate_batch([[tokenizer.piece(t) for t in sources[0]]],
                                                   beam_size=1, max_decoding_length=2)  # fmt: skip
                 exported[name] = loaded
-            except (RuntimeError, ValueError, OSError) as error:
+            # ConfigError: CTranslate2 is not installed
+            except (RuntimeError, ValueError, OSError, ConfigError) as error:
                 skipped[f"decode/{name}"] = f"CTranslate2 cannot run it on {device}: {error}"
         ours.to(device)
         for batch_size in args.decode_batch_sizes:
@@ -419,9 +440,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.no_fairseq:
         skipped["fairseq"] = "--no-fairseq"
     peak = card_peak(device, repeats=max(3, args.repeats // 3))
-    train = {size: train_size(args, size, device, peak["dense_bf16_flops_per_s"], skipped)
-             for size in args.sizes}  # fmt: skip
-    decode = None if args.no_decode else decode_suite(args, device, skipped)
     payload = {
         "benchmark": "gpu_suite",
         "provenance": provenance(),
@@ -429,16 +447,39 @@ def main(argv: list[str] | None = None) -> dict:
         "env": environment(device),
         "peak": peak,
         "repeats": args.repeats,
-        "train": train,
-        "decode": decode,
+        "train": {},
+        "decode": None,
         "skipped": skipped,
     }
+
+    # Each part is written as it ends, and a part that fails is named under `skipped` with its
+    # error: a run cut short by a time limit or by one part's failure keeps the other figures.
+    def train_part(size: str) -> None:
+        payload["train"][size] = train_size(args, size, device, peak["dense_bf16_flops_per_s"],
+                                            skipped)  # fmt: skip
+
+    def decode_part() -> None:
+        payload["decode"] = decode_suite(args, device, skipped)
+
+    parts = [(f"train/{size}", functools.partial(train_part, size)) for size in args.sizes]
+    if not args.no_decode:
+        parts.append(("decode", decode_part))
+    for name, run_part in parts:
+        try:
+            run_part()
+        except Exception as error:  # noqa: BLE001 - recorded, and the run goes on
+            traceback.print_exc()
+            skipped[name] = f"failed: {error!r}"
+        write_json(args.out, payload)
     report(payload)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     print_json(payload)
     return payload
+
+
+def write_json(out: Path | None, payload: dict) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def report(payload: dict) -> None:

@@ -88,17 +88,24 @@ start_dvc() {
         >"$LOGS/dvc-$name.log" 2>&1 &
 }
 
+FAIRSEQ_VENV=${REMOTE_JOBS_FAIRSEQ_VENV:-/tmp/fairseq-venv}
+
+# fairseq's own venv over the image's torch (built once; a later call reuses it): pip reads
+# the carried wheels, offline. Sets venv_options for train_peer.
+fairseq_venv() {
+    venv_options="--device cuda --system-site-packages --venv $FAIRSEQ_VENV
+        --torch-spec torch==$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])")"
+    mkdir -p "$LOGS"
+    # shellcheck disable=SC2086
+    PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels \
+        "$PYTHON" -m benchmarks.fairseq.train_peer --build-venv-only $venv_options \
+        >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; return 1; }
+}
+
 start_fairseq() {
     local name=$1 options=$2 venv_options
     mkdir -p "$RUNS/fairseq"
-    venv_options="--device cuda --system-site-packages --venv /tmp/fairseq-venv
-        --torch-spec torch==$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])")"
-    # its own venv over the image's torch, built once before the jobs share it; pip reads the
-    # carried wheels, offline
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$ROOT/.devrun/fairseq-wheels
-    # shellcheck disable=SC2086
-    "$PYTHON" -m benchmarks.fairseq.train_peer --build-venv-only $venv_options \
-        >>"$LOGS/fairseq-venv.log" 2>&1 || { tail -20 "$LOGS/fairseq-venv.log"; return 1; }
+    fairseq_venv || return 1
     echo "fairseq: $name ($options)"
     # shellcheck disable=SC2086
     setsid nohup "$PYTHON" -m benchmarks.fairseq.train_peer --out "$RUNS/fairseq/$name.json" \
@@ -106,17 +113,31 @@ start_fairseq() {
         >"$LOGS/fairseq-$name.log" 2>&1 &
 }
 
+# The carried wheels into $SITE, then a check that the project's packages import. Where one
+# does not (the image's own version of a shared dependency is too old for a carried one), the
+# wheels of $WHEELS/fallback, made for older versions, are put over them and checked again.
+install() {
+    mkdir -p "$LOGS"
+    local wheels
+    for wheels in "$WHEELS" "$WHEELS/fallback"; do
+        if compgen -G "$wheels/*.whl" >/dev/null; then
+            "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$SITE" "$wheels"/*.whl >>"$LOGS/pip.log" 2>&1 ||
+                { tail "$LOGS/pip.log"; return 1; }
+        fi
+        "$PYTHON" -c "import torch, lightning, optuna, datasets, dvclive, hydra, sacremoses, wandb
+print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')" \
+            2>>"$LOGS/pip.log" && return 0
+        echo "the carried packages do not import with $wheels (see $LOGS/pip.log)"
+    done
+    tail "$LOGS/pip.log"
+    return 1
+}
+
 start() {
     export TRANSFORMER_ABLATIONS_COMMIT=$1
     shift
-    mkdir -p "$LOGS"
-    if compgen -G "$WHEELS/*.whl" >/dev/null; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$SITE" "$WHEELS"/*.whl >"$LOGS/pip.log" 2>&1 ||
-            { tail "$LOGS/pip.log"; exit 1; }
-    fi
-    "$PYTHON" -c "import torch, lightning, optuna, datasets, dvclive, hydra, sacremoses
-print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')" || exit 1
+    install || exit 1
     if command -v nvidia-smi >/dev/null; then
         nvidia-smi -L
         # MPS lets the small kernels of many processes share the GPU instead of time-slicing it
@@ -183,4 +204,7 @@ sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$storage" "$
     ls -la "$OUT"
 }
 
-"$@"
+# Run as a command (`remote_jobs.sh start ...`); sourced (gpu_figures.sh), only define.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    "$@"
+fi

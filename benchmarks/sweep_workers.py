@@ -4,10 +4,13 @@ faster than one worker with N threads? And trials per hour of the product's own 
     python -m benchmarks.sweep_workers [--cores 2] [--steps 200] [overrides]
     python -m benchmarks.sweep_workers --through-sweep 1 2 4 [--spec ablations/smoke.yaml]
 
-`--through-sweep N...` runs the whole study of `--spec` once per N with
-`python -m pipeline.sweep SPEC --workers N` (fresh SQLite storage, results and work folders
-in a temp dir; each worker gets cores / N threads, CUDA MPS on a GPU where installed) and
-reports its wall time and finished trials per hour: the number that picks `--workers`.
+`--through-sweep N...` runs the study of `--spec` once per N with
+`python -m pipeline.sweep SPEC --workers N [--n-trials K]` (fresh SQLite storage, results and
+work folders in a temp dir; each worker gets cores / N threads, CUDA MPS on a GPU where
+installed) and reports its wall time and finished trials per hour: the number that picks
+`--workers`. `--n-trials K` stops each worker after K trials, so every N runs K trials per
+worker from one grid of at least K x max(N) points. On a GPU it samples the card's utilisation
+and memory through NVML while each study runs. `--out` gets the JSON after every N.
 
 Each layout trains `--cores` identical short runs with the real training loop
 (`pipeline.training.trainer.run`, the code path of a sweep trial: data loading, bf16/fp32 as
@@ -25,9 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,8 +41,10 @@ from benchmarks.common import base_parser, print_json, print_table
 from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.environment import provenance
+from pipeline.sweep.launch import MPS_CONTROL
 
 CHILD_FLAG = "--child"
+GPU_SAMPLE_INTERVAL_S = 0.5  # NVML's utilisation is itself an average over ~1/6 to 1 s
 
 
 def _config(overrides: list[str], steps: int, work: Path) -> config_schema.Config:
@@ -79,8 +87,57 @@ def _finish(process: subprocess.Popen) -> float:
     return json.loads(out.strip().splitlines()[-1])["tokens_per_sec"]
 
 
-def trials_per_hour(spec: str, workers: list[int]) -> list[dict]:
-    """The study of `spec` run to its end once per number of workers, through the sweep CLI."""
+class GpuSampler:
+    """The GPU's utilisation and memory in use, read through NVML every `interval_s` in a
+    background thread while a study runs (`with GpuSampler() as gpu: ...; gpu.summary()`).
+    Without NVML or a GPU it samples nothing and its summary says why."""
+
+    def __init__(self, interval_s: float = GPU_SAMPLE_INTERVAL_S) -> None:
+        self.interval_s, self.samples, self.unavailable = interval_s, [], None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as error:  # no NVML library, no driver, no GPU
+            self.unavailable = f"no GPU to sample through NVML: {error!r}"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+            self.samples.append((rates.gpu, memory.used))
+
+    def __enter__(self) -> GpuSampler:
+        if self.unavailable is None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def summary(self) -> dict:
+        if self.unavailable is not None:
+            return {"unavailable": self.unavailable}
+        utilisation = [u for u, _ in self.samples]
+        return {
+            "samples": len(self.samples),
+            "interval_s": self.interval_s,
+            "utilisation_mean_percent": statistics.fmean(utilisation) if utilisation else None,
+            "utilisation_median_percent": statistics.median(utilisation) if utilisation else None,
+            "memory_used_max_bytes": max((m for _, m in self.samples), default=None),
+        }
+
+
+def trials_per_hour(spec: str, workers: list[int], n_trials: int | None = None,
+                    on_row=None) -> list[dict]:  # fmt: skip
+    """The study of `spec` run once per number of workers through the sweep CLI: to its end,
+    or `n_trials` trials per worker. `on_row(rows)` is called after every N."""
     import optuna
 
     from pipeline.sweep import FINISHED, load_spec
@@ -92,37 +149,59 @@ def trials_per_hour(spec: str, workers: list[int]) -> list[dict]:
             results, work = Path(tmp) / "results", Path(tmp) / "work"
             command = [sys.executable, "-m", "pipeline.sweep", spec, "--workers", str(n),
                        "--results-dir", str(results), "--work-dir", str(work)]  # fmt: skip
+            if n_trials is not None:
+                command += ["--n-trials", str(n_trials)]
             env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
             started = time.perf_counter()
-            subprocess.run(command, env=env, check=True)
+            with GpuSampler() as gpu:
+                subprocess.run(command, env=env, check=True)
             seconds = time.perf_counter() - started
             storage = f"sqlite:///{results / study / 'study.db'}"
             trials = optuna.load_study(study_name=study, storage=storage).get_trials(
                 deepcopy=False, states=FINISHED
             )
         rows.append({"workers": n, "trials": len(trials), "wall_s": seconds,
-                     "trials_per_hour": 3600 * len(trials) / seconds})  # fmt: skip
+                     "trials_per_hour": 3600 * len(trials) / seconds,
+                     "gpu": gpu.summary()})  # fmt: skip
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = base_parser(__doc__.split("\n")[0])
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run")
     parser.add_argument("--through-sweep", type=int, nargs="+", metavar="N", default=None,
                         help="trials/hour of `pipeline.sweep --spec --workers N` for each N")  # fmt: skip
     parser.add_argument("--spec", default="ablations/smoke.yaml")
+    parser.add_argument("--n-trials", type=int, default=None,
+                        help="--through-sweep: trials per worker (default: the whole grid)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None,
+                        help="--through-sweep: write the JSON here after every N")  # fmt: skip
     parser.add_argument(CHILD_FLAG, type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child is not None:
         _child(args.overrides, args.steps, args.child)
         return
     if args.through_sweep:
-        rows = trials_per_hour(args.spec, args.through_sweep)
+        import torch
+
+        header = {"benchmark": "sweep_workers", "spec": args.spec, "n_trials": args.n_trials,
+                  "provenance": provenance(), "torch": torch.__version__,
+                  "cuda": torch.version.cuda,
+                  "mps_control": shutil.which(MPS_CONTROL) is not None}  # fmt: skip
+
+        def write(rows: list[dict]) -> None:
+            if args.out is not None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                payload = {**header, "through_sweep": rows}
+                args.out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+        rows = trials_per_hour(args.spec, args.through_sweep, args.n_trials, on_row=write)
         print_table(["workers", "trials", "wall time (s)", "trials per hour"],
                     [[r["workers"], r["trials"], r["wall_s"], r["trials_per_hour"]] for r in rows])  # fmt: skip
-        print_json({"benchmark": "sweep_workers", "spec": args.spec, "through_sweep": rows,
-                    "hardware": provenance()["hardware"]})  # fmt: skip
+        print_json({**header, "through_sweep": rows})
         return
     from pipeline.data.prepared import prepare
     from pipeline.data.tokenizer import tokenize
