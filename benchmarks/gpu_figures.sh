@@ -9,8 +9,9 @@
 #
 #   benchmarks/gpu_figures.sh <commit> <out-dir>
 #
-# <commit> is recorded as the runs' commit. Carried with the tree as for remote_jobs.sh:
-# .whl/ (and .whl/fallback/), .devrun/multi30k/ and .devrun/fairseq-wheels/. Each step has its
+# <commit> is recorded as the runs' commit. Carried with the tree as for remote_jobs.sh, made
+# by benchmarks/carry.sh: .whl/ (and .whl/fallback/), .devrun/multi30k/ and
+# .devrun/fairseq-wheels/ (without it the suite skips fairseq). Each step has its
 # own time limit (GPU_SUITE_S, SWEEP_S), so that one that overruns leaves the other's figures;
 # sweep_workers writes its JSON after every N. What comes back in <out-dir>: gpu_suite.json,
 # sweep_workers.json, machine.txt (card, driver, libraries, packages) and the logs.
@@ -52,8 +53,14 @@ main() {
     install || exit 1
     machine >"$out/machine.txt" 2>&1
     "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && device=cuda
-    local fairseq=$FAIRSEQ_VENV
-    fairseq_venv || { echo "no fairseq venv: the suite skips fairseq" && fairseq=$RUNS/no-fairseq-venv; }
+    local fairseq=$RUNS/no-fairseq-venv  # the suite names what is missing and skips fairseq
+    if [[ ! -d $ROOT/.devrun/fairseq-wheels ]]; then
+        echo "no fairseq wheels carried (.devrun/fairseq-wheels): the suite skips fairseq"
+    elif fairseq_venv; then
+        fairseq=$FAIRSEQ_VENV
+    else
+        echo "fairseq's venv did not build: the suite skips fairseq"
+    fi
 
     # one vocabulary for every size of the suite: tokenized once (params.yaml as `dvc exp run`)
     local data=$RUNS/suite-data tokenized=${GPU_FIGURES_TOKENIZED:-}

@@ -9,12 +9,10 @@
 # need a git repository, and neither starts fairseq runs, installs carried wheels offline or
 # packs the results into parts small enough to copy back.
 #
-# Carried with the tree (ignored paths, never committed):
-#   .whl/                  wheels of the lock's packages the remote image lacks (pip download
-#                          --no-deps --only-binary=:all: --python-version <the remote's> -d .whl ...)
-#   .devrun/multi30k/      the corpus (cp -r ../shared/data/multi30k .devrun/multi30k)
-#   .devrun/fairseq-wheels fairseq jobs: fairseq-fixed==0.12.3.1 (best as a wheel built against the
-#                          remote's torch) and the wheels of its dependencies
+# Carried with the tree (ignored paths, never committed; `benchmarks/carry.sh` makes them):
+#   .whl/                  wheels of the lock's packages the remote image lacks
+#   .devrun/multi30k/      the corpus
+#   .devrun/fairseq-wheels fairseq jobs: fairseq-fixed==0.12.3.1 and the wheels of its dependencies
 # Each command that starts or reads jobs must carry every folder they still read.
 #
 # On the remote machine, in the tree's root:
