@@ -67,6 +67,8 @@ def test_a_password_on_the_command_line_stays_out_of_the_run(make_config, monkey
     run = start_wandb_run(cfg, job_type="trial", name="masked")
     assert sys.argv == argv  # the process keeps its real command line
     run.finish()
+    (run_dir,) = offline_run_dirs(cfg.paths.wandb_dir)
+    assert read_offline_run(run_dir)["complete"]  # W&B's service writes on after finish()
     files = [p for p in Path(cfg.paths.wandb_dir).rglob("*") if p.is_file()]
     assert any(b"postgres:***@127.0.0.1" in p.read_bytes() for p in files)
     assert not [p for p in files if b"s3cret-pw" in p.read_bytes()]
