@@ -14,7 +14,8 @@
 # .devrun/fairseq-wheels/ (without it the suite skips fairseq). Each step has its
 # own time limit (GPU_SUITE_S, SWEEP_S), so that one that overruns leaves the other's figures;
 # sweep_workers writes its JSON after every N. What comes back in <out-dir>: gpu_suite.json,
-# sweep_workers.json, machine.txt (card, driver, libraries, packages) and the logs.
+# sweep_workers.json, machine.txt (card, driver, libraries, packages) and the logs. It exits 1
+# where a step failed or ran out of time (what it wrote is kept), else 0.
 # tests/lab/test_gpu_figures.py runs it on a CPU with small settings: GPU_FIGURES_TOKENIZED (a
 # tokenize stage's output to use instead of tokenizing), GPU_SUITE_OPTIONS, GPU_FIGURES_WORKERS,
 # GPU_FIGURES_TRIALS_PER_WORKER and GPU_FIGURES_SPEC.
@@ -77,7 +78,7 @@ main() {
     OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$GPU_SUITE_S" "$PYTHON" -m benchmarks.gpu_suite \
         --device "$device" --tokenized "$tokenized" --fairseq-venv "$fairseq" \
         --out "$out/gpu_suite.json" "${SUITE_OPTIONS[@]}" >"$LOGS/gpu_suite.log" 2>&1
-    echo "exit $?"
+    step_ended $?
     grep -v '^{' "$LOGS/gpu_suite.log" | tail -40
 
     echo "== $(date -u +%T) sweep workers $WORKERS (at most $SWEEP_S s)"
@@ -85,11 +86,21 @@ main() {
     env -u OMP_NUM_THREADS -u MKL_NUM_THREADS timeout "$SWEEP_S" "$PYTHON" -m benchmarks.sweep_workers \
         --through-sweep $WORKERS --n-trials "$TRIALS_PER_WORKER" --spec "$SPEC" \
         --out "$out/sweep_workers.json" >"$LOGS/sweep_workers.log" 2>&1
-    echo "exit $?"
+    step_ended $?
     grep -v '^{' "$LOGS/sweep_workers.log" | tail -15
     echo "== $(date -u +%T) done"
-    cp "$LOGS"/gpu_suite.log "$LOGS"/sweep_workers.log "$out/" 2>/dev/null
-    tail -c 200000 "$LOGS/fairseq-venv.log" >"$out/fairseq-venv.log" 2>/dev/null
+    cp "$LOGS"/gpu_suite.log "$LOGS"/sweep_workers.log "$out/"
+    if [[ -f $LOGS/fairseq-venv.log ]]; then
+        tail -c 200000 "$LOGS/fairseq-venv.log" >"$out/fairseq-venv.log"
+    fi
+    return "$failed"
+}
+
+# A step's exit status, shown; any but 0 (124: over its time limit) makes the run's own 1.
+failed=0
+step_ended() {
+    echo "exit $1"
+    (($1 == 0)) || failed=1
 }
 
 main "$@"

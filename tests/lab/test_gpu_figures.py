@@ -54,9 +54,12 @@ def test_the_gpu_run_writes_both_records_and_the_report_renders_them(
         "GPU_FIGURES_WORKERS": "1 2",
         "GPU_FIGURES_TRIALS_PER_WORKER": "1",
         "GPU_FIGURES_SPEC": str(spec),
+        # each step's limit is the GPU's; here it only bounds a hung step on a loaded machine
+        "GPU_SUITE_S": "900",
+        "SWEEP_S": "900",
     }
     done = subprocess.run(["bash", str(SCRIPT), COMMIT, str(out)], cwd=REPO_ROOT, env=env,
-                          text=True, capture_output=True, timeout=600)  # fmt: skip
+                          text=True, capture_output=True, timeout=2000)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "GPU suite on cpu" in done.stdout and "sweep workers 1 2" in done.stdout
 
@@ -115,3 +118,19 @@ def test_every_package_carried_to_a_remote_machine_is_pinned_in_the_lock():
              .read_text().splitlines() if line.strip() and not line.startswith("#")]  # fmt: skip
     pins = read_lock()
     assert names and [name for name in names if canonicalize_name(name) not in pins] == []
+
+
+@pytest.mark.slow
+def test_a_step_over_its_time_limit_makes_the_run_exit_1_and_says_so(
+    tmp_path, multi30k_dir, tokenized_smoke
+):
+    env = {**os.environ, "PYTHON": sys.executable, "MULTI30K_DIR": str(multi30k_dir),
+           "REMOTE_JOBS_RUNS": str(tmp_path / "runs"), "REMOTE_JOBS_SITE": str(tmp_path / "site"),
+           "REMOTE_JOBS_WHEELS": str(tmp_path / "no-wheels"),
+           "GPU_FIGURES_TOKENIZED": tokenized_smoke.paths.tokenized,
+           "GPU_SUITE_S": "1", "SWEEP_S": "1"}  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPT), COMMIT, str(tmp_path / "out")], cwd=REPO_ROOT,
+                          env=env, text=True, capture_output=True, timeout=600)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("exit 124") == 2  # timeout's status for each step
+    assert (tmp_path / "out" / "machine.txt").exists()  # what was written is kept
