@@ -58,12 +58,6 @@ def load(folder: Path) -> tuple[dict | None, dict | None]:
     return read(SUITE), read(SWEEP)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:,.0f}"
 
@@ -132,8 +126,9 @@ def training_table(suite: dict) -> str:
                              f"{s['tgt_tokens_per_s']:,.0f}", f"{s['mfu']:.1%}",
                              _mib(s["peak_memory_bytes"]),
                              "-" if over is None else f"{over:.2f}"])  # fmt: skip
-    return _table(["size", "dtype", "system", "step ms", "target tokens/s", "MFU",
-                   "peak memory MiB", "ours / system"], rows)  # fmt: skip
+    header = ["size", "dtype", "system", "step ms", "target tokens/s", "MFU", "peak memory MiB",
+              "ours / system"]  # fmt: skip
+    return docs_blocks.markdown_table(header, rows)
 
 
 def decoding_table(decode: dict) -> str:
@@ -143,7 +138,9 @@ def decoding_table(decode: dict) -> str:
         for name, rate in ordered(r["sentences_per_s"]):
             over = "-" if ours is None or name.startswith("ours") else f"{ours / rate:.2f}"
             rows.append([batch, name, f"{rate:,.1f}", over])
-    return _table(["batch", "decoder", "sentences/s", "ours bf16 / decoder"], rows)
+    return docs_blocks.markdown_table(
+        ["batch", "decoder", "sentences/s", "ours bf16 / decoder"], rows
+    )
 
 
 def workers_table(sweep: dict) -> str:
@@ -155,8 +152,9 @@ def workers_table(sweep: dict) -> str:
                      f"{r['trials_per_hour']:,.0f}",
                      "-" if utilisation is None else f"{utilisation:.0f}%",
                      _mib(gpu.get("memory_used_max_bytes"))])  # fmt: skip
-    return _table(["workers", "trials", "wall s", "trials/hour", "GPU utilisation (mean)",
-                   "GPU memory MiB (max)"], rows)  # fmt: skip
+    header = ["workers", "trials", "wall s", "trials/hour", "GPU utilisation (mean)",
+              "GPU memory MiB (max)"]  # fmt: skip
+    return docs_blocks.markdown_table(header, rows)
 
 
 def block(suite: dict | None, sweep: dict | None) -> str:
@@ -165,7 +163,7 @@ def block(suite: dict | None, sweep: dict | None) -> str:
     out = [
         machine_line(suite, sweep),
         "",
-        _table(["target", "measured", ""], targets(suite, sweep)),
+        docs_blocks.markdown_table(["target", "measured", ""], targets(suite, sweep)),
     ]
     if suite is not None:
         sizes = ", ".join(f"{size}: {r['batch']['tgt_tokens']:,} target tokens a batch"

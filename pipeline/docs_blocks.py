@@ -101,7 +101,11 @@ def columns(table: str, names: list[str]) -> str:
     if missing:
         raise DataError(f"the table has no column {', '.join(map(repr, missing))}: {header}")
     picked = [header.index(name) for name in names]
-    rows = [cells(line) for line in lines[2:]]
-    out = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    out += ["| " + " | ".join(row[i] for i in picked) + " |" for row in rows]
-    return "\n".join(out) + "\n"
+    return markdown_table(names, [[row[i] for i in picked] for row in map(cells, lines[2:])])
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table of `header` and `rows` (cells already formatted), ending with a newline."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
