@@ -78,7 +78,8 @@ def assert_exported_translates_as_ours(model, tokenizer, exported, src_ids, eval
     length limit (which k hypotheses it returns, ranked by its own length penalty; see
     pipeline.export). So: our choice is never beaten by CTranslate2's (our search has every
     candidate CTranslate2's has); CTranslate2 dropped ours only where its list holds a
-    hypothesis cut at the limit, and otherwise both choices tie; greedy search (beam 1)
+    hypothesis cut at the limit or where its own penalty ranks ours below every one it kept,
+    and otherwise both choices tie; greedy search (beam 1)
     parts only on a tie of the next token's log-probs. No count of differing sentences is
     assumed: it depends on the trained model, hence on the machine that trained it."""
     ours, nbest = ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg)
@@ -91,6 +92,9 @@ def assert_exported_translates_as_ours(model, tokenizer, exported, src_ids, eval
     def normalizer(tokens):
         return length_normalizer(len(tokens) + 1, eval_cfg.length_penalty,
                                  eval_cfg.length_normalization)  # fmt: skip
+
+    def ct2_rank(tokens, log_p):  # CTranslate2's own order of finished hypotheses
+        return log_p / (len(tokens) + 1) ** eval_cfg.length_penalty
 
     differing = [i for i, (a, b) in enumerate(zip(a_tokens, theirs)) if a != b.tokens]
     for i, (a, b) in enumerate(zip(ours, theirs)):  # the beam scores are the model's log P
@@ -134,9 +138,17 @@ def assert_exported_translates_as_ours(model, tokenizer, exported, src_ids, eval
                                            eval_cfg.max_len_b, limit)  # fmt: skip
         if a in [h.tokens for h in nbest[i]]:  # ranked below theirs by the same scores: a tie
             assert score_a - score_b <= tie, f"#{i}: CTranslate2 ranked ours lower"
-        else:  # its own penalty dropped ours at the limit, or the searches parted on a tie
-            assert any(len(h.tokens) == max_len for h in nbest[i]) or score_a - score_b <= tie, (
-                f"#{i}: CTranslate2 lost our translation before the length limit"
+        else:  # its own penalty dropped ours, or the searches parted on a tie
+            at_limit = any(len(h.tokens) == max_len for h in nbest[i])
+            # Of up to 2k - 1 finished, CTranslate2 keeps the k best by log P / |Y| ** alpha:
+            # ours dropped so ranks below all k it kept, by that rule.
+            ranked_out = len(nbest[i]) == eval_cfg.beam_size and all(
+                ct2_rank(a, log_p_a) <= ct2_rank(h.tokens, h.score * normalizer(h.tokens)) + tie
+                for h in nbest[i]
+            )
+            assert at_limit or ranked_out or score_a - score_b <= tie, (
+                f"#{i}: CTranslate2 lost our translation, though below the length limit and "
+                "ranked above one it kept by its own penalty"
             )
     return ours, theirs
 
