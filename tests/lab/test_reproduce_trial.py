@@ -1,0 +1,147 @@
+"""benchmarks/reproduce_trial.py: a trial recorded by a real worker (the sweep CLI, one
+thread, the fused loss compiled as the recipes run it) is trained again to its first
+validation on this machine, identical bit for bit; a record one ulp away differs; a record of
+another commit or whose first validation lies in the cool-down is refused before training. The
+recorded checks (benchmarks/results/reproduce_trial/) hold their trials' records, and the docs
+say what they found."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+TOOL = REPO_ROOT / "benchmarks" / "reproduce_trial.py"
+RECORDED = REPO_ROOT / "benchmarks" / "results" / "reproduce_trial"
+COMPARED = ("val/loss", "val/bleu")
+
+
+def reproduce(trial: Path, work: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(TOOL), str(trial), "--work", str(work), *flags],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def recorded_trial(tmp_path_factory, multi30k_dir) -> Path:
+    """The record folder of one finished trial of a one-trial smoke study."""
+    root = tmp_path_factory.mktemp("reproduce")
+    spec = {
+        "study": "reproduce",
+        "kind": "grid",
+        "base_experiment": "smoke",
+        "budget": {"train.max_steps": 20, "train.val_check_interval": 10,
+                   "train.warmup_steps": 10, "train.cooldown_steps": 5,
+                   "runtime.compile_loss": True, "eval.average": 1},
+        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "seeds": [1],
+        "variants": {"base": {}},
+    }  # fmt: skip
+    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+           "MULTI30K_DIR": str(multi30k_dir)}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(root / "spec.yaml"), "--results-dir",
+         str(root / "results"), "--work-dir", str(root / "work")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = (root / "results" / "reproduce" / "trials").iterdir()
+    return trial
+
+
+def copy_record(trial: Path, into: Path, edit=None) -> Path:
+    """A copy of the record folder's three files; `edit(run, curve, params)` changes them."""
+    into.mkdir()
+    loaded = {name: json.loads((trial / name).read_text()) for name in ("run.json", "curve.json")}
+    params = yaml.safe_load((trial / "params.yaml").read_text())
+    if edit:
+        edit(loaded["run.json"], loaded["curve.json"], params)
+    for name, value in loaded.items():
+        (into / name).write_text(json.dumps(value))
+    (into / "params.yaml").write_text(yaml.safe_dump(params))
+    return into
+
+
+@pytest.mark.slow
+def test_a_trial_trained_again_here_reproduces_its_first_validation(recorded_trial, tmp_path):
+    # --any-commit: a checkout with uncommitted changes records its bare commit in run.json.
+    out = tmp_path / "out.json"
+    done = reproduce(recorded_trial, tmp_path / "work", "--any-commit", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    first = json.loads((recorded_trial / "curve.json").read_text())[0]
+    assert result["identical"] and result["step"] == first["step"] == 10
+    assert result["measured"] == {key: first[key] for key in ("val/loss", "val/bleu")}
+    assert result["threads"] == 1 and "identical: step 10" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_record_one_ulp_away_differs(recorded_trial, tmp_path):
+    def nudge(run, curve, params):
+        curve[0]["val/loss"] = math.nextafter(curve[0]["val/loss"], math.inf)
+
+    record = copy_record(recorded_trial, tmp_path / "record", nudge)
+    done = reproduce(record, tmp_path / "work", "--any-commit")
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert not result["identical"] and "differs: step 10" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda run, curve, params: run.update(commit="0000000"), "recorded at commit 0000000"),
+        (lambda run, curve, params: params["train"].update(cooldown_steps=15),
+         "is not a validation before the cool-down"),
+    ],
+    ids=["another_commit", "first_validation_in_the_cooldown"],
+)  # fmt: skip
+def test_a_record_that_cannot_be_reproduced_here_is_refused_before_training(
+    recorded_trial, tmp_path, edit, message
+):
+    flags = () if "commit" in message else ("--any-commit",)
+    record = copy_record(recorded_trial, tmp_path / "record", edit)
+    done = reproduce(record, tmp_path / "work", *flags)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "work" / "train").exists()  # nothing was trained
+
+
+def recorded_checks() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(RECORDED.glob("*.json"))]
+
+
+def test_each_recorded_check_holds_its_trials_record():
+    assert recorded_checks(), RECORDED
+    for check in recorded_checks():
+        trial = REPO_ROOT / "ablations" / "results" / check["record"]
+        first = json.loads((trial / "curve.json").read_text())[0]
+        run = json.loads((trial / "run.json").read_text())
+        assert check["recorded"] == {key: first[key] for key in COMPARED}, check["record"]
+        assert (check["step"], check["recorded_commit"]) == (first["step"], run["commit"])
+        assert check["commit"] == run["commit"] and check["threads"] == run["threads"]
+        assert check["identical"] == (check["measured"] == check["recorded"])
+
+
+def test_the_docs_say_what_the_recorded_checks_found():
+    page = (REPO_ROOT / "docs" / "ablations.md").read_text(encoding="utf-8")
+    assert (
+        "an Intel Xeon with\nAMX, for one, does not reproduce `table3_seeds`' base seed 1" in page
+    )
+    amx = [check for check in recorded_checks() if "amx_tile" in check["machine"]["flags"]]
+    assert any(
+        check["record"] == "table3_seeds/trials/base-seed1"
+        and check["recorded_on"].startswith("AMD EPYC")
+        and not check["identical"]
+        for check in amx
+    )
