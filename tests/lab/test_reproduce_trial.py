@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, build_once, shared_build, shared_root
 
 TOOL = REPO_ROOT / "benchmarks" / "reproduce_trial.py"
 RECORDED = REPO_ROOT / "benchmarks" / "results" / "reproduce_trial"
 COMPARED = ("val/loss", "val/bleu")
+# A real worker's record, committed: refused records are edited copies of it.
+COMMITTED_TRIAL = REPO_ROOT / "ablations" / "results" / "table3_seeds" / "trials" / "base-seed1"
 
 
 def reproduce(trial: Path, work: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -31,10 +33,11 @@ def reproduce(trial: Path, work: Path, *flags: str) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+@shared_build
 def recorded_trial(tmp_path_factory, multi30k_dir) -> Path:
-    """The record folder of one finished trial of a one-trial smoke study."""
-    root = tmp_path_factory.mktemp("reproduce")
+    """The record folder of the one finished trial of a smoke study, once per test run."""
+    root = shared_root(tmp_path_factory) / "reproduce_trial"
     spec = {
         "study": "reproduce",
         "kind": "grid",
@@ -46,15 +49,19 @@ def recorded_trial(tmp_path_factory, multi30k_dir) -> Path:
         "seeds": [1],
         "variants": {"base": {}},
     }  # fmt: skip
-    (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
-           "MULTI30K_DIR": str(multi30k_dir)}  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", str(root / "spec.yaml"), "--results-dir",
-         str(root / "results"), "--work-dir", str(root / "work")],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+
+    def build() -> None:
+        (root / "spec.yaml").write_text(yaml.safe_dump(spec))
+        env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+               "MULTI30K_DIR": str(multi30k_dir)}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.sweep", str(root / "spec.yaml"), "--results-dir",
+             str(root / "results"), "--work-dir", str(root / "work")],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    build_once(root, build)
     (trial,) = (root / "results" / "reproduce" / "trials").iterdir()
     return trial
 
@@ -97,24 +104,23 @@ def test_a_record_one_ulp_away_differs(recorded_trial, tmp_path):
     assert not result["identical"] and "differs: step 10" in done.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "edit, message",
     [
         (lambda run, curve, params: run.update(commit="0000000"), "recorded at commit 0000000"),
-        (lambda run, curve, params: params["train"].update(cooldown_steps=15),
+        (lambda run, curve, params: params["train"].update(cooldown_steps=3900),
          "is not a validation before the cool-down"),
     ],
     ids=["another_commit", "first_validation_in_the_cooldown"],
 )  # fmt: skip
 def test_a_record_that_cannot_be_reproduced_here_is_refused_before_training(
-    recorded_trial, tmp_path, edit, message
+    tmp_path, edit, message
 ):
     flags = () if "commit" in message else ("--any-commit",)
-    record = copy_record(recorded_trial, tmp_path / "record", edit)
+    record = copy_record(COMMITTED_TRIAL, tmp_path / "record", edit)
     done = reproduce(record, tmp_path / "work", *flags)
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    assert not (tmp_path / "work" / "train").exists()  # nothing was trained
+    assert not (tmp_path / "work").exists()  # no data prepared, nothing trained
 
 
 def recorded_checks() -> list[dict]:
