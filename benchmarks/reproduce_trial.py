@@ -30,8 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The thread knobs a worker sets for its trainer (pipeline.sweep.launch.THREAD_ENVS); set
-# before torch is imported, as the worker's launcher does.
+# The thread knobs a worker sets for its trainer (pipeline.sweep.launch.THREAD_ENVS), set
+# before torch is imported, as the worker's launcher does: at older commits importing that
+# module loads torch first (through pipeline.sweep's eager imports), hence this copy.
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 COMPARED = ("val/loss", "val/bleu")  # logged at every validation since the first records
 CPU_FIELDS = ("model name", "cpu family", "model", "stepping")
@@ -56,7 +57,8 @@ def read_record(trial_dir: Path) -> tuple[dict, list[dict], Path]:
 
 
 def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """This CPU as the kernel names it: the model fields and the flags that choose kernels."""
+    """This CPU as the kernel names it: the model fields and the flags that choose kernels
+    (pipeline.environment.cpuinfo is newer than the first pinned studies)."""
     found: dict = {"machine": platform.machine(), "cores": os.cpu_count()}
     flags: set[str] = set()
     if cpuinfo.is_file():

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.reproduce_trial import COMPARED
 from tests.conftest import REPO_ROOT, build_once, shared_build, shared_root
 
 TOOL = REPO_ROOT / "benchmarks" / "reproduce_trial.py"
 RECORDED = REPO_ROOT / "benchmarks" / "results" / "reproduce_trial"
-COMPARED = ("val/loss", "val/bleu")
 # A real worker's record, committed: refused records are edited copies of it.
 COMMITTED_TRIAL = REPO_ROOT / "ablations" / "results" / "table3_seeds" / "trials" / "base-seed1"
 
@@ -88,7 +88,7 @@ def test_a_trial_trained_again_here_reproduces_its_first_validation(recorded_tri
     result = json.loads(out.read_text())
     first = json.loads((recorded_trial / "curve.json").read_text())[0]
     assert result["identical"] and result["step"] == first["step"] == 10
-    assert result["measured"] == {key: first[key] for key in ("val/loss", "val/bleu")}
+    assert result["measured"] == {key: first[key] for key in COMPARED}
     assert result["threads"] == 1 and "identical: step 10" in done.stderr
 
 
