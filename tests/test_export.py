@@ -448,9 +448,17 @@ def test_readme_and_the_evaluation_page_quote_the_recipe_models_export_record():
         ) in page
     changed = record["sentences"] - int8["same_as_ours"]
     assert (
-        f"int8 changes {changed} of the {record['sentences']} translations and loses nothing "
-        f"({int8['bleu'] - float32['bleu']:+.1f} BLEU"
-    ) in page
+        f"int8 changes {changed} of the {record['sentences']} translations and scored "
+        f"{int8['bleu'] - float32['bleu']:.1f} BLEU above float32 on this one model"
+    ) in " ".join(page.split())
+    assert (
+        int8["bleu_lc"] > float32["bleu_lc"]
+        and (
+            f"int8 scored {int8['bleu_lc'] - float32['bleu_lc']:.2f} BLEU (lc) above float32 on this "
+            "one model"
+        )
+        in readme
+    )
 
 
 def test_the_readmes_export_folder_is_not_tracked_by_git():
