@@ -291,9 +291,9 @@ def test_five_seeds_give_holm_corrected_verdicts_from_the_seed_level_test(five_s
     assert rows["dropout_0.0"].permutation_p is None
     assert rows["dropout_0.0"].holm_p is None and rows["dropout_0.0"].p_value is None
     lines = {line.split(":")[0]: line for line in report.findings(list(rows.values()))}
-    assert lines["- learned_positions"].endswith(
-        '-0.1: contradicts (the paper finds "nearly identical").'
-    )
+    assert (
+        '-0.1: contradicts (the paper finds "nearly identical"); val PPL +0.00: cannot tell'
+    ) in lines["- learned_positions"]
     assert (
         f"5 vs 5 seeds; Welch p = {welch['heads_1']:.3f}, Holm p = {rows['heads_1'].holm_p:.3f}; "
         "exact permutation p = 0.008; sentence bootstrap p = "
@@ -306,12 +306,15 @@ def test_a_variant_run_under_other_conditions_is_shown_apart_naming_both(five_se
     table = report.grid_table(rows)
     assert "| dropout_0.0 |" not in table and "| heads_1 |" in table
     apart = report.other_conditions_table(rows)
-    assert "the base, which ran at commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed" in apart
+    base_row = next(line for line in apart.splitlines() if line.startswith("| base |"))
+    assert base_row.endswith("| commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed |")
     assert "| dropout_0.0 | model.dropout=0.0 |" in apart
     assert "| commit def5678, AMD EPYC, avx512_bf16, bf16-mixed |" in apart
     finding = next(line for line in report.findings(rows) if line.startswith("- dropout_0.0"))
-    assert "cannot tell, not compared: the variant ran at commit def5678" in finding
-    assert "the base at commit abc1234" in finding
+    assert "cannot tell, not compared: it ran under other run conditions" in finding
+    # provenance lives in the table's column, never in a sentence
+    assert "abc1234" not in finding and "def5678" not in finding
+    assert "abc1234" not in apart.splitlines()[0]
     assert "Welch" not in finding and "permutation" not in finding
     assert "not compared (other run conditions): dropout_0.0" in report.summary(rows)
 
@@ -420,25 +423,35 @@ def test_perplexities_logged_as_batch_means_are_marked_as_such(study, references
 
 
 @pytest.mark.parametrize(
-    ("heads_1_ppl", "paper_ppl", "verdict"),
+    ("base_ppl", "heads_1_ppl", "paper_ppl", "verdict"),
     [
-        ((12.0, 12.5), 0.29, "val PPL +0.75 vs the paper's +0.29: seeds overlap"),
-        ((13.0, 14.0), 0.29, "val PPL +2.00 vs the paper's +0.29: seeds apart, in the paper's"),
-        ((13.0, 14.0), -0.29, "val PPL +2.00 vs the paper's -0.29: seeds apart, against the"),
-        ((9.0, 10.0), 0.0, "val PPL -2.00 vs the paper's +0.00: seeds apart, where the paper"),
+        # every seed apart yet two seeds a side with this spread: no significant difference
+        ((11.0, 12.0), (13.0, 14.0), 0.29, "val PPL +2.00 vs the paper's +0.29: cannot tell"),
+        ((11.0, 11.01), (13.0, 13.01), 0.29, "val PPL +2.00 vs the paper's +0.29: holds"),
+        ((11.0, 11.01), (13.0, 13.01), -0.29, "val PPL +2.00 vs the paper's -0.29: contradicts"),
+        ((11.0, 11.01), (9.0, 9.01), 0.0, "val PPL -2.00 vs the paper's +0.00: contradicts"),
+        ((11.0, 11.01), (9.0, 9.01), None, "val PPL -2.00: differs"),
     ],
 )
-def test_findings_set_the_perplexity_beside_the_papers(
-    study, references, heads_1_ppl, paper_ppl, verdict
+def test_findings_judge_the_perplexity_like_bleu(
+    study, references, base_ppl, heads_1_ppl, paper_ppl, verdict
 ):
-    spec, study_dir = study  # the base's val PPL: 11 and 12
-    spec.paper["heads_1"]["ppl"] = paper_ppl
-    for seed, ppl in zip((1, 2), heads_1_ppl):
-        train = study_dir / "trials" / f"heads_1-seed{seed}" / "train.json"
-        train.write_text(json.dumps({**json.loads(train.read_text()), "last": {"val/ppl": ppl}}))
+    """Val perplexity gets the BLEU's test: Welch over seeds, Holm across the comparisons,
+    the verdict from that alone (never from the seeds merely not overlapping)."""
+    spec, study_dir = study
+    if paper_ppl is None:
+        del spec.paper["heads_1"]["ppl"]
+    else:
+        spec.paper["heads_1"]["ppl"] = paper_ppl
+    for variant, values in (("base", base_ppl), ("heads_1", heads_1_ppl)):
+        for seed, ppl in zip((1, 2), values):
+            train = study_dir / "trials" / f"{variant}-seed{seed}" / "train.json"
+            last = {"val/ppl": ppl}
+            train.write_text(json.dumps({**json.loads(train.read_text()), "last": last}))
     rows = report.variant_rows(spec, report.load_records(study_dir), references)
     heads_1 = next(line for line in report.findings(rows) if line.startswith("- heads_1"))
     assert verdict in heads_1
+    assert f"(Welch p = {welch_p(list(heads_1_ppl), list(base_ppl)):.3f}, Holm p = " in heads_1
 
 
 def test_report_files_and_readme_block(study, tmp_path):
@@ -608,6 +621,10 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
     # one Holm family: every comparison the spec plans with the base, one not made as p = 1
     family = [v for v in spec.variants if v != "base"]
     holm = dict(zip(family, seed_stats.holm([seed_p.get(v) for v in family])))
+    # val PPL: the same test and family on the other measure
+    base_ppl = [r["ppl"] for r in base]
+    ppl_p = {v: welch_p([r["ppl"] for r in rs], base_ppl) for v, rs in compared.items()}
+    ppl_holm = dict(zip(family, seed_stats.holm([ppl_p.get(v) for v in family])))
     lines = text.splitlines()
     checked = 0
     for variant, rs in records.items():
@@ -628,13 +645,13 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
                 seed_p[variant], holm[variant], permutation_p[variant], sentence_p, digits=(3,)
             )
             allowed |= fmt(ppl_delta, paper.get("ppl", 0), signed=True)
+            allowed |= fmt(ppl_p[variant], ppl_holm[variant], digits=(3,))
             word = report.verdict(delta, holm[variant], paper)
             assert f": {word}" in line
+            ppl_word = report.direction_verdict(ppl_delta, ppl_holm[variant], paper.get("ppl"))
+            assert f": {ppl_word} (Welch p = {ppl_p[variant]:.3f}, Holm p =" in line
         else:
-            assert (
-                f": cannot tell, not compared: the variant ran at commit {rs[0]['ran_at'][0]}"
-                in (line)
-            )
+            assert ": cannot tell, not compared: it ran under other run conditions" in line
         assert set(NUMBER.findall(line)) <= allowed, (line, allowed)
         checked += 1
     assert checked == len(records) - 1
@@ -780,13 +797,14 @@ def test_a_pinned_study_still_running_shows_interim_estimates_and_its_progress(
     assert all(r.interim and r.welch_p is None and r.holm_p is None for r in rows.values())
     assert rows["heads_1"].verdict is None
     text = report.markdown(spec, study_dir, with_states=False)
-    assert "3 of 6 planned trials finished at the study's pin (commit abc1234" in text
+    assert "3 of 6 planned trials finished at the study's pin (its commit" in text
+    assert "| commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed (the pin) | 3 |" in text
     assert "1 more ran elsewhere and are shown apart" in text
     assert "| base | 2 of 3 (1, 2) | 0.60 [0.50, 0.70] |" in text
     assert "| heads_1 | 1 of 3 (1) | 1.00 [1.00, 1.00] |" in text
     # left: base seed 3 at its median 0.6 h, heads_1 seeds 2 and 3 at its 1.0 h
     assert "About 2.6 hours of one worker are left (1.3 h with two side by side)" in text
-    assert f"| {report.INTERIM} |" in text and "ran at commit fedcba9" in text
+    assert f"| {report.INTERIM} |" in text and "| commit fedcba9, AMD EPYC" in text
     assert "the study is still running; its verdicts" in text
 
 

@@ -45,7 +45,7 @@ __getattr__, __all__ = lazy_exports(
         "records": ["P_METRIC", "TEST_SPLIT", "VAL_SPLIT", "RunConditions", "TrialRecord",
                     "hardware_class", "load_records", "test_references"],
         "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
-                 "VariantRow", "family_size", "pooled_p_value", "variant_rows", "verdict"],
+                 "VariantRow", "direction_verdict", "family_size", "pooled_p_value", "variant_rows", "verdict"],
         "tables": ["INTERIM", "grid_table", "other_conditions_table", "pair_label", "ppl_note",
                    "ppl_table", "search_table", "transfer_table"],
     },

@@ -68,7 +68,7 @@ def progress(spec: StudySpec, records: list[TrialRecord], pinned: RunConditions)
     planned = len(spec.grid())
     lines = [
         f"**Progress**: {len(done)} of {planned} planned trials finished at the study's pin "
-        f"(commit {pinned.commit}, {pinned.hardware}, {pinned.precision})"
+        "(its commit, hardware class and precision: the row marked as the pin below)"
         + (
             f"; {len(records) - len(done)} more ran elsewhere and are shown apart"
             if len(done) < len(records)
@@ -106,8 +106,8 @@ def progress(spec: StudySpec, records: list[TrialRecord], pinned: RunConditions)
         lines.append(f"| {variant} | {len(group)} of {len(spec.seeds)}"
                      f"{f' ({seeds})' if seeds else ''} | {timing} |")  # fmt: skip
     conditions = Counter(r.conditions for r in records)
-    if conditions:
-        lines += ["", "| ran at | finished trials |", "|---|---|"]
+    conditions.setdefault(pinned, 0)
+    lines += ["", "| ran at | finished trials |", "|---|---|"]
     for ran_at, count in sorted(conditions.items(), key=lambda item: -item[1]):
         mark = " (the pin)" if ran_at == pinned else ""
         lines.append(f"| {ran_at}{mark} | {count} |")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 
 from pipeline.evaluation import seed_stats
-from pipeline.report.records import conditions_text
 from pipeline.report.rows import (
     BASE_VARIANT,
     CANNOT_TELL,
@@ -15,26 +14,28 @@ from pipeline.report.rows import (
     HOLDS,
     SIGNIFICANCE,
     VariantRow,
+    direction_verdict,
 )
 from pipeline.report.tables import p_text, ppl_mark
 from pipeline.sweep.spec import StudySpec
 
 
 def _ppl_finding(r: VariantRow) -> str:
-    """The val perplexity against the base's, beside the paper's; no test: 'apart' when every
-    seed of the variant is on one side of every seed of the base."""
-    if r.ppl_delta is None or r.paper.get("ppl") is None:
+    """The val perplexity against the base's, beside the paper's, judged like BLEU: Welch's test
+    over seeds, Holm-adjusted across the spec's comparisons on this measure."""
+    if r.ppl_delta is None:
         return ""
-    paper = r.paper["ppl"]
-    if not r.ppl_seeds_apart:
-        verdict = "seeds overlap"
-    elif paper == 0:
-        verdict = "seeds apart, where the paper's is unchanged"
-    elif (paper > 0) != (r.ppl_delta > 0):
-        verdict = "seeds apart, against the paper's direction"
-    else:
-        verdict = "seeds apart, in the paper's direction"
-    return f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)} vs the paper's {paper:+.2f}: {verdict}"
+    paper = r.paper.get("ppl")
+    beside = "" if paper is None else f" vs the paper's {paper:+.2f}"
+    if r.ppl_welch_p is None:
+        return (
+            f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)}{beside}: {CANNOT_TELL} (no seed-level test)"
+        )
+    word = direction_verdict(r.ppl_delta, r.ppl_holm_p, paper)
+    return (
+        f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)}{beside}: {word} (Welch p = "
+        f"{r.ppl_welch_p:.3f}, Holm p = {p_text(r.ppl_holm_p)})"
+    )
 
 
 def _verdict_text(r: VariantRow) -> str:
@@ -72,9 +73,9 @@ def findings(rows: list[VariantRow]) -> list[str]:
             continue
         if not r.comparable:
             lines.append(
-                f"- {r.variant}: {r.delta:+.2f} BLEU{paper}: {CANNOT_TELL}, not compared: the "
-                f"variant ran at {conditions_text(r.conditions)}, the base at "
-                f"{conditions_text(base.conditions)}."
+                f"- {r.variant}: {r.delta:+.2f} BLEU{paper}: {CANNOT_TELL}, not compared: it ran "
+                "under other run conditions than the base (the table of variants not compared "
+                "shows where each ran)."
             )
             continue
         welch = (

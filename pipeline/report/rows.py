@@ -55,8 +55,6 @@ class VariantRow:
     permutation_p: float | None = None
     verdict: str | None = None
     ppl_delta: float | None = None
-    # every seed's val PPL on one side of every base seed's
-    ppl_seeds_apart: bool = False
     # the Welch intervals of the differences, and val PPL's own Welch and Holm p (a family of
     # its own: the same comparisons on the other measure)
     delta_interval: tuple[float | None, float | None] = (None, None)
@@ -192,29 +190,36 @@ def _compare(row: VariantRow, base_row: VariantRow) -> None:
     """The differences to the base and their intervals (estimates, whatever the conditions)."""
     row.delta = row.test_mean - base_row.test_mean
     row.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(base_row.val_ppl)
-    row.ppl_seeds_apart = min(row.val_ppl) > max(base_row.val_ppl) or max(row.val_ppl) < min(
-        base_row.val_ppl
-    )
     if row.comparable:
         row.delta_interval = seed_stats.welch_interval(row.test_bleu, base_row.test_bleu)
         row.ppl_delta_interval = seed_stats.welch_interval(row.val_ppl, base_row.val_ppl)
 
 
 def verdict(delta: float, holm_p: float | None, paper: dict[str, Any]) -> str:
-    """The paper's finding against ours, at the study-wise level: 'holds' only where the
-    seed-level difference is significant after Holm and in the paper's direction;
-    'contradicts' where significant against it (or where the paper finds no difference);
-    'cannot tell' where not significant or not testable (no Holm p: a single seed on a side, or
-    no spread on either; no test of equivalence is made, so the absence of a difference is
-    never a finding); 'differs' where the paper has no such row."""
+    """The paper's BLEU finding against ours, at the study-wise level (`direction_verdict` of
+    the BLEU difference against the paper's)."""
+    if not paper:
+        return direction_verdict(delta, holm_p, None)
+    return direction_verdict(delta, holm_p, paper["bleu"], bool(paper.get("no_difference")))
+
+
+def direction_verdict(
+    delta: float, holm_p: float | None, paper_delta: float | None, paper_no_difference: bool = False
+) -> str:
+    """A difference against the paper's on the same measure: 'holds' only where the seed-level
+    difference is significant after Holm and in the paper's direction; 'contradicts' where
+    significant against it (or where the paper finds no difference); 'cannot tell' where not
+    significant or not testable (no Holm p: a single seed on a side, or no spread on either; no
+    test of equivalence is made, so the absence of a difference is never a finding); 'differs'
+    where the paper has no such row."""
     significant = holm_p is not None and holm_p <= SIGNIFICANCE
     if not significant:
         return CANNOT_TELL
-    if not paper:
+    if paper_delta is None:
         return DIFFERS
-    if paper.get("no_difference") or paper["bleu"] == 0:
+    if paper_no_difference or paper_delta == 0:
         return CONTRADICTS
-    return HOLDS if (paper["bleu"] > 0) == (delta > 0) else CONTRADICTS
+    return HOLDS if (paper_delta > 0) == (delta > 0) else CONTRADICTS
 
 
 def pooled_p_value(

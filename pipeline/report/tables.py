@@ -109,13 +109,15 @@ def other_conditions_table(rows: list[VariantRow]) -> str:
         return ""
     base = next(r for r in rows if r.variant == BASE_VARIANT)
     lines = [
-        f"Not compared with the base, which ran at {conditions_text(base.conditions)}: these "
-        "variants ran under other conditions, so their difference to the base mixes the change "
-        "with the commit, machine or precision, and no verdict is drawn from it.",
+        "Not compared with the base (first row): these variants ran under other conditions, so "
+        "their difference to the base mixes the change with the commit, machine or precision, "
+        "and no verdict is drawn from it.",
         "",
         "| variant | changed | test2016 BLEU (lc), mean [95% CI] | Δ test vs base (not a "
         "comparison) | seeds | ran at |",
         "|---|---|---|---|---|---|",
+        f"| {base.variant} | {base.factor} | {_mean_interval(base)} | - | "
+        f"{', '.join(map(str, base.seeds))} | {conditions_text(base.conditions)} |",
     ]
     for r in apart:
         lines.append(
