@@ -90,6 +90,36 @@ def test_check_stage_comes_first_and_always_runs():
     assert record in [_resolve(dep) for dep in PIPELINE["stages"]["prepare"]["deps"]]
 
 
+def test_the_committed_summary_is_what_summarize_makes_of_the_committed_run(tmp_path):
+    """metrics/summary.json holds the names the current code gives (what `dvc exp show` lines
+    up against new experiments): it is `summarize` of the run record under results/ whose
+    train.json and eval.json are the ones dvc.lock says the summarize stage read."""
+    import dataclasses
+    import json
+
+    from pipeline import config, summary
+
+    lock = ruamel.yaml.YAML(typ="safe").load((REPO_ROOT / "dvc.lock").read_text())["stages"]
+    read = {Path(dep["path"]).name: dep["md5"] for dep in lock["summarize"]["deps"]}
+    records = [
+        folder
+        for folder in sorted((REPO_ROOT / "results").iterdir())
+        if all(
+            (folder / name).is_file()
+            and hashlib.md5((folder / name).read_bytes()).hexdigest() == read[name]
+            for name in ("train.json", "eval.json")
+        )
+    ]
+    assert len(records) == 1, records
+    for name in ("train.json", "eval.json"):
+        (tmp_path / name).write_bytes((records[0] / name).read_bytes())
+    cfg = config.load(REPO_ROOT / "params.yaml")
+    cfg = dataclasses.replace(cfg, paths=dataclasses.replace(cfg.paths, metrics_dir=str(tmp_path)))
+    committed = json.loads((REPO_ROOT / "metrics" / summary.SUMMARY_FILE).read_text())
+    assert committed == summary.summarize(cfg)
+    assert "test/bleu_lc" in committed and "train/steps" in committed
+
+
 def test_the_committed_run_record_is_one_run_of_the_committed_params():
     """dvc.lock, metrics/summary.json and data/corpus.json are committed together from one
     `dvc repro` of the default experiment: the two files are the outputs the lock recorded, and
