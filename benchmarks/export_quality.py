@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import print_json, print_table
+from benchmarks.common import environment, print_json, print_table
 from pipeline import config as config_lib
 from pipeline.data.tokenizer import MODEL_FILE
 from pipeline.evaluation import MODEL_CHECKPOINT
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         "drop_vs_float32": drop,
         "max_drop": args.max_drop,
         "within_max_drop": within,
+        "env": environment(torch.device("cpu")),
     }
     print_json(payload)
     return payload

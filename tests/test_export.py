@@ -27,7 +27,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import export
+from pipeline import environment, export
 from pipeline.config_schema import ModelConfig
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
@@ -421,6 +421,8 @@ def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke
     int8 = payload["results"]["ctranslate2_int8"]
     assert payload["drop_vs_float32"]["bleu"] == pytest.approx(float32["bleu"] - int8["bleu"])
     assert payload["within_max_drop"] == (max(payload["drop_vs_float32"].values()) <= 0.5)
+    assert payload["env"]["hardware"] == environment.hardware()
+    assert payload["env"]["threads"] == torch.get_num_threads()
 
 
 def test_readme_and_the_evaluation_page_quote_the_recipe_models_export_record():

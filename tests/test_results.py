@@ -121,6 +121,22 @@ def test_the_docs_results_table_and_readme_headline_are_the_committed_runs_table
     assert docs_blocks.read(REPO_ROOT / "README.md", results.HEADLINE_BLOCK) == headline, hint
 
 
+def test_readmes_lock_sentence_holds_for_every_headline_row():
+    """README: each result's record names the lock it ran with, and the GPU rows' records
+    count the packages that differed from it. Each headline row's record says so: a CPU row
+    ran installed from its lock (no differences), a GPU row counts its own."""
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert "Each result's record names the lock it ran with (its hash)" in readme
+    assert "their records count the packages that differed from that lock" in readme
+    folders = (REPO_ROOT / "results" / results.HEADLINE_FILE).read_text().split()
+    runs = [json.loads((REPO_ROOT / "results" / f / "run.json").read_text()) for f in folders]
+    assert any("NVIDIA" in run["hardware"] for run in runs)
+    for folder, run in zip(folders, runs):
+        on_gpu = "NVIDIA" in run["hardware"]
+        assert (run.get("environment_differences", 0) > 0) == on_gpu, folder
+        assert run["environment_lock"], folder
+
+
 def test_table_update_docs_rewrites_only_its_blocks(tmp_path, capsys):
     metrics, params = _finished_run(tmp_path / "run", 41.26)
     results.record("a.en-de", "make repro", metrics, params, tmp_path / "results")

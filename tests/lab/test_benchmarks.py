@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batching, decode_throughput, train_throughput
 from benchmarks.common import marian_model, tokenized_corpus
+from pipeline import environment
 from pipeline.config_schema import ModelConfig
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.evaluation.evaluate import pad_batch
@@ -98,6 +99,10 @@ def test_decode_throughput_end_to_end(tokenized_smoke, capsys):
     assert printed["benchmark"] == "decode_throughput"
     assert printed["sentences"] == 12 and printed["beam_size"] == 2
     assert printed["batches"] >= 2  # eval.max_tokens=64 splits 12 sentences
+    # the record names the machine, code and lock the figures come from
+    assert printed["env"]["hardware"] == environment.hardware()
+    assert printed["env"]["commit"] == environment.git_commit()
+    assert printed["env"]["threads"] == torch.get_num_threads()
     result = printed["results"]["float32"]
     assert set(result["sentences_per_s"]) == set(decode_throughput.SYSTEMS)
     assert set(decode_throughput.SYSTEMS) >= {"cached", "uncached", "marian", "ctranslate2"}
