@@ -396,3 +396,57 @@ def test_the_parity_page_quotes_the_subword_counts_of_the_tokenize_records():
         f"On the training split (the tokenize stage's counts) sentencepiece cut the target side "
         f"into {sentencepiece:.2f} subwords per sentence against subword-nmt's {subword_nmt:.2f}"
     ) in _flat(REPO_ROOT / parity.PAGE)
+
+
+def _at_parity_budget(recipe: str) -> tuple[list, list]:
+    """Ours (by seed) and fairseq's runs paired with them at the equal budget."""
+    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+    ((mine, other),) = [(m, o) for r, budget, m, o in parity.paired_groups(runs)
+                        if (r, budget) == (recipe, PARITY_BUDGET)]  # fmt: skip
+    return sorted(mine, key=lambda r: r.seed), other
+
+
+def _ours_minus_fairseq(recipe: str) -> str:
+    mine, other = _at_parity_budget(recipe)
+    deltas = [statistics.fmean(r.scores[split]["bleu_lc"] for r in mine)
+              - statistics.fmean(r.scores[split]["bleu_lc"] for r in other) for split in SPLITS]  # fmt: skip
+    return " and ".join(f"{d:+.2f}" for d in deltas)
+
+
+def _seed_welch_p(a: list, b: list, split: str) -> float:
+    scores = [[r.scores[split]["bleu_lc"] for r in runs] for runs in (a, b)]
+    return float(stats.ttest_ind(*scores, equal_var=False).pvalue)
+
+
+def test_the_presets_settings_table_states_measurements_with_their_seed_level_tests():
+    """The parity page's table of what the preset took from fairseq gives each setting's runs
+    as measured, with Welch's test over ours' seeds between the two settings: two seeds a
+    side test no difference there, so none is credited to the setting."""
+    bpe = f"{parity.WU_RECIPE}, data.tokenizer.model_type bpe"
+    (preset, _), (sentencepiece, _) = map(_at_parity_budget, (parity.WU_RECIPE, bpe))
+    xavier, _ = _at_parity_budget(f"{parity.WU_RECIPE}, model.init xavier")
+    assert [r.seed for r in preset] == [r.seed for r in xavier] == [1, 2]
+    page = _flat(REPO_ROOT / parity.PAGE)
+    segmentation_p = [_seed_welch_p(sentencepiece, preset, split) for split in SPLITS]
+    init_p = _seed_welch_p(xavier, preset, "val")
+    assert all(p > seed_stats.ALPHA for p in [*segmentation_p, init_p]), "a tested difference"
+    spm_val, spm_test = _ours_minus_fairseq(bpe).split(" and ")
+    assert (
+        f"with sentencepiece BPE on the same text {spm_val} (val) and {spm_test} (test2016), "
+        "one of its seeds on two CPU cores in fp32; with subword-nmt's subwords as the preset "
+        f"runs them {_ours_minus_fairseq(parity.WU_RECIPE)};"
+    ) in page
+    assert [r.hardware.split(", ")[-1] for r in sentencepiece].count("32-true") == 1
+    assert (
+        "between ours' two segmentations two seeds a side test no difference (Welch p = "
+        f"{segmentation_p[0]:.2f} on val, {segmentation_p[1]:.2f} on test2016)"
+    ) in page
+    lower = [
+        p.scores["val"]["bleu_lc"] - x.scores["val"]["bleu_lc"] for p, x in zip(preset, xavier)
+    ]
+    vals = " and ".join(f"{x.scores['val']['bleu_lc']:.1f}" for x in xavier)
+    assert (
+        f"with Xavier the same two seeds gave val {vals}, {lower[0]:.2f} and {lower[1]:.2f} "
+        f"lower, a difference two seeds a side do not test (Welch p = {init_p:.2f})"
+    ) in page
+    assert "on subword-nmt's subwords +0.31 and -0.15" not in page
