@@ -241,3 +241,26 @@ def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the
             for side in ("before", "after")
         ]
         assert f"{means[0]:.2f} -> {means[1]:.2f}" in page, dtype
+
+
+def test_performance_page_states_the_recorded_ctranslate2_figures():
+    """The CTranslate2 table and sentence of docs/performance.md are the committed decode and
+    export records: sentences per second of every system and ours' ratio to each."""
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads(
+        (root / "benchmarks/results/decode_throughput_ctranslate2.json").read_text()
+    )
+    page = " ".join((root / "docs/performance.md").read_text().split())
+    speed, ratio = (record["results"]["float32"][key] for key in ("sentences_per_s", "ratio"))
+    assert f"| ours | {speed['cached']:.1f} | - |" in page
+    rows = {"ctranslate2": "CTranslate2 float32", "ctranslate2_int8": "CTranslate2 int8",
+            "marian": "Marian"}  # fmt: skip
+    for system, label in rows.items():
+        row = f"| {label} | {speed[system]:.1f} | {ratio[f'cached_vs_{system}']:.2f}x |"
+        assert row in page, row
+    assert f"{record['sentences']} test2016 sources in {record['batches']} batches" in page
+    export = json.loads((root / "results/multi30k_tiny_amx.en-de/export_quality.json").read_text())[
+        "results"
+    ]
+    ours, exported = (export[k]["sentences_per_s"] for k in ("ours", "ctranslate2_float32"))
+    assert f"{exported / ours:.1f}x faster ({exported:.0f} against {ours:.0f} sentences/s" in page
