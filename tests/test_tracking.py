@@ -323,8 +323,12 @@ def test_unreachable_server_costs_at_most_init_timeout_and_trains_like_offline(
             print(f"W&B server {name}: start {delay:+.2f} s, exit {exit_delay:.2f} s vs offline "
                   f"{offline_exit:.2f} s")  # fmt: skip
             assert "W&B online start failed" in stderr and url in stderr
-            assert delay < init_timeout + 3  # + noise between two runs on shared cores
-            assert exit_delay < offline_exit + 3
+            # Two runs on shared cores differ by noise that grows with the machine's load: up
+            # to the offline run's own start-up, plus 3 s. The bound still fails a start that
+            # waits W&B's default (90 s) instead of init_timeout.
+            noise = offline["setup_s"] + 3
+            assert delay < init_timeout + noise
+            assert exit_delay < offline_exit + noise
             # The same training and the same W&B history, kept offline (`wandb sync` later).
             for key in ("val/loss", "steps", "num_parameters"):
                 assert outcome["metrics"][key] == offline["metrics"][key], key
