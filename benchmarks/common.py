@@ -281,12 +281,8 @@ def model_summary(model: ModelConfig, vocab: int) -> dict:
 
 
 def environment(device: torch.device) -> dict:
-    """What the numbers depend on, recorded beside them: the machine, the code and lock they
-    ran with (`pipeline.environment.provenance`), the device, torch and its threads."""
-    from pipeline.environment import provenance
-
+    """What the numbers depend on, recorded beside them."""
     info = {
-        **provenance(),
         "device": str(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

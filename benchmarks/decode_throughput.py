@@ -55,6 +55,7 @@ from benchmarks.common import (
     tokenized_corpus,
 )
 from pipeline.data.batching import eval_batches
+from pipeline.environment import provenance
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.export import export_ctranslate2, load_exported
 from pipeline.kernels import SpeedPaths
@@ -133,8 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    made_with = provenance()  # at the start: commits made while it runs are not its code
     cfg = bench_config(args)
     device = resolve_device(args, cfg)
+    env = environment(device)
     split = args.split or cfg.data.test_splits[0]
     with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         sources = splits[split]["src_ids"]
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> dict:
     print(
         f"{split}: {len(sources)} sentences in {len(batches)} batches (eval.max_tokens="
         f"{e.max_tokens}), beam {e.beam_size}, {steps_total} decoder steps per system; "
-        f"vocab {vocab}; {environment(device)}"
+        f"vocab {vocab}; {env}"
     )
     table = []
     for dtype_name, r in results.items():
@@ -219,7 +222,8 @@ def run(args: argparse.Namespace) -> dict:
         "model": model_summary(cfg.model, vocab),
         "repeats": args.repeats,
         "results": results,
-        "env": environment(device),
+        "provenance": made_with,
+        "env": env,
     }
     print_json(payload)
     return payload

@@ -26,6 +26,7 @@ import torch
 from benchmarks.common import environment, print_json, print_table
 from pipeline import config as config_lib
 from pipeline.data.tokenizer import MODEL_FILE
+from pipeline.environment import provenance
 from pipeline.evaluation import MODEL_CHECKPOINT
 
 DEFAULT_MAX_DROP = 0.5  # BLEU points the quantized model may lose against float32
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         translate_with_ctranslate2,
     )
 
+    made_with = provenance()  # at the start: commits made while it runs are not its code
     args = parse_args(argv)
     cfg = config_lib.load(args.params)
     if args.threads:
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         "drop_vs_float32": drop,
         "max_drop": args.max_drop,
         "within_max_drop": within,
+        "provenance": made_with,
         "env": environment(torch.device("cpu")),
     }
     print_json(payload)

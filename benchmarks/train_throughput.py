@@ -73,6 +73,7 @@ from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config_schema import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
+from pipeline.environment import provenance
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.kernels import SpeedPaths
 from pipeline.model.positional import SinusoidalPositionalEncoding
@@ -351,8 +352,10 @@ def training_batch(cfg: Config, tokenizer, splits, target_tokens: int,
 
 
 def run(args: argparse.Namespace) -> dict:
+    made_with = provenance()  # at the start: commits made while it runs are not its code
     cfg = bench_config(args)
     device = resolve_device(args, cfg)
+    env = environment(device)
     with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         batch = training_batch(cfg, tokenizer, splits, args.target_tokens, device)
     tokens = special_ids(tokenizer)
@@ -428,7 +431,7 @@ def run(args: argparse.Namespace) -> dict:
     print(
         f"batch: {num_sentences} sentences, src {num_sentences}x{src_len}, tgt {num_sentences}x"
         f"{tgt_len}, {batch['num_tgt_tokens']} target tokens, padding {1 - real / padded:.1%}; "
-        f"vocab {vocab}; {flops / 1e9:.1f} GFLOP per step; {environment(device)}"
+        f"vocab {vocab}; {flops / 1e9:.1f} GFLOP per step; {env}"
     )
     print("parameters: " + ", ".join(f"{name} {n:,}" for name, n in parameters.items()))
     if fairseq is not None:
@@ -451,7 +454,8 @@ def run(args: argparse.Namespace) -> dict:
         "parameters": parameters,
         "results": results,
         "skipped": skipped,
-        "env": environment(device),
+        "provenance": made_with,
+        "env": env,
     }
     print_json(payload)
     return payload

@@ -421,7 +421,7 @@ def test_export_quality_compares_float32_and_int8_with_ours(trained_smoke, smoke
     int8 = payload["results"]["ctranslate2_int8"]
     assert payload["drop_vs_float32"]["bleu"] == pytest.approx(float32["bleu"] - int8["bleu"])
     assert payload["within_max_drop"] == (max(payload["drop_vs_float32"].values()) <= 0.5)
-    assert payload["env"]["hardware"] == environment.hardware()
+    assert payload["provenance"]["hardware"] == environment.hardware()
     assert payload["env"]["threads"] == torch.get_num_threads()
 
 
