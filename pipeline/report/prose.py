@@ -27,15 +27,11 @@ def _ppl_finding(r: VariantRow) -> str:
         return ""
     paper = r.paper.get("ppl")
     beside = "" if paper is None else f" vs the paper's {paper:+.2f}"
+    measured = f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)}{beside}"
     if r.ppl_welch_p is None:
-        return (
-            f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)}{beside}: {CANNOT_TELL} (no seed-level test)"
-        )
+        return f"{measured}: {CANNOT_TELL} (no seed-level test)"
     word = direction_verdict(r.ppl_delta, r.ppl_holm_p, paper)
-    return (
-        f"; val PPL {r.ppl_delta:+.2f}{ppl_mark(r)}{beside}: {word} (Welch p = "
-        f"{r.ppl_welch_p:.3f}, Holm p = {p_text(r.ppl_holm_p)})"
-    )
+    return f"{measured}: {word} (Welch p = {r.ppl_welch_p:.3f}, Holm p = {p_text(r.ppl_holm_p)})"
 
 
 def _verdict_text(r: VariantRow) -> str:

@@ -116,12 +116,11 @@ def other_conditions_table(rows: list[VariantRow]) -> str:
         "| variant | changed | test2016 BLEU (lc), mean [95% CI] | Δ test vs base (not a "
         "comparison) | seeds | ran at |",
         "|---|---|---|---|---|---|",
-        f"| {base.variant} | {base.factor} | {_mean_interval(base)} | - | "
-        f"{', '.join(map(str, base.seeds))} | {conditions_text(base.conditions)} |",
     ]
-    for r in apart:
+    for r in [base, *apart]:
+        delta = "-" if r is base else f"{r.delta:+.2f}"
         lines.append(
-            f"| {r.variant} | {r.factor} | {_mean_interval(r)} | {r.delta:+.2f} | "
+            f"| {r.variant} | {r.factor} | {_mean_interval(r)} | {delta} | "
             f"{', '.join(map(str, r.seeds))} | {conditions_text(r.conditions)} |"
         )
     return "\n".join(lines)
