@@ -3,6 +3,7 @@ comparisons are sacreBLEU's paired bootstrap of those runs' own translations."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -333,16 +334,29 @@ PARITY_BUDGET = 3000  # the budget at which both systems ran two seeds (the page
 NUMBER_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
+@functools.cache
+def _equal_budget_groups() -> dict[str, tuple[list, list]]:
+    """Per recipe, ours (by seed) and fairseq's runs paired with them at the equal budget."""
+    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+    groups = [(recipe, sorted(m, key=lambda r: r.seed), o)
+              for recipe, budget, m, o in parity.paired_groups(runs) if budget == PARITY_BUDGET]  # fmt: skip
+    assert len({recipe for recipe, _, _ in groups}) == len(groups)  # one group per recipe
+    return {recipe: (mine, other) for recipe, mine, other in groups}
+
+
+def _ours_minus_fairseq(mine: list, other: list) -> dict[str, float]:
+    """The difference of the seed means, ours - fairseq, per split."""
+    return {split: statistics.fmean(r.scores[split]["bleu_lc"] for r in mine)
+            - statistics.fmean(r.scores[split]["bleu_lc"] for r in other) for split in SPLITS}  # fmt: skip
+
+
 def test_the_parity_prose_states_the_seed_level_intervals_and_each_sides_machine():
     """README and docs/parity.md give ours - fairseq at the equal budget with its seed-level 90%
     intervals as the records make them, say whether those lie within the margin, and name the
     machine and precision of each side from its records."""
-    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
-    ((mine, other),) = [(m, o) for recipe, budget, m, o in parity.paired_groups(runs)
-                        if (recipe, budget) == (parity.WU_RECIPE, PARITY_BUDGET)]  # fmt: skip
+    mine, other = _equal_budget_groups()[parity.WU_RECIPE]
     intervals = parity.seed_intervals(mine, other)
-    delta = {split: statistics.fmean(r.scores[split]["bleu_lc"] for r in mine)
-             - statistics.fmean(r.scores[split]["bleu_lc"] for r in other) for split in SPLITS}  # fmt: skip
+    delta = _ours_minus_fairseq(mine, other)
     (val_low, val_high), (test_low, test_high) = intervals["val"], intervals["test_2016_flickr"]
     margin = parity.EQUIVALENCE_MARGIN
     within = [-margin < low and high < margin for low, high in intervals.values()]
@@ -398,21 +412,6 @@ def test_the_parity_page_quotes_the_subword_counts_of_the_tokenize_records():
     ) in _flat(REPO_ROOT / parity.PAGE)
 
 
-def _at_parity_budget(recipe: str) -> tuple[list, list]:
-    """Ours (by seed) and fairseq's runs paired with them at the equal budget."""
-    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
-    ((mine, other),) = [(m, o) for r, budget, m, o in parity.paired_groups(runs)
-                        if (r, budget) == (recipe, PARITY_BUDGET)]  # fmt: skip
-    return sorted(mine, key=lambda r: r.seed), other
-
-
-def _ours_minus_fairseq(recipe: str) -> str:
-    mine, other = _at_parity_budget(recipe)
-    deltas = [statistics.fmean(r.scores[split]["bleu_lc"] for r in mine)
-              - statistics.fmean(r.scores[split]["bleu_lc"] for r in other) for split in SPLITS]  # fmt: skip
-    return " and ".join(f"{d:+.2f}" for d in deltas)
-
-
 def _seed_welch_p(a: list, b: list, split: str) -> float:
     scores = [[r.scores[split]["bleu_lc"] for r in runs] for runs in (a, b)]
     return float(stats.ttest_ind(*scores, equal_var=False).pvalue)
@@ -422,19 +421,23 @@ def test_the_presets_settings_table_states_measurements_with_their_seed_level_te
     """The parity page's table of what the preset took from fairseq gives each setting's runs
     as measured, with Welch's test over ours' seeds between the two settings: two seeds a
     side test no difference there, so none is credited to the setting."""
-    bpe = f"{parity.WU_RECIPE}, data.tokenizer.model_type bpe"
-    (preset, _), (sentencepiece, _) = map(_at_parity_budget, (parity.WU_RECIPE, bpe))
-    xavier, _ = _at_parity_budget(f"{parity.WU_RECIPE}, model.init xavier")
+    bpe, xavier_init = (f"{parity.WU_RECIPE}, {change}"
+                        for change in ("data.tokenizer.model_type bpe", "model.init xavier"))  # fmt: skip
+    groups = _equal_budget_groups()
+    (preset, fairseq), (sentencepiece, fairseq_bpe), (xavier, _) = (
+        groups[recipe] for recipe in (parity.WU_RECIPE, bpe, xavier_init)
+    )
     assert [r.seed for r in preset] == [r.seed for r in xavier] == [1, 2]
     page = _flat(REPO_ROOT / parity.PAGE)
     segmentation_p = [_seed_welch_p(sentencepiece, preset, split) for split in SPLITS]
     init_p = _seed_welch_p(xavier, preset, "val")
     assert all(p > seed_stats.ALPHA for p in [*segmentation_p, init_p]), "a tested difference"
-    spm_val, spm_test = _ours_minus_fairseq(bpe).split(" and ")
+    spm, own = _ours_minus_fairseq(sentencepiece, fairseq_bpe), _ours_minus_fairseq(preset, fairseq)
     assert (
-        f"with sentencepiece BPE on the same text {spm_val} (val) and {spm_test} (test2016), "
-        "one of its seeds on two CPU cores in fp32; with subword-nmt's subwords as the preset "
-        f"runs them {_ours_minus_fairseq(parity.WU_RECIPE)};"
+        f"with sentencepiece BPE on the same text {spm['val']:+.2f} (val) and "
+        f"{spm['test_2016_flickr']:+.2f} (test2016), one of its seeds on two CPU cores in fp32; "
+        f"with subword-nmt's subwords as the preset runs them {own['val']:+.2f} and "
+        f"{own['test_2016_flickr']:+.2f};"
     ) in page
     assert [r.hardware.split(", ")[-1] for r in sentencepiece].count("32-true") == 1
     assert (
