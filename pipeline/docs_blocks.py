@@ -10,6 +10,7 @@ Every producer writes through this module:
 | `ablation:<study>`, `ablation:<study>:summary` | docs/ablation-results.md, README.md | `python -m pipeline.report <study> --update-docs` |
 | `parity` | docs/parity.md | `python -m benchmarks.fairseq.parity --update-docs` |
 | `gpu` | docs/performance.md | `python -m benchmarks.gpu_report --update-docs` |
+| `ci` | docs/index.md | `python -m benchmarks.ci_run report --update-docs` |
 """
 
 from __future__ import annotations

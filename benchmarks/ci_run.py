@@ -1,0 +1,212 @@
+"""The test suite's result and time on this machine, recorded: a fresh clone's `bash .ci/run`.
+
+    python -m benchmarks.ci_run                          # clone HEAD, run it, record it
+    python -m benchmarks.ci_run report [--update-docs]   # docs/index.md's table of the records
+
+`bash .ci/run` is what CI runs: a fresh environment (`make setup`), `make lint`, then the
+README's test command. A CI machine's CPU class is chance, and the suite's time depends on it
+(bf16 kernels or float32 training), so docs/index.md lists the runs from these records, one
+JSON file per run in benchmarks/results/ci/: the commit and lock, the machine with its CPU
+family and model, the tests passed, failed and skipped, pytest's time and the whole run's.
+
+The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
+corpus is read from `../shared` next to it. Its output is shown as it comes and kept in
+`<clone>.log`; the clone is removed after the run unless `--keep`. Exit status: the run's own
+(a failed run is recorded too), or 2 when nothing could be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline import docs_blocks, environment
+
+RESULTS = Path("benchmarks/results/ci")
+PAGE = docs_blocks.DOCS / "index.md"
+BLOCK = "ci"
+CI_SCRIPT = Path(".ci/run")
+SHARED = "shared"  # CI's layout: the corpus and peers in ../shared beside the clone
+OUTCOMES = ("passed", "failed", "errors", "skipped")  # the counts a record keeps, in this order
+# pytest's last line: '1057 passed, 5 skipped, 14 warnings in 1098.46s (0:18:18)', with or
+# without '=' around it (-q or not).
+SUMMARY_LINE = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s\b")
+COUNT = re.compile(r"(\d+) (\w+)")
+
+
+class CannotRun(Exception):
+    """Nothing was run (exit 2): the message names what is missing or in the way."""
+
+
+def pytest_summary(output: str) -> dict | None:
+    """{'tests': {outcome: count}, 'pytest_s': seconds} from pytest's last summary line in
+    `output`, or None where pytest never finished (set-up or lint failed, a kill)."""
+    found = [m for line in output.splitlines() if (m := SUMMARY_LINE.match(line.strip()))]
+    if not found:
+        return None
+    counts, seconds = found[-1].groups()
+    named = {word if word != "error" else "errors": int(n) for n, word in COUNT.findall(counts)}
+    return {
+        "tests": {outcome: named.get(outcome, 0) for outcome in OUTCOMES},
+        "pytest_s": float(seconds),
+    }
+
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment as CI's would be: CI=true, and no virtual environment of
+    ours on PATH (the clone makes and uses its own)."""
+    env = dict(os.environ, CI="true")
+    venv = env.pop("VIRTUAL_ENV", None)
+    own_bin = str(Path(sys.prefix) / "bin")
+    drop = {own_bin} | ({str(Path(venv) / "bin")} if venv else set())
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p not in drop)
+    return env
+
+
+def check_before_cloning(repo: Path, clone: Path) -> None:
+    if not (repo / CI_SCRIPT).is_file():
+        raise CannotRun(f"{repo / CI_SCRIPT}: no CI script in {repo}")
+    if clone.exists():
+        raise CannotRun(f"{clone}: exists; name a new folder with --clone-into")
+    shared = clone.parent / SHARED
+    if not shared.is_dir():
+        raise CannotRun(f"{shared}: no such folder; CI reads the corpus from ../{SHARED} beside "
+                        "the clone, so clone into a folder next to it (--clone-into)")  # fmt: skip
+
+
+def run_ci(clone: Path, log: Path) -> tuple[int, float, str]:
+    """(exit status, wall seconds, output) of `bash .ci/run` in `clone`; each line is shown as
+    it comes and written to `log`."""
+    started = time.monotonic()
+    lines = []
+    with log.open("w", encoding="utf-8") as sink:
+        process = subprocess.Popen(
+            ["bash", str(CI_SCRIPT)], cwd=clone, env=clean_environment(), text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sink.write(line)
+            lines.append(line)
+        code = process.wait()
+    return code, time.monotonic() - started, "".join(lines)
+
+
+def record(clone: Path, code: int, total_s: float, output: str) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    cpu = environment.cpuinfo()
+    return {
+        "provenance": {
+            "commit": commit,
+            "environment_lock": environment.lock_hash(clone / environment.LOCK_FILE.name),
+            "hardware": environment.hardware(),
+        },
+        "cpu": {"family": cpu.get("cpu family"), "model": cpu.get("model")},
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "exit_code": code,
+        "total_s": round(total_s, 1),
+        **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
+    }
+
+
+def record_name(entry: dict) -> str:
+    cpu = entry["cpu"]
+    return (f"{entry['date']}.{entry['provenance']['commit']}"
+            f".family{cpu['family']}-model{cpu['model']}.json")  # fmt: skip
+
+
+def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[int, Path]:
+    check_before_cloning(repo, clone)
+    subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
+    try:
+        code, total_s, output = run_ci(clone, clone.with_name(clone.name + ".log"))
+        entry = record(clone, code, total_s, output)
+    finally:
+        if not keep:
+            shutil.rmtree(clone)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / record_name(entry)
+    path.write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
+    return code, path
+
+
+# ---------------------------------------------------------------- the table
+
+
+def load(results: Path) -> list[dict]:
+    entries = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
+    return sorted(entries, key=lambda e: (e["date"], e["provenance"]["commit"]))
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def row(entry: dict) -> list[str]:
+    tests = entry["tests"]
+    counted = ", ".join(f"{tests[o]} {o}" for o in OUTCOMES if tests and tests[o]) or "none ran"
+    cpu = entry["cpu"]
+    return [
+        entry["date"],
+        entry["provenance"]["commit"],
+        environment.hardware_class(entry["provenance"]["hardware"]),
+        f"{cpu['family']}, {cpu['model']}",
+        "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",
+        counted,
+        _minutes(entry["pytest_s"]),
+        _minutes(entry["total_s"]),
+    ]
+
+
+HEADER = ["date", "ran at", "machine class", "CPU family, model", "result", "tests",
+          "pytest", "in all"]  # fmt: skip
+
+
+def block(entries: list[dict]) -> str:
+    if not entries:
+        return "No run recorded yet.\n"
+    return docs_blocks.markdown_table(HEADER, [row(e) for e in entries])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder")
+    commands = parser.add_subparsers(dest="command")
+    report = commands.add_parser("report", help=f"the records as the table of {PAGE}")
+    # also after `report`; SUPPRESS keeps a --results given before it
+    report.add_argument("--results", type=Path, default=argparse.SUPPRESS, help="as above")
+    docs_blocks.add_update_argument(report, str(PAGE))
+    parser.add_argument("--repo", type=Path, default=environment.REPO_ROOT,
+                        help="the repository whose HEAD is cloned and run")  # fmt: skip
+    parser.add_argument("--clone-into", type=Path, default=None,
+                        help="a new folder beside ../shared (default: ci-<date> beside --repo)")  # fmt: skip
+    parser.add_argument("--keep", action="store_true", help="keep the clone after the run")
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        text = block(load(args.results))
+        if args.update_docs is not None:
+            docs_blocks.fill(args.update_docs / PAGE, BLOCK, text)
+        print(text, end="")
+        return 0
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
+    clone = (args.clone_into or args.repo.resolve().parent / f"ci-{stamp}").resolve()
+    try:
+        code, path = run_and_record(args.repo.resolve(), clone, args.results, args.keep)
+    except CannotRun as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"recorded {path} (exit {code})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

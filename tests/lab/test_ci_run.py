@@ -1,0 +1,134 @@
+"""benchmarks/ci_run.py: a fresh clone's CI script run and recorded, on real git clones running
+a real pytest, and the docs table of the committed records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import ci_run
+from pipeline import docs_blocks, environment
+from tests.conftest import REPO_ROOT
+
+OUTCOMES_TESTS = """
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("set-up fails")
+
+def test_one(): pass
+def test_two(): pass
+def test_three(): assert 1 == 2
+def test_four(broken): pass
+
+@pytest.mark.skip(reason="skipped on purpose")
+def test_five(): pass
+"""
+
+
+def git(*args: str, cwd: Path) -> str:
+    identity = ["-c", "user.name=t", "-c", "user.email=t@example.org"]
+    return subprocess.run(["git", *identity, *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+def small_repository(root: Path, ci_commands: str) -> Path:
+    """A git repository beside `root/shared` whose CI script runs `ci_commands`."""
+    (root / ci_run.SHARED).mkdir(parents=True)
+    repo = root / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    (repo / ci_run.CI_SCRIPT).write_text(
+        f'#!/usr/bin/env bash\nset -euo pipefail\ncd "$(dirname "$0")/.."\n'
+        f"test -d ../{ci_run.SHARED}\n{ci_commands}\n"
+    )
+    (repo / "test_outcomes.py").write_text(OUTCOMES_TESTS)
+    (repo / "requirements.lock").write_text("packaging==24.2\n")
+    git("init", "--quiet", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("commit", "--quiet", "-m", "small", cwd=repo)
+    return repo
+
+
+@pytest.fixture
+def outer_pytest_settings_removed(monkeypatch):
+    """The suite's own pytest options (a --basetemp, say) are not the small repository's."""
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+@pytest.mark.parametrize("verbosity", ["-q", "-v"])
+def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
+    tmp_path, capsys, outer_pytest_settings_removed, verbosity
+):
+    pytest_command = f"{sys.executable} -m pytest {verbosity} -p no:cacheprovider test_outcomes.py"
+    repo = small_repository(tmp_path, pytest_command)
+    clone, results = tmp_path / "clone", tmp_path / "results"
+
+    code = ci_run.main(["--repo", str(repo), "--clone-into", str(clone), "--results", str(results)])
+
+    assert code == 1  # pytest's: one test failed
+    assert not clone.exists()  # removed after the run
+    log = clone.with_name("clone.log").read_text()
+    assert "1 failed, 2 passed, 1 skipped, 1 error" in log
+    assert log in capsys.readouterr().out  # shown as it came
+    (path,) = results.glob("*.json")
+    entry = json.loads(path.read_text())
+    assert entry["tests"] == {"passed": 2, "failed": 1, "errors": 1, "skipped": 1}
+    assert 0 < entry["pytest_s"] <= entry["total_s"]
+    assert entry["exit_code"] == 1
+    assert entry["provenance"] == {
+        "commit": git("rev-parse", "--short", "HEAD", cwd=repo),
+        "environment_lock": environment.lock_hash(repo / "requirements.lock"),
+        "hardware": environment.hardware(),
+    }
+    cpu = environment.cpuinfo()
+    assert entry["cpu"] == {"family": cpu.get("cpu family"), "model": cpu.get("model")}
+    assert path.name == ci_run.record_name(entry)
+
+    assert ci_run.main(["report", "--results", str(results)]) == 0
+    table = capsys.readouterr().out
+    assert "| failed (exit 1) | 2 passed, 1 failed, 1 errors, 1 skipped |" in table
+    assert f"| {entry['provenance']['commit']} |" in table
+
+
+def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, capsys):
+    repo = small_repository(tmp_path, "echo 'lint: 1 error'; exit 3")
+    results = tmp_path / "results"
+    argv = ["--repo", str(repo), "--clone-into", str(tmp_path / "clone"), "--results", str(results)]
+
+    assert ci_run.main(argv) == 3
+    (path,) = results.glob("*.json")
+    entry = json.loads(path.read_text())
+    assert (entry["tests"], entry["pytest_s"], entry["exit_code"]) == (None, None, 3)
+    assert "| failed (exit 3) | none ran | - |" in ci_run.block([entry])
+
+
+def test_a_clone_with_no_shared_folder_beside_it_is_refused_before_anything_runs(tmp_path, capsys):
+    repo = small_repository(tmp_path / "with_shared", "exit 0")
+    clone, results = tmp_path / "elsewhere" / "clone", tmp_path / "results"
+    clone.parent.mkdir()
+
+    argv = ["--repo", str(repo), "--clone-into", str(clone), "--results", str(results)]
+    assert ci_run.main(argv) == 2
+
+    assert str(clone.parent / ci_run.SHARED) in capsys.readouterr().err
+    assert not clone.exists() and not results.exists()
+
+
+def test_an_existing_folder_is_never_cloned_into(tmp_path, capsys):
+    repo = small_repository(tmp_path, "exit 0")
+    taken = tmp_path / "taken"
+    (taken / "work").mkdir(parents=True)
+
+    assert ci_run.main(["--repo", str(repo), "--clone-into", str(taken)]) == 2
+    assert str(taken) in capsys.readouterr().err
+    assert (taken / "work").is_dir()
+
+
+def test_the_docs_table_is_the_reports_output_over_the_committed_records():
+    entries = ci_run.load(REPO_ROOT / ci_run.RESULTS)
+    assert docs_blocks.read(REPO_ROOT / ci_run.PAGE, ci_run.BLOCK) == ci_run.block(entries)
