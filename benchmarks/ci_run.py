@@ -147,28 +147,22 @@ def load(results: Path) -> list[dict]:
     return sorted(entries, key=lambda e: (e["date"], e["provenance"]["commit"]))
 
 
-def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.1f} min"
-
-
 def row(entry: dict) -> list[str]:
-    tests = entry["tests"]
+    tests, cpu = entry["tests"], entry["cpu"]
     counted = ", ".join(f"{tests[o]} {o}" for o in OUTCOMES if tests and tests[o]) or "none ran"
-    cpu = entry["cpu"]
+    machine = environment.hardware_class(entry["provenance"]["hardware"])
+    pytest_min = "-" if entry["pytest_s"] is None else f"{entry['pytest_s'] / 60:.1f}"
     return [
         entry["date"],
         entry["provenance"]["commit"],
-        environment.hardware_class(entry["provenance"]["hardware"]),
-        f"{cpu['family']}, {cpu['model']}",
+        f"{machine} (family {cpu['family']}, model {cpu['model']})",
         "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",
         counted,
-        _minutes(entry["pytest_s"]),
-        _minutes(entry["total_s"]),
+        f"{pytest_min} / {entry['total_s'] / 60:.1f} min",
     ]
 
 
-HEADER = ["date", "ran at", "machine class", "CPU family, model", "result", "tests",
-          "pytest", "in all"]  # fmt: skip
+HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all"]
 
 
 def block(entries: list[dict]) -> str:

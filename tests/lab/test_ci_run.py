@@ -93,6 +93,7 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     table = capsys.readouterr().out
     assert "| failed (exit 1) | 2 passed, 1 failed, 1 errors, 1 skipped |" in table
     assert f"| {entry['provenance']['commit']} |" in table
+    assert f"(family {cpu.get('cpu family')}, model {cpu.get('model')}) | failed" in table
 
 
 def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, capsys):
@@ -104,7 +105,7 @@ def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, caps
     (path,) = results.glob("*.json")
     entry = json.loads(path.read_text())
     assert (entry["tests"], entry["pytest_s"], entry["exit_code"]) == (None, None, 3)
-    assert "| failed (exit 3) | none ran | - |" in ci_run.block([entry])
+    assert "| failed (exit 3) | none ran | - / " in ci_run.block([entry])
 
 
 def test_a_clone_with_no_shared_folder_beside_it_is_refused_before_anything_runs(tmp_path, capsys):
