@@ -349,3 +349,27 @@ def test_the_variants_table_quotes_each_variants_record():
         and f"test falls {base[results.TEST_SPLIT] - eos[results.TEST_SPLIT]:.1f}"
         in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
     )
+
+
+def test_the_source_eos_rows_note_gives_its_gains_and_the_recipe_runs_intervals():
+    """docs/results.md's source-eos note: its val gain and test loss against the recipe run, set
+    against the 95% bootstrap half-widths the recipe's runs record (their mean, per split)."""
+
+    def scores(name: str) -> dict:
+        return json.loads((REPO_ROOT / "results" / name / "eval.json").read_text())
+
+    recipe, variant = scores("multi30k_tiny.en-de"), scores("multi30k_tiny_srceos_cooldown.en-de")
+    half_widths = {
+        split: [e[split]["bleu_lc_ci"] for name in ("amx", "rerun", "rerun2")
+                if "bleu_lc_ci" in (e := scores(f"multi30k_tiny_{name}.en-de"))[split]]
+        for split in ("val", "test_2016_flickr")
+    }  # fmt: skip
+    val_ci, test_ci = (sum(v) / len(v) for v in half_widths.values())
+    gain = variant["val"]["bleu_lc"] - recipe["val"]["bleu_lc"]
+    fall = recipe["test_2016_flickr"]["bleu_lc"] - variant["test_2016_flickr"]["bleu_lc"]
+    assert 0 < gain < val_ci and 0 < fall < test_ci
+    page = " ".join((REPO_ROOT / "docs/results.md").read_text().split())
+    assert (
+        f"val gains {gain:.2f}, far inside val's ~{val_ci:.1f} interval, and test falls "
+        f"{fall:.1f}, inside test2016's ~{test_ci:.1f}"
+    ) in page

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import statistics
 
@@ -197,6 +198,25 @@ def test_no_shared_budget_says_so_and_smoke_runs_are_refused(committed, tmp_path
         parity.markdown(root, parity_dir)
 
 
+WU_BUDGET = 8000  # Wu et al.'s budget (updates allowed; early stopping ends sooner)
+
+
+def test_the_parity_pages_lead_bounds_the_point_estimates_at_both_budgets():
+    """The page's first finding: the largest |ours - fairseq| over both splits, rounded up to a
+    tenth, at each budget with its number of seed pairs, as the records give them."""
+    bounds = []
+    for budget in (PARITY_BUDGET, WU_BUDGET):
+        mine, other = _equal_budget_groups(budget)[parity.WU_RECIPE]
+        largest = max(abs(d) for d in _ours_minus_fairseq(mine, other).values())
+        bounds.append((math.ceil(largest * 10) / 10, NUMBER_WORDS[len(mine)]))
+    (at_parity, pairs), (at_wu, wu_pairs) = bounds
+    assert (
+        f"point estimates lie within {at_parity:.1f} BLEU at {PARITY_BUDGET} updates over "
+        f"{pairs} seed pairs, and within {at_wu:.1f} at Wu et al.'s budget over {wu_pairs}; "
+        "neither can show them equal"
+    ) in _flat(REPO_ROOT / parity.PAGE)
+
+
 def test_the_parity_pages_block_is_the_commands_output(references):
     """docs/parity.md's table is exactly `python -m benchmarks.fairseq.parity --update-docs`."""
     expected = parity.markdown(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
@@ -335,11 +355,11 @@ NUMBER_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
 @functools.cache
-def _equal_budget_groups() -> dict[str, tuple[list, list]]:
-    """Per recipe, ours (by seed) and fairseq's runs paired with them at the equal budget."""
+def _equal_budget_groups(budget: int = PARITY_BUDGET) -> dict[str, tuple[list, list]]:
+    """Per recipe, ours (by seed) and fairseq's runs paired with them at `budget` updates."""
     runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
     groups = [(recipe, sorted(m, key=lambda r: r.seed), o)
-              for recipe, budget, m, o in parity.paired_groups(runs) if budget == PARITY_BUDGET]  # fmt: skip
+              for recipe, at, m, o in parity.paired_groups(runs) if at == budget]  # fmt: skip
     assert len({recipe for recipe, _, _ in groups}) == len(groups)  # one group per recipe
     return {recipe: (mine, other) for recipe, mine, other in groups}
 
