@@ -373,3 +373,54 @@ def test_the_source_eos_rows_note_gives_its_gains_and_the_recipe_runs_intervals(
         f"val gains {gain:.2f}, far inside val's ~{val_ci:.1f} interval, and test falls "
         f"{fall:.1f}, inside test2016's ~{test_ci:.1f}"
     ) in page
+
+
+def _recorded(name: str, record: str) -> dict:
+    return json.loads((REPO_ROOT / "results" / name / record).read_text())
+
+
+def test_the_readmes_recipe_sentences_are_the_recorded_runs():
+    """README's recipe paragraph: the `make repro` runs' count, test2016 BLEU (lc) range,
+    training times and parameter count, and the Wu et al. preset's two seeds at their budget
+    with the 95% t-interval of their mean (scipy as the reference)."""
+    from scipy import stats
+
+    repro = [path.parent.name for path in sorted((REPO_ROOT / "results").glob("*/run.json"))
+             if json.loads(path.read_text()).get("command") == "make repro"]  # fmt: skip
+    test_bleu = [_recorded(n, "eval.json")["test_2016_flickr"]["bleu_lc"] for n in repro]
+    minutes = [_recorded(n, "train.json")["wall_time_s"] / 60 for n in repro]
+    (parameters,) = {_recorded(n, "train.json")["num_parameters"] for n in repro}
+    words = {2: "two", 3: "three", 4: "four", 5: "five"}
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert (
+        f"Transformer-tiny, {parameters / 1e6:.1f} M parameters) reaches "
+        f"{min(test_bleu):.1f}-{max(test_bleu):.1f} over {words[len(repro)]} runs, training in "
+        f"{min(minutes):.0f}-{max(minutes):.0f} min on two CPU cores"
+    ) in readme
+
+    seeds = [_recorded(f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de", "eval.json")
+             ["test_2016_flickr"]["bleu_lc"] for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+    mean, sem = sum(seeds) / len(seeds), stats.sem(seeds)
+    low, high = stats.t.interval(0.95, len(seeds) - 1, loc=mean, scale=sem)
+    assert (
+        f"scores {seeds[0]:.1f} and {seeds[1]:.1f} at their budget over two seeds, against their "
+        f"published 41.0 (two seeds cannot show more: 95% interval of the mean "
+        f"{low:.1f}-{high:.1f})"
+    ) in readme
+
+
+def test_the_docs_index_quotes_each_recorded_make_repro_training_time():
+    """docs/index.md's 'how long' rows: each training time is its named record's wall time."""
+    minutes = {name: f"{_recorded(name, 'train.json')['wall_time_s'] / 60:.0f}" for name in (
+        "multi30k_tiny.en-de", "multi30k_tiny_rerun2.en-de", "multi30k_tiny_rerun.en-de",
+        "multi30k_tiny_amx.en-de", "multi30k_tiny_batch16k.en-de")}  # fmt: skip
+    first, second, shared, amx, batch16k = minutes.values()
+    named = [f"`results/{name}`" for name in minutes]
+    page = " ".join((REPO_ROOT / "docs/index.md").read_text().split())
+    assert (
+        f"| {first} and {second} min of training, {shared} on a machine shared with other jobs "
+        f"({', '.join(named[:3])}) |"
+    ) in page
+    assert f"| {amx} min of training ({named[3]}) |" in page
+    assert f"{batch16k} min of training for the same token budget in 16k-token batches" in page
+    assert f"({named[4]}) |" in page
