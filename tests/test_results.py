@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 import pytest
 import yaml
@@ -228,7 +229,9 @@ def test_readme_states_the_default_recipes_range_over_every_recorded_run_of_it()
     train_min = [row["train.json"]["wall_time_s"] / 60 for row in rows]
     (cores,) = {re.search(r"(\d+) cores", row[results.RUN_FILE]["hardware"])[1] for row in rows}
     (precision,) = {row["train.json"]["precision"] for row in rows}
+    (parameters,) = {row["train.json"]["num_parameters"] for row in rows}
     readme = _flat(REPO_ROOT / "README.md")
+    assert f"(`make repro`, Transformer-tiny, {parameters / 1e6:.1f} M parameters)" in readme
     assert (
         f"reaches {min(scores):.1f}-{max(scores):.1f} over {NUMBER_WORDS[len(rows)]} runs, "
         f"training in {min(train_min):.0f}-{max(train_min):.0f} min on "
@@ -343,70 +346,36 @@ def test_the_variants_table_quotes_each_variants_record():
         f"greedy val BLEU {last['val/bleu']:.2f} against "
         f"{recipe['train.json']['last']['val/bleu']:.2f})"
     ) in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
+    # set against the 95% bootstrap half-widths the recipe's runs record (their mean)
+    half_width = {split: statistics.fmean(
+        row["eval.json"][split]["bleu_lc_ci"] for row in _default_recipe_rows()
+        if "bleu_lc_ci" in row["eval.json"][split]) for split in base}  # fmt: skip
+    gain, fall = eos["val"] - base["val"], base[results.TEST_SPLIT] - eos[results.TEST_SPLIT]
+    assert 0 < gain < half_width["val"] and 0 < fall < half_width[results.TEST_SPLIT]
     assert (
-        f"val gains {eos['val'] - base['val']:.2f}"
-        in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
-        and f"test falls {base[results.TEST_SPLIT] - eos[results.TEST_SPLIT]:.1f}"
-        in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
-    )
-
-
-def test_the_source_eos_rows_note_gives_its_gains_and_the_recipe_runs_intervals():
-    """docs/results.md's source-eos note: its val gain and test loss against the recipe run, set
-    against the 95% bootstrap half-widths the recipe's runs record (their mean, per split)."""
-
-    def scores(name: str) -> dict:
-        return json.loads((REPO_ROOT / "results" / name / "eval.json").read_text())
-
-    recipe, variant = scores("multi30k_tiny.en-de"), scores("multi30k_tiny_srceos_cooldown.en-de")
-    half_widths = {
-        split: [e[split]["bleu_lc_ci"] for name in ("amx", "rerun", "rerun2")
-                if "bleu_lc_ci" in (e := scores(f"multi30k_tiny_{name}.en-de"))[split]]
-        for split in ("val", "test_2016_flickr")
-    }  # fmt: skip
-    val_ci, test_ci = (sum(v) / len(v) for v in half_widths.values())
-    gain = variant["val"]["bleu_lc"] - recipe["val"]["bleu_lc"]
-    fall = recipe["test_2016_flickr"]["bleu_lc"] - variant["test_2016_flickr"]["bleu_lc"]
-    assert 0 < gain < val_ci and 0 < fall < test_ci
-    page = " ".join((REPO_ROOT / "docs/results.md").read_text().split())
-    assert (
-        f"val gains {gain:.2f}, far inside val's ~{val_ci:.1f} interval, and test falls "
-        f"{fall:.1f}, inside test2016's ~{test_ci:.1f}"
-    ) in page
+        f"val gains {gain:.2f}, far inside val's ~{half_width['val']:.1f} interval, and test "
+        f"falls {fall:.1f}, inside test2016's ~{half_width[results.TEST_SPLIT]:.1f}"
+    ) in " ".join(cells["multi30k_tiny_srceos_cooldown.en-de"][3].split())
 
 
 def _recorded(name: str, record: str) -> dict:
     return json.loads((REPO_ROOT / "results" / name / record).read_text())
 
 
-def test_the_readmes_recipe_sentences_are_the_recorded_runs():
-    """README's recipe paragraph: the `make repro` runs' count, test2016 BLEU (lc) range,
-    training times and parameter count, and the Wu et al. preset's two seeds at their budget
-    with the 95% t-interval of their mean (scipy as the reference)."""
+def test_readme_gives_the_wu_presets_two_seeds_with_the_t_interval_of_their_mean():
+    """README's Wu et al. preset at their budget: both seeds' test2016 BLEU (lc) and the 95%
+    t-interval of their mean (scipy as the reference)."""
     from scipy import stats
 
-    repro = [path.parent.name for path in sorted((REPO_ROOT / "results").glob("*/run.json"))
-             if json.loads(path.read_text()).get("command") == "make repro"]  # fmt: skip
-    test_bleu = [_recorded(n, "eval.json")["test_2016_flickr"]["bleu_lc"] for n in repro]
-    minutes = [_recorded(n, "train.json")["wall_time_s"] / 60 for n in repro]
-    (parameters,) = {_recorded(n, "train.json")["num_parameters"] for n in repro}
-    words = {2: "two", 3: "three", 4: "four", 5: "five"}
-    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
-    assert (
-        f"Transformer-tiny, {parameters / 1e6:.1f} M parameters) reaches "
-        f"{min(test_bleu):.1f}-{max(test_bleu):.1f} over {words[len(repro)]} runs, training in "
-        f"{min(minutes):.0f}-{max(minutes):.0f} min on two CPU cores"
-    ) in readme
-
     seeds = [_recorded(f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de", "eval.json")
-             ["test_2016_flickr"]["bleu_lc"] for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
-    mean, sem = sum(seeds) / len(seeds), stats.sem(seeds)
-    low, high = stats.t.interval(0.95, len(seeds) - 1, loc=mean, scale=sem)
+             [results.TEST_SPLIT]["bleu_lc"] for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+    low, high = stats.t.interval(0.95, len(seeds) - 1, loc=statistics.fmean(seeds),
+                                 scale=stats.sem(seeds))  # fmt: skip
     assert (
         f"scores {seeds[0]:.1f} and {seeds[1]:.1f} at their budget over two seeds, against their "
         f"published 41.0 (two seeds cannot show more: 95% interval of the mean "
         f"{low:.1f}-{high:.1f})"
-    ) in readme
+    ) in _flat(REPO_ROOT / "README.md")
 
 
 def test_the_docs_index_quotes_each_recorded_make_repro_training_time():
@@ -416,7 +385,7 @@ def test_the_docs_index_quotes_each_recorded_make_repro_training_time():
         "multi30k_tiny_amx.en-de", "multi30k_tiny_batch16k.en-de")}  # fmt: skip
     first, second, shared, amx, batch16k = minutes.values()
     named = [f"`results/{name}`" for name in minutes]
-    page = " ".join((REPO_ROOT / "docs/index.md").read_text().split())
+    page = _flat(REPO_ROOT / "docs/index.md")
     assert (
         f"| {first} and {second} min of training, {shared} on a machine shared with other jobs "
         f"({', '.join(named[:3])}) |"
