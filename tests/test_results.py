@@ -300,6 +300,12 @@ def test_a_headline_naming_a_row_without_hypotheses_is_an_error_naming_it(tmp_pa
         results.headline(rows, tmp_path / "results")
 
 
+def _bleu_lc(rows: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """{run name: {'val' and the test split: BLEU (lc)}} of `rows` (by name)."""
+    splits = ("val", results.TEST_SPLIT)
+    return {name: {s: row["eval.json"][s]["bleu_lc"] for s in splits} for name, row in rows.items()}
+
+
 # The variants table of docs/results.md: each row's first words, and the record it quotes
 VARIANT_RECORDS = {
     "the recipe (`make repro`)": "multi30k_tiny.en-de",
@@ -319,8 +325,7 @@ def test_the_variants_table_quotes_each_variants_record():
     rows = {row["name"]: row for row in results.load_rows(root)}
     lines = (REPO_ROOT / results.PAGE).read_text(encoding="utf-8").splitlines()
     recipe = rows[VARIANT_RECORDS["the recipe (`make repro`)"]]
-    lc = {name: {split: row["eval.json"][split]["bleu_lc"] for split in ("val", results.TEST_SPLIT)}
-          for name, row in rows.items()}  # fmt: skip
+    lc = _bleu_lc(rows)
     cells = {}
     for start, name in VARIANT_RECORDS.items():
         (line,) = [line for line in lines if line.startswith(f"| {start}")]
@@ -393,3 +398,55 @@ def test_the_docs_index_quotes_each_recorded_make_repro_training_time():
     assert f"| {amx} min of training ({named[3]}) |" in page
     assert f"{batch16k} min of training for the same token budget in 16k-token batches" in page
     assert f"({named[4]}) |" in page
+
+
+def test_the_results_pages_reading_of_the_recipe_runs_and_the_literature_is_the_records():
+    """docs/results.md around its variants table: the recipe runs' spread, the rerun on another
+    machine, scoring's agreement on the 16384-token row, the variants' range, how many recipe
+    runs' intervals contain the literature's 41.0, and fairseq's own score at Wu et al.'s budget."""
+    rows = {row["name"]: row for row in results.load_rows(REPO_ROOT / "results")}
+    recipe = _default_recipe_rows()
+    lc = _bleu_lc(rows)
+    test = [lc[row["name"]][results.TEST_SPLIT] for row in recipe]
+    greedy = [row["train.json"]["val/bleu"] for row in recipe]
+    page = _flat(REPO_ROOT / results.PAGE)
+    assert (
+        f"the recipe's own {NUMBER_WORDS[len(recipe)]} runs already spread over test2016 "
+        f"{min(test):.1f}-{max(test):.1f} and best greedy val BLEU "
+        f"{min(greedy):.1f}-{max(greedy):.1f}"
+    ) in page
+
+    first, again = (
+        rows["multi30k_tiny.en-de"]["eval.json"],
+        rows["multi30k_tiny_amx.en-de"]["eval.json"],
+    )
+    assert (
+        f"test2016 {again[results.TEST_SPLIT]['bleu_lc']:.1f} ± "
+        f"{again[results.TEST_SPLIT]['bleu_lc_ci']:.1f} and val {again['val']['bleu_lc']:.1f}, "
+        f"against {first[results.TEST_SPLIT]['bleu_lc']:.1f} and {first['val']['bleu_lc']:.1f}"
+    ) in page
+
+    batch16k = rows["multi30k_tiny_batch16k.en-de"]["eval.json"]
+    tok, sacre = ({s: batch16k[s][key] for s in ("val", results.TEST_SPLIT)}
+                  for key in ("bleu_tok_lc", "bleu_lc"))  # fmt: skip
+    assert max(abs(tok[s] - sacre[s]) for s in tok) < 0.05
+    assert (
+        f"agree within 0.05 (test2016 {tok[results.TEST_SPLIT]:.2f} against "
+        f"{sacre[results.TEST_SPLIT]:.2f}, val {tok['val']:.2f} against {sacre['val']:.2f}"
+    ) in page
+
+    recipe_names = {row["name"] for row in recipe}
+    variants = [lc[name][results.TEST_SPLIT] for name in VARIANT_RECORDS.values()
+                if name not in recipe_names and name.endswith(".en-de")]  # fmt: skip
+    assert f"the en->de variants above ({min(variants):.1f}-{max(variants):.1f})" in page
+
+    def contains(row: dict, value: float) -> bool:
+        score = row["eval.json"][results.TEST_SPLIT]
+        return "bleu_lc_ci" in score and abs(score["bleu_lc"] - value) <= score["bleu_lc_ci"]
+
+    literature = 41.0  # Wu et al. (2021)
+    containing = [row for row in recipe if contains(row, literature)]
+    assert f"the intervals of {NUMBER_WORDS[len(containing)]} of them contain {literature}" in page
+
+    fairseq = json.loads((REPO_ROOT / "results/parity/fairseq_wu2021_8000_seed1.json").read_text())
+    assert f"shows fairseq itself at {fairseq['scores'][results.TEST_SPLIT]['bleu_lc']:.1f}" in page
