@@ -24,6 +24,8 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# Counts as the docs' prose writes them ("over four runs"), for tests that rebuild a sentence
+NUMBER_WORDS = dict(enumerate("zero one two three four five six seven eight nine ten".split()))
 
 # ---- float tolerances ----------------------------------------------------------------------
 # (the worst-case float32 rounding bounds are pipeline.rounding's, shared with the benchmarks)

@@ -7,11 +7,14 @@ with sacreBLEU itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import gzip
 import itertools
 import json
 import re
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -26,7 +29,7 @@ from pipeline import docs_blocks, report, sweep
 from pipeline.errors import PipelineError
 from pipeline.evaluation import seed_stats
 from pipeline.sweep.records import LOSS_AVERAGE
-from tests.conftest import REPO_ROOT
+from tests.conftest import NUMBER_WORDS, REPO_ROOT
 
 SPLIT = report.TEST_SPLIT
 
@@ -815,5 +818,36 @@ def test_readmes_table3_sentence_states_the_studys_own_design():
     text = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
     assert f"{len(spec.grid())} trials pinned to one commit" in text
     assert f"over the study's {report.family_size(spec)} comparisons with the base" in text
-    number_words = {2: "two", 3: "three", 5: "five", 10: "ten"}
-    assert f"{number_words[len(spec.seeds)]} seeds each" in text
+    assert f"{NUMBER_WORDS[len(spec.seeds)]} seeds each" in text
+
+
+def _run_records(study_name: str) -> list[dict]:
+    trials = REPO_ROOT / "ablations" / "results" / study_name / "trials"
+    return [json.loads(path.read_text()) for path in sorted(trials.glob("*/run.json"))]
+
+
+def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
+    """docs/ablation-results.md on the two-seed pilot (its trials, the commits and CPU classes
+    they ran at, the days its attempts spanned in its Optuna storage) and on the
+    label-smoothing study (its trials, all on one GPU in bf16-mixed)."""
+    pilot = _run_records("table3")
+    commits = {run["commit"] for run in pilot}
+    classes = {report.hardware_class(run["hardware"]) for run in pilot}
+    storage = REPO_ROOT / "ablations" / "results" / "table3" / "study.db"
+    with contextlib.closing(sqlite3.connect(f"file:{storage}?mode=ro", uri=True)) as db:
+        first, last = db.execute(
+            "SELECT min(datetime_start), max(datetime_complete) FROM trials"
+        ).fetchone()
+    span = datetime.datetime.fromisoformat(last) - datetime.datetime.fromisoformat(first)
+    page = " ".join((REPO_ROOT / "docs" / "ablation-results.md").read_text().split())
+    assert f"with two seeds each ({len(pilot)} trials)" in page
+    assert (
+        f"Its trials ran at {NUMBER_WORDS[len(commits)]} commits on "
+        f"{NUMBER_WORDS[len(classes)]} CPU classes (their retries spread it over "
+        f"{NUMBER_WORDS[round(span / datetime.timedelta(days=1))]} days)"
+    ) in page
+
+    smoothing = _run_records("table3_label_smoothing")
+    ((hardware, precision),) = {(run["hardware"], run["precision"]) for run in smoothing}
+    assert hardware.endswith(" x 1") and "NVIDIA" in hardware
+    assert f"Its {len(smoothing)} trials ran on one GPU ({precision};" in page

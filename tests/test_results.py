@@ -12,7 +12,7 @@ import yaml
 from pipeline import docs_blocks, results
 from pipeline.environment import lock_hash
 from pipeline.errors import DataError
-from tests.conftest import REPO_ROOT
+from tests.conftest import NUMBER_WORDS, REPO_ROOT
 
 
 def _finished_run(directory, bleu_lc: float, src="en", tgt="de", case_fold=False, bleu_lc_ci=None):
@@ -203,9 +203,6 @@ def test_record_takes_the_target_tokens_from_train_json_else_from_the_last_check
     (metrics / "train.json").write_text(json.dumps({**train, "train/target_tokens": 1234}))
     results.record("new", "make repro", metrics, params, tmp_path / "results")
     assert json.loads((tmp_path / "results/new/run.json").read_text())["target_tokens"] == 1234
-
-
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 
 def _flat(path) -> str:

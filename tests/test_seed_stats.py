@@ -5,6 +5,7 @@ tests, brute-force enumeration, a hand-worked example, the noncentral t and simu
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 
@@ -293,3 +294,19 @@ def test_the_simulated_rates_the_docs_quote_come_out_the_same_with_another_seed(
         f"detects {per_comparison} seed-level SDs per comparison, and {strictest} SDs at "
         "Holm's strictest step over ten comparisons"
     ) in " ".join(page.split())
+
+
+def test_the_docs_detectable_differences_in_bleu_come_from_the_studys_own_base_seeds():
+    """docs/ablations.md turns the detectable differences into BLEU with `table3_seeds`' base
+    spread: the sample SD of its five base seeds' test2016 BLEU (lc), from their records."""
+    trials = REPO_ROOT / "ablations" / "results" / "table3_seeds" / "trials"
+    scores = [json.loads((path / "eval.json").read_text())["test_2016_flickr"]["bleu_lc"]
+              for path in sorted(trials.glob("base-seed*"))]  # fmt: skip
+    assert len(scores) == 5
+    sd = statistics.stdev(scores)
+    per_comparison, strictest = (seed_stats.detectable_difference(sd, len(scores), alpha=a)
+                                 for a in (ALPHA, ALPHA / 10))  # fmt: skip
+    assert (
+        f"`table3_seeds`' base spread (SD {sd:.2f} BLEU over its five seeds) "
+        f"{per_comparison:.1f} and {strictest:.1f} BLEU"
+    ) in " ".join((REPO_ROOT / "docs" / "ablations.md").read_text(encoding="utf-8").split())
