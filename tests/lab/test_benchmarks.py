@@ -22,6 +22,7 @@ from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.evaluation.evaluate import pad_batch
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
+from tests.conftest import NUMBER_WORDS
 
 TINY_MODEL = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64"]
 ONE_ROUND = ["--repeats", "1", "--warmup", "0", "--device", "cpu"]
@@ -235,12 +236,20 @@ def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the
     page = " ".join((root / "docs/performance.md").read_text().split())
     runs = record["runs"]
     assert len(runs["before"]) == len(runs["after"]) >= 3
+    assert f"{NUMBER_WORDS[len(runs['before'])]} interleaved runs a side" in page
+    spread = {}
     for dtype in ("float32", "bfloat16"):
-        means = [
-            np.mean([r["results"][dtype]["ratio"]["cached_vs_marian"] for r in runs[side]])
+        ratios = [
+            [r["results"][dtype]["ratio"]["cached_vs_marian"] for r in runs[side]]
             for side in ("before", "after")
         ]
+        means = [np.mean(side) for side in ratios]
         assert f"{means[0]:.2f} -> {means[1]:.2f}" in page, dtype
+        spread[dtype] = max(max(side) - min(side) for side in ratios)
+    assert (
+        f"a single run's ratio varied by up to {spread['bfloat16']:.2f} in bf16 and "
+        f"{spread['float32']:.2f} in fp32"
+    ) in page
 
 
 def test_performance_page_states_the_recorded_ctranslate2_figures():
