@@ -18,7 +18,7 @@ from benchmarks.fairseq import parity, train_peer
 from pipeline import config, docs_blocks, results
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring, seed_stats
-from tests.conftest import REPO_ROOT
+from tests.conftest import NUMBER_WORDS, REPO_ROOT
 
 SPLITS = ("val", "test_2016_flickr")
 
@@ -351,15 +351,14 @@ def _flat(path) -> str:
 
 
 PARITY_BUDGET = 3000  # the budget at which both systems ran two seeds (the page's first line)
-NUMBER_WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
 @functools.cache
 def _equal_budget_groups(budget: int = PARITY_BUDGET) -> dict[str, tuple[list, list]]:
     """Per recipe, ours (by seed) and fairseq's runs paired with them at `budget` updates."""
-    runs = parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
     groups = [(recipe, sorted(m, key=lambda r: r.seed), o)
-              for recipe, at, m, o in parity.paired_groups(runs) if at == budget]  # fmt: skip
+              for recipe, at, m, o in parity.paired_groups(_committed_runs())
+              if at == budget]  # fmt: skip
     assert len({recipe for recipe, _, _ in groups}) == len(groups)  # one group per recipe
     return {recipe: (mine, other) for recipe, mine, other in groups}
 
@@ -473,3 +472,214 @@ def test_the_presets_settings_table_states_measurements_with_their_seed_level_te
         f"lower, a difference two seeds a side do not test (Welch p = {init_p:.2f})"
     ) in page
     assert "on subword-nmt's subwords +0.31 and -0.15" not in page
+
+
+@functools.cache
+def _committed_runs() -> list[parity.Run]:
+    """Every run the block's table lists, from the committed records, loaded once."""
+    return parity.all_runs(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+
+
+def _preset_runs(budget: int) -> tuple[list, list]:
+    """Every run of ours (the preset as it is) and of fairseq at `budget`, each in seed order:
+    all of them, where `_equal_budget_groups` keeps only as many as there are seed pairs."""
+    at_budget = [r for r in _committed_runs() if r.max_updates == budget]
+    ours = [r for r in at_budget if r.system == "ours" and r.recipe == parity.WU_RECIPE]
+    fairseq = [r for r in at_budget if r.system.startswith("fairseq")]
+    return sorted(ours, key=lambda r: r.seed), sorted(fairseq, key=lambda r: r.seed)
+
+
+@functools.cache
+def _wu_rows() -> list[tuple[tuple[str, ...], dict]]:
+    """Each recorded row of Wu et al.'s recipe, with the settings it changed from the preset."""
+    preset = parity.wu_preset()
+    return [(tuple(parity.recipe_changes(row["params"], preset)), row)
+            for row in results.load_rows(REPO_ROOT / "results")
+            if row["params"]["experiment_name"] == parity.WU_RECIPE]  # fmt: skip
+
+
+@functools.cache
+def _fairseq_records() -> list[dict]:
+    """Every committed `benchmarks.fairseq.train_peer` result, as written."""
+    paths = sorted((REPO_ROOT / parity.PARITY_DIR).glob("*.json"))
+    payloads = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    return [payload for payload in payloads if payload.get("benchmark") == "fairseq_peer"]
+
+
+def _seed_scores(runs: list, split: str) -> str:
+    """Each run's lowercased BLEU as the prose lists seeds: `40.7 and 41.1`."""
+    return " and ".join(f"{r.scores[split]['bleu_lc']:.1f}" for r in runs)
+
+
+def _bootstrap_p(mine: list, other: list, references: dict, split: str) -> float:
+    """The block's paired bootstrap of ours against fairseq, seeds paired in order and pooled."""
+    pairs = list(zip((r.translations(split) for r in other), (r.translations(split) for r in mine)))
+    return scoring.pooled_paired_bootstrap(pairs, references[split], parity.P_METRIC)
+
+
+def _difference_with_p(mine: list, other: list, references: dict) -> str:
+    """`-0.02 on val (p = 0.415) and +0.09 on test2016 (p = 0.284)`, from the records."""
+    delta = _ours_minus_fairseq(mine, other)
+    p = {split: _bootstrap_p(mine, other, references, split) for split in SPLITS}
+    return " and ".join(f"{delta[split]:+.2f} on {name} (p = {p[split]:.3f})"
+                        for split, name in zip(SPLITS, ("val", "test2016")))  # fmt: skip
+
+
+def _machine(run) -> tuple[str, str]:
+    """Where a run trained, as the prose names it (`one NVIDIA H200`, `two CPU cores`), and its
+    precision, from its hardware cell."""
+    cells = run.hardware.split(", ")
+    if cells[-1].endswith(" thread(s)"):  # fairseq's cell ends with its threads
+        cells = cells[:-1]
+    if device := re.fullmatch(r"(.+) x (\d+)", cells[0]):
+        return f"{NUMBER_WORDS[int(device[2])]} {device[1]}", cells[-1]
+    (cores,) = [int(cell.split()[0]) for cell in cells if cell.endswith(" cores")]
+    return f"{NUMBER_WORDS[cores]} CPU cores", cells[-1]
+
+
+def test_the_parity_prose_gives_each_seed_and_the_bootstrap_at_the_equal_budget(references):
+    """The 3000-update finding: each of ours' seeds on val and test2016, and ours - fairseq with
+    the paired bootstrap's p as the block computes it from the committed translations, both
+    differences inside the margin as point estimates."""
+    mine, other = _equal_budget_groups()[parity.WU_RECIPE]
+    margin = parity.EQUIVALENCE_MARGIN
+    assert all(abs(d) < margin for d in _ours_minus_fairseq(mine, other).values())
+    assert (
+        f": val {_seed_scores(mine, 'val')}, test2016 {_seed_scores(mine, 'test_2016_flickr')} "
+        f"lowercased. Against fairseq's {NUMBER_WORDS[len(other)]} seeds: ours - fairseq "
+        f"{_difference_with_p(mine, other, references)}, both point estimates within {margin}."
+    ) in _flat(REPO_ROOT / parity.PAGE)
+
+
+def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
+    """The full-budget finding: the budget and patience of both systems' records, each side's
+    machine and precision, where each run stopped, ours' averaged checkpoints, each seed's
+    lowercased BLEU (tokenized lowercased the same at the prose's rounding), fairseq's own
+    BLEU4, and ours - fairseq over the seed pair with the block's paired bootstrap: not
+    significant, and every run at or above the literature's test2016 score."""
+    ours, fairseq = _preset_runs(WU_BUDGET)
+    mine, other = _equal_budget_groups(WU_BUDGET)[parity.WU_RECIPE]
+    (theirs,) = fairseq
+    assert all(r.updates < r.max_updates for r in ours + fairseq), "a run did not stop early"
+    rows = [row for changes, row in _wu_rows()
+            if not changes and row["params"]["train"]["max_steps"] == WU_BUDGET]  # fmt: skip
+    assert sorted(row["params"]["seed"] for row in rows) == [r.seed for r in ours]
+    (patience,) = {row["params"]["train"]["early_stopping_patience"] for row in rows} | {
+        payload["recipe"]["patience"] for payload in _fairseq_records()
+        if payload["recipe"]["max_update"] == WU_BUDGET
+    }  # fmt: skip
+    (averaged,) = {row["eval.json"]["checkpoints_averaged"] for row in rows}
+    (precision,) = {_machine(r)[1] for r in ours}
+    where = " and ".join(f"seed {r.seed} on {_machine(r)[0]}" for r in ours)
+    fairseq_where, fairseq_precision = _machine(theirs)
+    test = "test_2016_flickr"
+    assert all(f"{r.scores[test]['bleu_tok_lc']:.1f}" == f"{r.scores[test]['bleu_lc']:.1f}"
+               for r in ours)  # fmt: skip
+    assert all(_bootstrap_p(mine, other, references, s) > seed_stats.ALPHA for s in SPLITS)
+    literature = parity.LITERATURE_TEST_BLEU
+    assert all(r.scores[test]["bleu_lc"] >= literature for r in ours + fairseq)
+    stopped = " and ".join(f"{r.updates} (seed {r.seed})" for r in ours)
+    assert (
+        f"({WU_BUDGET} updates allowed, `--patience {patience}`; ours, {where}, both in "
+        f"{precision}; fairseq on {fairseq_where} in {fairseq_precision}): validation loss "
+        f"stopped improving and training stopped at update {stopped}; the last {averaged} "
+        f"epoch checkpoints averaged give test2016 {_seed_scores(ours, test)} lowercased "
+        f"(tokenized lowercased, their metric: the same), val {_seed_scores(ours, 'val')}. "
+        f"fairseq, seed {theirs.seed}, stopped at update {theirs.updates}: test2016 "
+        f"{theirs.scores[test]['bleu_lc']:.1f} (fairseq's own BLEU4 "
+        f"{theirs.scores[test]['fairseq_bleu4']['bleu4']:.2f}), val "
+        f"{theirs.scores['val']['bleu_lc']:.1f}. Ours - fairseq over this "
+        f"{NUMBER_WORDS[len(mine)]} seed pair: {_difference_with_p(mine, other, references)}, "
+        f"not significant on either split, and both systems reach the literature's "
+        f"{literature} at its budget"
+    ) in _flat(REPO_ROOT / parity.PAGE)
+
+
+def _updates_per_epoch(records: list[tuple[int, int]]) -> int:
+    """The one number of updates per epoch U that every (updates, epochs started) record
+    allows: a run's last epoch may be cut short by its budget, so
+    (epochs - 1) * U < updates <= epochs * U."""
+    allowed = set.intersection(*(
+        set(range(math.ceil(updates / epochs), math.ceil(updates / (epochs - 1))))
+        for updates, epochs in records
+    ))  # fmt: skip
+    (per_epoch,) = allowed
+    return per_epoch
+
+
+def test_the_settings_table_states_the_earlier_batch_budgets_epochs_and_tokens_per_update():
+    """The batching row: the earlier budget's bound as its rows recorded it, the updates per
+    epoch that ours' rows under it and fairseq's runs allow (updates and epochs started of each
+    record), and how many more target tokens per update ours trained on, over all of those
+    rows against all of fairseq's runs."""
+    earlier = "train.batch_budget sum"
+    rows = [row for changes, row in _wu_rows() if earlier in changes]
+    (max_tokens,) = {row["params"]["train"]["max_tokens"] for row in rows}
+    ours_per_epoch = _updates_per_epoch(
+        [(row["train.json"]["steps"], row["train.json"]["epochs"]) for row in rows]
+    )
+    fairseq_per_epoch = _updates_per_epoch(
+        [(payload["updates"], payload["epochs"]) for payload in _fairseq_records()]
+    )
+    ours = [r for r in _committed_runs() if r.system == "ours" and earlier in r.recipe]
+    fairseq = [r for r in _committed_runs() if r.system.startswith("fairseq")]
+    assert len(ours) == len(rows)
+    per_update = [sum(r.target_tokens for r in runs) / sum(r.updates for r in runs)
+                  for runs in (ours, fairseq)]  # fmt: skip
+    more = per_update[0] / per_update[1] - 1
+    assert (
+        f"B * (source + target + 1) <= {max_tokens}, made {ours_per_epoch} updates per epoch "
+        f"against fairseq's {fairseq_per_epoch} and trained on {more:.0%} more target tokens "
+        "per update"
+    ) in _flat(REPO_ROOT / parity.PAGE)
+
+
+def test_the_settings_table_states_test2016_lengths_under_each_length_normalization(references):
+    """The length-normalization row: the output length over the reference length on test2016
+    (the tokens of lowercased BLEU, the block's pooled ratio) of ours decoded with GNMT's
+    normalization and of the fairseq runs it is paired with, and of the preset as it is, which
+    decodes with fairseq's, at the equal budget."""
+    groups = _equal_budget_groups()
+    (gnmt,) = [recipe for recipe in groups if recipe.endswith("eval.length_normalization gnmt")]
+    test = "test_2016_flickr"
+
+    def ratio(runs):
+        return parity._pooled_length_ratio([r.translations(test) for r in runs], references[test])
+
+    mine, other = groups[gnmt]
+    preset, _ = groups[parity.WU_RECIPE]
+    assert (
+        f"ours wrote test2016 at {ratio(mine):.3f} of the reference length against fairseq's "
+        f"{ratio(other):.3f}; with fairseq's, {ratio(preset):.3f}"
+    ) in _flat(REPO_ROOT / parity.PAGE)
+
+
+def test_the_decoding_paragraph_quotes_one_model_decoded_by_both_searches():
+    """The paragraph on decoding: the first model the block decodes by both searches, as its
+    decode_checkpoint record gives it: the translations the same on each split, the BLEU
+    difference with its paired bootstrap, each search's length cap, and the model ranking
+    fairseq's translation higher wherever the two differ."""
+    decoded = parity.decoding_results(REPO_ROOT / parity.PARITY_DIR)
+    (path, payload), (next_path, _) = decoded[:2]
+    val, test = (payload["splits"][split] for split in SPLITS)
+    for entry in (val, test):
+        ranked, differing = entry["model_score"], entry["sentences"] - entry["identical_hypotheses"]
+        assert (ranked["ours_higher"], ranked["fairseq_higher"]) == (0, differing), path
+    ours, fairseq = payload["searches"]["ours"], payload["searches"]["fairseq"]
+    assert fairseq["max_len_a"] == 0
+    (others,) = {NUMBER_WORDS[e["sentences"] - e["identical_hypotheses"] - 1] for e in (val, test)}
+    val_paired, test_paired = val["paired_bootstrap_bleu_lc"], test["paired_bootstrap_bleu_lc"]
+    seed, next_seed = (re.search(r"_seed(\d+)\.json$", str(p))[1] for p in (path, next_path))
+    assert (
+        f"The seed {seed} model decoded by fairseq 0.12's own `SequenceGenerator` "
+        f"(`python -m benchmarks.fairseq.decode_checkpoint`: our weights in fairseq's "
+        f"`TransformerModel`, its logits checked equal to ours first): "
+        f"{val['identical_hypotheses']} of {val['sentences']} val and "
+        f"{test['identical_hypotheses']} of {test['sentences']} test2016 translations are the "
+        f"same word for word, BLEU {val_paired['ours_minus_fairseq']:+.2f} "
+        f"(p = {val_paired['p_value']:.3f}) and {test_paired['ours_minus_fairseq']:+.2f} (the "
+        f"block's first decoding line; the line after it is the seed {next_seed} model's). Where they differ, fairseq's search returned the "
+        "translation the model ranks higher: on each split one is an output caught in a "
+        f"repeating loop that our length cap ({ours['max_len_a']} |x| + {ours['max_len_b']}) "
+        f"stops earlier than fairseq's ({fairseq['max_len_b']}), the other {others} near ties"
+    ) in _flat(REPO_ROOT / parity.PAGE)
