@@ -6,8 +6,9 @@
 `bash .ci/run` is what CI runs: a fresh environment (`make setup`), `make lint`, then the
 README's test command. A CI machine's CPU class is chance, and the suite's time depends on it
 (bf16 kernels or float32 training), so docs/index.md lists the runs from these records, one
-JSON file per run in benchmarks/results/ci/: the commit and lock, the machine with its CPU
-family and model, the tests passed, failed and skipped, pytest's time and the whole run's.
+JSON file per run in benchmarks/results/ci/: when it finished, the commit and lock, the
+machine with its CPU family and model, the tests passed, failed and skipped, pytest's time
+and the whole run's.
 
 The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
 corpus is read from `../shared` next to it. Its output is shown as it comes and kept in
@@ -111,7 +112,7 @@ def record(clone: Path, code: int, total_s: float, output: str) -> dict:
             "hardware": environment.hardware(),
         },
         "cpu": {"family": cpu.get("cpu family"), "model": cpu.get("model")},
-        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "exit_code": code,
         "total_s": round(total_s, 1),
         **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
@@ -120,7 +121,7 @@ def record(clone: Path, code: int, total_s: float, output: str) -> dict:
 
 def record_name(entry: dict) -> str:
     cpu = entry["cpu"]
-    return (f"{entry['date']}.{entry['provenance']['commit']}"
+    return (f"{entry['finished'][:10]}.{entry['provenance']['commit']}"
             f".family{cpu['family']}-model{cpu['model']}.json")  # fmt: skip
 
 
@@ -144,7 +145,7 @@ def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[
 
 def load(results: Path) -> list[dict]:
     entries = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
-    return sorted(entries, key=lambda e: (e["date"], e["provenance"]["commit"]))
+    return sorted(entries, key=lambda e: e["finished"])
 
 
 def row(entry: dict) -> list[str]:
@@ -153,7 +154,7 @@ def row(entry: dict) -> list[str]:
     machine = environment.hardware_class(entry["provenance"]["hardware"])
     pytest_min = "-" if entry["pytest_s"] is None else f"{entry['pytest_s'] / 60:.1f}"
     return [
-        entry["date"],
+        entry["finished"][:10],
         entry["provenance"]["commit"],
         f"{machine} (family {cpu['family']}, model {cpu['model']})",
         "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",

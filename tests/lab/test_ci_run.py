@@ -133,3 +133,15 @@ def test_an_existing_folder_is_never_cloned_into(tmp_path, capsys):
 def test_the_docs_table_is_the_reports_output_over_the_committed_records():
     entries = ci_run.load(REPO_ROOT / ci_run.RESULTS)
     assert docs_blocks.read(REPO_ROOT / ci_run.PAGE, ci_run.BLOCK) == ci_run.block(entries)
+
+
+def test_the_table_lists_the_runs_in_the_order_they_finished(tmp_path):
+    """Not by commit hash or file name: a later run at an alphabetically earlier commit is last."""
+    for commit, finished in (("fff0000", "2026-01-02T09:00:00+00:00"),
+                             ("aaa1111", "2026-01-02T10:00:00+00:00")):  # fmt: skip
+        entry = {"provenance": {"commit": commit, "hardware": "CPU, 2 cores"},
+                 "cpu": {"family": "6", "model": "1"}, "finished": finished, "exit_code": 0,
+                 "total_s": 60.0, "tests": None, "pytest_s": None}  # fmt: skip
+        (tmp_path / ci_run.record_name(entry)).write_text(json.dumps(entry))
+    table = ci_run.block(ci_run.load(tmp_path))
+    assert table.index("| fff0000 |") < table.index("| aaa1111 |")
