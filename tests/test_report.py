@@ -29,6 +29,7 @@ from pipeline import docs_blocks, report, sweep
 from pipeline.errors import PipelineError
 from pipeline.evaluation import seed_stats
 from pipeline.sweep.records import LOSS_AVERAGE
+from pipeline.sweep.spec import RESULTS_ROOT
 from tests.conftest import NUMBER_WORDS, REPO_ROOT
 
 SPLIT = report.TEST_SPLIT
@@ -822,8 +823,7 @@ def test_readmes_table3_sentence_states_the_studys_own_design():
 
 
 def _run_records(study_name: str) -> list[dict]:
-    trials = REPO_ROOT / "ablations" / "results" / study_name / "trials"
-    return [json.loads(path.read_text()) for path in sorted(trials.glob("*/run.json"))]
+    return [r.run for r in report.load_records(REPO_ROOT / RESULTS_ROOT / study_name)]
 
 
 def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
@@ -833,7 +833,7 @@ def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
     pilot = _run_records("table3")
     commits = {run["commit"] for run in pilot}
     classes = {report.hardware_class(run["hardware"]) for run in pilot}
-    storage = REPO_ROOT / "ablations" / "results" / "table3" / "study.db"
+    storage = REPO_ROOT / RESULTS_ROOT / "table3" / "study.db"
     with contextlib.closing(sqlite3.connect(f"file:{storage}?mode=ro", uri=True)) as db:
         first, last = db.execute(
             "SELECT min(datetime_start), max(datetime_complete) FROM trials"

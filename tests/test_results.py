@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -210,10 +211,16 @@ def _flat(path) -> str:
     return " ".join(path.read_text(encoding="utf-8").split())
 
 
+@functools.cache
+def _committed_rows() -> dict[str, dict]:
+    """The committed results rows by name, loaded once (the tests only read them)."""
+    return {row["name"]: row for row in results.load_rows(REPO_ROOT / "results")}
+
+
 def _default_recipe_rows() -> list[dict]:
     return [
         row
-        for row in results.load_rows(REPO_ROOT / "results")
+        for row in _committed_rows().values()
         if row[results.RUN_FILE]["command"] == "make repro"
     ]
 
@@ -318,8 +325,7 @@ VARIANT_RECORDS = {
 def test_the_variants_table_quotes_each_variants_record():
     """Each variant's val and test2016 BLEU (lc) cells, and the figures its last cell compares
     with the recipe, are its record's."""
-    root = REPO_ROOT / "results"
-    rows = {row["name"]: row for row in results.load_rows(root)}
+    rows = _committed_rows()
     lines = (REPO_ROOT / results.PAGE).read_text(encoding="utf-8").splitlines()
     recipe = rows[VARIANT_RECORDS["the recipe (`make repro`)"]]
     lc = _bleu_lc(rows)
@@ -360,16 +366,12 @@ def test_the_variants_table_quotes_each_variants_record():
     ) in " ".join(cells["multi30k_tiny_srceos_cooldown.en-de"][3].split())
 
 
-def _recorded(name: str, record: str) -> dict:
-    return json.loads((REPO_ROOT / "results" / name / record).read_text())
-
-
 def test_readme_gives_the_wu_presets_two_seeds_with_the_t_interval_of_their_mean():
     """README's Wu et al. preset at their budget: both seeds' test2016 BLEU (lc) and the 95%
     t-interval of their mean (scipy as the reference)."""
     from scipy import stats
 
-    seeds = [_recorded(f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de", "eval.json")
+    seeds = [_committed_rows()[f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de"]["eval.json"]
              [results.TEST_SPLIT]["bleu_lc"] for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
     low, high = stats.t.interval(0.95, len(seeds) - 1, loc=statistics.fmean(seeds),
                                  scale=stats.sem(seeds))  # fmt: skip
@@ -382,7 +384,8 @@ def test_readme_gives_the_wu_presets_two_seeds_with_the_t_interval_of_their_mean
 
 def test_the_docs_index_quotes_each_recorded_make_repro_training_time():
     """docs/index.md's 'how long' rows: each training time is its named record's wall time."""
-    minutes = {name: f"{_recorded(name, 'train.json')['wall_time_s'] / 60:.0f}" for name in (
+    rows = _committed_rows()
+    minutes = {name: f"{rows[name]['train.json']['wall_time_s'] / 60:.0f}" for name in (
         "multi30k_tiny.en-de", "multi30k_tiny_rerun2.en-de", "multi30k_tiny_rerun.en-de",
         "multi30k_tiny_amx.en-de", "multi30k_tiny_batch16k.en-de")}  # fmt: skip
     first, second, shared, amx, batch16k = minutes.values()
@@ -401,7 +404,7 @@ def test_the_results_pages_reading_of_the_recipe_runs_and_the_literature_is_the_
     """docs/results.md around its variants table: the recipe runs' spread, the rerun on another
     machine, scoring's agreement on the 16384-token row, the variants' range, how many recipe
     runs' intervals contain the literature's 41.0, and fairseq's own score at Wu et al.'s budget."""
-    rows = {row["name"]: row for row in results.load_rows(REPO_ROOT / "results")}
+    rows = _committed_rows()
     recipe = _default_recipe_rows()
     lc = _bleu_lc(rows)
     test = [lc[row["name"]][results.TEST_SPLIT] for row in recipe]

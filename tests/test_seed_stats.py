@@ -5,7 +5,6 @@ tests, brute-force enumeration, a hand-worked example, the noncentral t and simu
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 
@@ -13,7 +12,9 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from pipeline import report
 from pipeline.evaluation import seed_stats
+from pipeline.sweep.spec import RESULTS_ROOT
 from tests.conftest import REPO_ROOT
 
 ALPHA = seed_stats.ALPHA
@@ -299,9 +300,8 @@ def test_the_simulated_rates_the_docs_quote_come_out_the_same_with_another_seed(
 def test_the_docs_detectable_differences_in_bleu_come_from_the_studys_own_base_seeds():
     """docs/ablations.md turns the detectable differences into BLEU with `table3_seeds`' base
     spread: the sample SD of its five base seeds' test2016 BLEU (lc), from their records."""
-    trials = REPO_ROOT / "ablations" / "results" / "table3_seeds" / "trials"
-    scores = [json.loads((path / "eval.json").read_text())["test_2016_flickr"]["bleu_lc"]
-              for path in sorted(trials.glob("base-seed*"))]  # fmt: skip
+    study = report.load_records(REPO_ROOT / RESULTS_ROOT / "table3_seeds")
+    scores = [r.score(report.TEST_SPLIT, "bleu_lc") for r in study if r.variant == "base"]
     assert len(scores) == 5
     sd = statistics.stdev(scores)
     per_comparison, strictest = (seed_stats.detectable_difference(sd, len(scores), alpha=a)

@@ -380,13 +380,11 @@ def test_the_parity_prose_states_the_seed_level_intervals_and_each_sides_machine
     margin = parity.EQUIVALENCE_MARGIN
     within = [-margin < low and high < margin for low, high in intervals.values()]
     assert not any(within), "the intervals now lie within the margin: say so in the prose"
-    (ours_hardware,) = {r.hardware for r in mine}
-    device, precision = ours_hardware.rsplit(", ", 1)
-    name, count = device.rsplit(" x ", 1)
-    ours = f"ours on {NUMBER_WORDS[int(count)]} {name} in {precision}"
-    (fairseq_cores,) = {re.search(r"(\d+) cores", r.hardware)[1] for r in other}
+    ((ours_where, ours_precision),) = {_machine(r) for r in mine}
+    ours = f"ours on {ours_where} in {ours_precision}"
+    ((fairseq_where, fairseq_precision),) = {_machine(r) for r in other}
     assert all(", fp32," in r.hardware for r in other)
-    fairseq = f"fairseq on {NUMBER_WORDS[int(fairseq_cores)]} CPU cores in fp32"
+    fairseq = f"fairseq on {fairseq_where} in {fairseq_precision}"
 
     readme = _flat(REPO_ROOT / "README.md")
     assert f"({PARITY_BUDGET} updates; {ours}, {fairseq})" in readme
