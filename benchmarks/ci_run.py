@@ -152,6 +152,8 @@ def row(entry: dict) -> list[str]:
     tests, cpu = entry["tests"], entry["cpu"]
     counted = ", ".join(f"{tests[o]} {o}" for o in OUTCOMES if tests and tests[o]) or "none ran"
     machine = environment.hardware_class(entry["provenance"]["hardware"])
+    if not any(flag in machine for flag in environment.CPU_BF16_FLAGS):
+        machine += ", no bf16"  # the suite trains in float32 there, which its time shows
     pytest_min = "-" if entry["pytest_s"] is None else f"{entry['pytest_s'] / 60:.1f}"
     return [
         entry["finished"][:10],

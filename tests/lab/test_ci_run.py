@@ -145,3 +145,17 @@ def test_the_table_lists_the_runs_in_the_order_they_finished(tmp_path):
         (tmp_path / ci_run.record_name(entry)).write_text(json.dumps(entry))
     table = ci_run.block(ci_run.load(tmp_path))
     assert table.index("| fff0000 |") < table.index("| aaa1111 |")
+
+
+@pytest.mark.parametrize(
+    ("hardware", "named"),
+    [("AMD EPYC, 2 cores", "AMD EPYC, no bf16"),
+     ("AMD EPYC, 2 cores, avx512_bf16", "AMD EPYC, avx512_bf16"),
+     ("Intel Xeon, 2 cores, amx_bf16/avx512_bf16", "Intel Xeon, amx_bf16/avx512_bf16")],
+)  # fmt: skip
+def test_a_machine_without_bf16_kernels_is_named_so(hardware, named):
+    """The hardware string lists bf16 flags only where they are; the table says their absence."""
+    entry = {"provenance": {"commit": "abc1234", "hardware": hardware},
+             "cpu": {"family": "25", "model": "1"}, "finished": "2026-01-02T09:00:00+00:00",
+             "exit_code": 0, "total_s": 60.0, "tests": None, "pytest_s": None}  # fmt: skip
+    assert ci_run.row(entry)[2] == f"{named} (family 25, model 1)"
