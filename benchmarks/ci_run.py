@@ -18,9 +18,7 @@ corpus is read from `../shared` next to it. Its output is shown as it comes and 
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import re
 import shutil
@@ -29,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import machine_records
 from pipeline import docs_blocks, environment
 
 RESULTS = Path("benchmarks/results/ci")
@@ -104,25 +103,17 @@ def run_ci(clone: Path, log: Path) -> tuple[int, float, str]:
 def record(clone: Path, code: int, total_s: float, output: str) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    cpu = environment.cpuinfo()
     return {
         "provenance": {
             "commit": commit,
             "environment_lock": environment.lock_hash(clone / environment.LOCK_FILE.name),
             "hardware": environment.hardware(),
         },
-        "cpu": {"family": cpu.get("cpu family"), "model": cpu.get("model")},
-        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **machine_records.machine(),
         "exit_code": code,
         "total_s": round(total_s, 1),
         **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
     }
-
-
-def record_name(entry: dict) -> str:
-    cpu = entry["cpu"]
-    return (f"{entry['finished'][:10]}.{entry['provenance']['commit']}"
-            f".family{cpu['family']}-model{cpu['model']}.json")  # fmt: skip
 
 
 def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[int, Path]:
@@ -134,31 +125,20 @@ def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[
     finally:
         if not keep:
             shutil.rmtree(clone)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / record_name(entry)
-    path.write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
-    return code, path
+    return code, machine_records.write(results, entry)
 
 
 # ---------------------------------------------------------------- the table
 
 
-def load(results: Path) -> list[dict]:
-    entries = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
-    return sorted(entries, key=lambda e: e["finished"])
-
-
 def row(entry: dict) -> list[str]:
-    tests, cpu = entry["tests"], entry["cpu"]
+    tests = entry["tests"]
     counted = ", ".join(f"{tests[o]} {o}" for o in OUTCOMES if tests and tests[o]) or "none ran"
-    machine = environment.hardware_class(entry["provenance"]["hardware"])
-    if not any(flag in machine for flag in environment.CPU_BF16_FLAGS):
-        machine += ", no bf16"  # the suite trains in float32 there, which its time shows
     pytest_min = "-" if entry["pytest_s"] is None else f"{entry['pytest_s'] / 60:.1f}"
     return [
         entry["finished"][:10],
         entry["provenance"]["commit"],
-        f"{machine} (family {cpu['family']}, model {cpu['model']})",
+        machine_records.machine_label(entry),
         "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",
         counted,
         f"{pytest_min} / {entry['total_s'] / 60:.1f} min",
@@ -169,19 +149,11 @@ HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all
 
 
 def block(entries: list[dict]) -> str:
-    if not entries:
-        return "No run recorded yet.\n"
-    return docs_blocks.markdown_table(HEADER, [row(e) for e in entries])
+    return machine_records.table(HEADER, row, entries)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder")
-    commands = parser.add_subparsers(dest="command")
-    report = commands.add_parser("report", help=f"the records as the table of {PAGE}")
-    # also after `report`; SUPPRESS keeps a --results given before it
-    report.add_argument("--results", type=Path, default=argparse.SUPPRESS, help="as above")
-    docs_blocks.add_update_argument(report, str(PAGE))
+    parser = machine_records.parser_with_report(__doc__.splitlines()[0], RESULTS, PAGE)
     parser.add_argument("--repo", type=Path, default=environment.REPO_ROOT,
                         help="the repository whose HEAD is cloned and run")  # fmt: skip
     parser.add_argument("--clone-into", type=Path, default=None,
@@ -189,11 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the clone after the run")
     args = parser.parse_args(argv)
     if args.command == "report":
-        text = block(load(args.results))
-        if args.update_docs is not None:
-            docs_blocks.fill(args.update_docs / PAGE, BLOCK, text)
-        print(text, end="")
-        return 0
+        return machine_records.report(args, block, PAGE, BLOCK)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     clone = (args.clone_into or args.repo.resolve().parent / f"ci-{stamp}").resolve()
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import ci_run
+from benchmarks import ci_run, machine_records
 from pipeline import docs_blocks, environment
 from tests.conftest import REPO_ROOT
 
@@ -87,7 +87,7 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     }
     cpu = environment.cpuinfo()
     assert entry["cpu"] == {"family": cpu.get("cpu family"), "model": cpu.get("model")}
-    assert path.name == ci_run.record_name(entry)
+    assert path.name == machine_records.record_name(entry)
 
     assert ci_run.main(["report", "--results", str(results)]) == 0
     table = capsys.readouterr().out
@@ -131,31 +131,5 @@ def test_an_existing_folder_is_never_cloned_into(tmp_path, capsys):
 
 
 def test_the_docs_table_is_the_reports_output_over_the_committed_records():
-    entries = ci_run.load(REPO_ROOT / ci_run.RESULTS)
+    entries = machine_records.load(REPO_ROOT / ci_run.RESULTS)
     assert docs_blocks.read(REPO_ROOT / ci_run.PAGE, ci_run.BLOCK) == ci_run.block(entries)
-
-
-def test_the_table_lists_the_runs_in_the_order_they_finished(tmp_path):
-    """Not by commit hash or file name: a later run at an alphabetically earlier commit is last."""
-    for commit, finished in (("fff0000", "2026-01-02T09:00:00+00:00"),
-                             ("aaa1111", "2026-01-02T10:00:00+00:00")):  # fmt: skip
-        entry = {"provenance": {"commit": commit, "hardware": "CPU, 2 cores"},
-                 "cpu": {"family": "6", "model": "1"}, "finished": finished, "exit_code": 0,
-                 "total_s": 60.0, "tests": None, "pytest_s": None}  # fmt: skip
-        (tmp_path / ci_run.record_name(entry)).write_text(json.dumps(entry))
-    table = ci_run.block(ci_run.load(tmp_path))
-    assert table.index("| fff0000 |") < table.index("| aaa1111 |")
-
-
-@pytest.mark.parametrize(
-    ("hardware", "named"),
-    [("AMD EPYC, 2 cores", "AMD EPYC, no bf16"),
-     ("AMD EPYC, 2 cores, avx512_bf16", "AMD EPYC, avx512_bf16"),
-     ("Intel Xeon, 2 cores, amx_bf16/avx512_bf16", "Intel Xeon, amx_bf16/avx512_bf16")],
-)  # fmt: skip
-def test_a_machine_without_bf16_kernels_is_named_so(hardware, named):
-    """The hardware string lists bf16 flags only where they are; the table says their absence."""
-    entry = {"provenance": {"commit": "abc1234", "hardware": hardware},
-             "cpu": {"family": "25", "model": "1"}, "finished": "2026-01-02T09:00:00+00:00",
-             "exit_code": 0, "total_s": 60.0, "tests": None, "pytest_s": None}  # fmt: skip
-    assert ci_run.row(entry)[2] == f"{named} (family 25, model 1)"

@@ -1,0 +1,67 @@
+"""benchmarks/startup.py: each entry timed in fresh interpreters and recorded with the machine,
+and docs/index.md's table of the committed records."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import machine_records, startup
+from pipeline import docs_blocks
+from tests.conftest import REPO_ROOT
+
+
+def test_a_run_times_each_entry_in_new_processes_and_records_every_sample(tmp_path, capsys):
+    code = startup.main(["--results", str(tmp_path), "--repeats", "3", "--warmup", "0",
+                         "--entries", "python", "torch"])  # fmt: skip
+    assert code == 0
+    (path,) = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    assert path.name == machine_records.record_name(entry)
+    samples = entry["samples_s"]
+    assert set(samples) == {"python", "torch"} and all(len(s) == 3 for s in samples.values())
+    for name, seconds in samples.items():
+        assert entry["median_s"][name] == pytest.approx(statistics.median(seconds), abs=1e-3)
+    # torch is loaded in the timed process, not in this one: it costs more than no import
+    assert min(samples["torch"]) > max(samples["python"])
+    assert f"recorded {path}" in capsys.readouterr().out
+    assert startup.main(["report", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == startup.block([entry])
+
+
+def test_the_commands_that_do_not_train_load_no_lightning_where_the_train_stage_does():
+    """What the entries time is what each command loads."""
+    check = "import sys; {}; print('lightning' in sys.modules)"
+    loaded = {name: subprocess.run([sys.executable, "-c", check.format(startup.ENTRIES[name])],
+                                   cwd=REPO_ROOT, capture_output=True, text=True,
+                                   check=True).stdout.strip()
+              for name in ("train stage", "evaluate stage")}  # fmt: skip
+    assert loaded == {"train stage": "True", "evaluate stage": "False"}
+
+
+def test_the_table_gives_each_entry_against_lightnings_import():
+    medians = {"python": 0.05, "torch": 3.0, "lightning": 10.0, "train stage": 11.0}
+    entry = {"provenance": {"commit": "abc1234", "hardware": "AMD EPYC, 2 cores"},
+             "cpu": {"family": "25", "model": "1"}, "finished": "2026-01-02T09:00:00+00:00",
+             "median_s": medians}  # fmt: skip
+    assert startup.row(entry) == [
+        "2026-01-02", "abc1234", "AMD EPYC, no bf16 (family 25, model 1)",
+        "0.1 (0.01x)", "3.0 (0.30x)", "10.0", "11.0 (1.10x)", "-",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "0"], ["--warmup", "-1"], ["--entries", "nothing"]])
+def test_a_bad_option_is_refused_before_anything_runs(tmp_path, argv):
+    with pytest.raises(SystemExit) as stopped:
+        startup.main(["--results", str(tmp_path), *argv])
+    assert stopped.value.code == 2 and not any(tmp_path.iterdir())
+
+
+def test_the_docs_table_is_the_reports_output_over_the_committed_records():
+    entries = machine_records.load(REPO_ROOT / startup.RESULTS)
+    assert entries, "no start-up run committed"
+    assert docs_blocks.read(REPO_ROOT / startup.PAGE, startup.BLOCK) == startup.block(entries)
