@@ -7,11 +7,11 @@ machine, recorded.
 Every train stage, sweep worker and test that runs a stage is a new process, and each pays its
 imports once. Lightning is the peer a training process cannot avoid; the commands that do not
 train (evaluate, translate, export, the report) leave it out. Timed, each in a fresh
-interpreter (`python -c`): the interpreter alone, `import torch`, `import lightning`, and the
-module behind the train and the evaluate stage. Rounds are interleaved after a warm-up round
-(which also fills the byte-code caches) and the median of each entry is recorded, with every
-sample, one JSON file per run in benchmarks/results/startup/; the ratios to Lightning's import
-are what carries from one machine to another.
+interpreter (`python -c`): `import torch`, `import lightning`, and the module behind the
+train and the evaluate stage. Rounds are interleaved after a warm-up round (which also fills
+the byte-code caches) and the median of each entry is recorded, with every sample, one JSON
+file per run in benchmarks/results/startup/; the ratios to Lightning's import are what
+carries from one machine to another.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ PAGE = docs_blocks.DOCS / "index.md"
 BLOCK = "startup"
 PEER = "lightning"
 ENTRIES = {  # name: the statement a fresh interpreter runs
-    "python": "pass",
     "torch": "import torch",
     PEER: "import lightning",
     "train stage": "import pipeline.training.trainer",
@@ -75,14 +74,14 @@ def row(entry: dict) -> list[str]:
     def cell(name: str) -> str:
         if name not in medians:
             return "-"
-        seconds = f"{medians[name]:.1f}"
+        seconds = f"{medians[name]:.2f}"
         return seconds if name == PEER or not peer else f"{seconds} ({medians[name] / peer:.2f}x)"
 
-    return [entry["finished"][:10], entry["provenance"]["commit"],
-            machine_records.machine_label(entry), *map(cell, ENTRIES)]  # fmt: skip
+    return [entry["provenance"]["commit"], machine_records.machine_label(entry),
+            *map(cell, ENTRIES)]  # fmt: skip
 
 
-HEADER = ["date", "ran at", "machine class", *(f"{name} (s)" for name in ENTRIES)]
+HEADER = ["ran at", "machine class", *ENTRIES]
 
 
 def block(entries: list[dict]) -> str:
