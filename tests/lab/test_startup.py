@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import machine_records, startup
 from pipeline import docs_blocks
-from tests.conftest import REPO_ROOT
+from tests.conftest import NUMBER_WORDS, REPO_ROOT
 
 
 def test_a_run_times_each_entry_in_new_processes_and_records_every_sample(tmp_path, capsys):
@@ -66,3 +66,7 @@ def test_the_docs_table_is_the_reports_output_over_the_committed_records():
     entries = machine_records.load(REPO_ROOT / startup.RESULTS)
     assert entries, "no start-up run committed"
     assert docs_blocks.read(REPO_ROOT / startup.PAGE, startup.BLOCK) == startup.block(entries)
+    # the sentence before the table gives the rounds every committed run timed
+    (rounds,) = {len(s) for e in entries for s in e["samples_s"].values()}
+    text = " ".join((REPO_ROOT / startup.PAGE).read_text(encoding="utf-8").split())
+    assert f"the median of {NUMBER_WORDS[rounds]} rounds" in text
