@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 from benchmarks import machine_records
@@ -37,22 +37,22 @@ ENTRIES = {  # name: the statement a fresh interpreter runs
 }
 
 
-def time_start(statement: str) -> float:
-    """Wall seconds of `python -c statement` in a new process, from this repository."""
-    started = time.perf_counter()
+def start(statement: str) -> None:
+    """`python -c statement` in a new process, from this repository."""
     subprocess.run([sys.executable, "-c", statement], cwd=environment.REPO_ROOT, check=True)
-    return time.perf_counter() - started
 
 
 def measure(entries: list[str], repeats: int, warmup: int) -> dict[str, list[float]]:
     """{entry: seconds of each timed round}, the entries interleaved in every round."""
-    samples: dict[str, list[float]] = {name: [] for name in entries}
-    for round_ in range(warmup + repeats):
-        for name in entries:
-            seconds = time_start(ENTRIES[name])
-            if round_ >= warmup:
-                samples[name].append(round(seconds, 3))
-    return samples
+    # the benchmarks' timing loop; loaded here, so `report` starts without torch
+    import torch
+
+    from benchmarks.common import time_interleaved
+
+    seconds = time_interleaved({name: partial(start, ENTRIES[name]) for name in entries},
+                               repeats=repeats, warmup=warmup, device=torch.device("cpu"),
+                               progress="start-up")  # fmt: skip
+    return {name: [round(s, 3) for s in timed] for name, timed in seconds.items()}
 
 
 def record(samples: dict[str, list[float]]) -> dict:
