@@ -29,6 +29,10 @@ HASH_CHARS = 16
 # A copy of the work tree on a machine without git history (a remote GPU box) names the commit
 # it was copied from here. The variable wins over `git rev-parse`: a copied .git can be stale.
 COMMIT_ENV = "TRANSFORMER_ABLATIONS_COMMIT"
+# What a result depends on in the checkout: uncommitted changes here make its commit `+dirty`.
+CODE_PATHS = ("pipeline", "benchmarks", "conf", "ablations", "pyproject.toml", "requirements.lock")
+NOT_CODE = ("ablations/results", "ablations/wandb", "benchmarks/results")  # what the code writes
+DIRTY_HASH_CHARS = 8
 
 
 def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
@@ -74,13 +78,43 @@ def hardware_class(hardware: str) -> str:
     return re.sub(r" x \d+$", "", ", ".join(parts))
 
 
-def git_commit() -> str | None:
+def git_commit(repo: Path | None = None) -> str | None:
+    """The checkout's HEAD (short), or the commit a launcher names in COMMIT_ENV."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-    ).stdout.strip()
-    return commit or None
+    return _git(repo or REPO_ROOT, "rev-parse", "--short", "HEAD").strip() or None
+
+
+def code_commit(repo: Path | None = None) -> str | None:
+    """The commit the code comes from, `<commit>+dirty.<hash of the changes>` where the
+    checkout's code (CODE_PATHS, without the records in NOT_CODE) has uncommitted changes: a
+    record never names a commit whose code it did not run, and the same changes give the same
+    name. A commit named in COMMIT_ENV is taken as it is (a copied tree has no history)."""
+    repo = repo or REPO_ROOT
+    commit = git_commit(repo)
+    if commit is None or os.environ.get(COMMIT_ENV):
+        return commit
+    pathspec = [*CODE_PATHS, *(f":(exclude){path}" for path in NOT_CODE)]
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *pathspec)
+    if not status.strip():
+        return commit
+    digest = hashlib.sha256(_git(repo, "diff", "HEAD", "--binary", "--", *pathspec).encode())
+    for line in sorted(status.splitlines()):
+        if line.startswith("??"):  # an untracked file: its name and content
+            path = repo / line[3:].strip('"')
+            digest.update(line.encode())
+            if path.is_file():
+                digest.update(path.read_bytes())
+    return f"{commit}+dirty.{digest.hexdigest()[:DIRTY_HASH_CHARS]}"
+
+
+def _git(repo: Path, *args: str) -> str:
+    """git's output in `repo`; empty where git fails (no git, not a checkout)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stdout if done.returncode == 0 else ""
 
 
 def lock_hash(lock: Path = LOCK_FILE) -> str | None:
@@ -95,7 +129,7 @@ def provenance() -> dict:
     differ from the lock (a remote machine's own image), `environment_differences` counts
     them: the lock's hash alone would claim an environment the run did not have."""
     recorded = {
-        "commit": git_commit(),
+        "commit": code_commit(),
         "environment_lock": lock_hash(LOCK_FILE),
         "hardware": hardware(),
     }

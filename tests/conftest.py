@@ -303,6 +303,16 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
+@pytest.fixture
+def worktree(tmp_path):
+    """A clean checkout of this repository's HEAD in a git worktree of its own (removed after)."""
+    path = tmp_path / "worktree"
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(path), "HEAD"],
+                   cwd=REPO_ROOT, check=True, capture_output=True)  # fmt: skip
+    yield path
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT)
+
+
 def study_folder(work: Path, results: Path, study: str) -> Path:
     """The work folder of a new study `study` in its default storage under `results` (the
     first study of a fresh SQLite file has id 1), as `pipeline.sweep` keys it."""

@@ -4,6 +4,8 @@ installed from it (what CI checks on a fresh clone), and results record its hash
 from __future__ import annotations
 
 import hashlib
+import re
+import subprocess
 
 from pipeline import environment
 from pipeline.environment import LOCK_FILE, PYPROJECT
@@ -74,3 +76,42 @@ def test_the_suites_machine_line_names_the_cpu_class_from_the_first_processor(tm
     machine = f"machine: {environment.hardware()}"
     assert machine_line(cpuinfo) == f"{machine} (CPU family 25, model 17)"
     assert machine_line(tmp_path / "no_cpuinfo") == machine
+
+
+def git(folder, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_a_record_names_uncommitted_code_as_a_dirty_commit_and_records_as_clean(
+    worktree, monkeypatch
+):
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    head = git(worktree, "rev-parse", "--short", "HEAD")
+    assert environment.code_commit(worktree) == head
+
+    # What the code writes (a study's or a benchmark's records) leaves the code clean.
+    for folder in environment.NOT_CODE:
+        (worktree / folder).mkdir(parents=True, exist_ok=True)
+        (worktree / folder / "new-record.json").write_text("{}")
+    assert environment.code_commit(worktree) == head
+
+    # A changed benchmark, a new config file: the code differs from the commit's.
+    tool = worktree / "benchmarks" / "startup.py"
+    tool.write_text(tool.read_text() + "\n# changed\n")
+    changed = environment.code_commit(worktree)
+    assert re.fullmatch(rf"{head}\+dirty\.[0-9a-f]{{{environment.DIRTY_HASH_CHARS}}}", changed)
+    assert environment.code_commit(worktree) == changed  # the same changes, the same name
+    (worktree / "conf" / "extra.yaml").write_text("lr: 1\n")
+    assert environment.code_commit(worktree) not in (head, changed)
+
+    # A launcher's commit is taken as it is: a copied tree's git can be stale.
+    monkeypatch.setenv(environment.COMMIT_ENV, "abc1234")
+    assert environment.code_commit(worktree) == "abc1234"
+
+
+def test_provenance_and_the_study_pin_name_the_same_code_version(monkeypatch):
+    from pipeline.sweep import pin
+
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    assert environment.provenance()["commit"] == pin.code_version() == environment.code_commit()

@@ -10,26 +10,15 @@ import uuid
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 from optuna.trial import TrialState
 
 from pipeline.sweep import pin
-from tests.conftest import REPO_ROOT
 
 
 def git(folder: Path, *args: str) -> str:
     done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
     return done.stdout.strip()
-
-
-@pytest.fixture
-def worktree(tmp_path):
-    """A clean checkout of this repository's HEAD in a worktree of its own (removed after)."""
-    path = tmp_path / "pinned"
-    git(REPO_ROOT, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
-    yield path
-    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT)
 
 
 def write_spec(folder: Path) -> Path:

@@ -10,7 +10,8 @@ shows apart (their records carry their own commit, hardware and precision).
 
 - code version: the commit of the checkout the worker's code comes from; uncommitted changes
   to the code, configuration or study specs make it `<commit>+dirty.<hash of the changes>`,
-  which matches only the same changes (the study's own results folder is not code).
+  which matches only the same changes (the study's own results folder is not code); the same
+  name every trial's records carry (`environment.code_commit`).
 - hardware class: `environment.hardware_class` (the processor or GPU and its bf16 kernels,
   without the core or device count).
 - precision: `train.precision: auto` is decided once, by the creator (its timing probe can
@@ -20,23 +21,18 @@ shows apart (their records carry their own commit, hardware and precision).
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from pipeline.environment import REPO_ROOT, git_commit, hardware, hardware_class
+from pipeline.environment import code_commit, hardware, hardware_class
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
 from pipeline.sweep.storage import PIN_ATTR
 
 AUTO = "auto"
-# What a trial's result depends on in the checkout: uncommitted changes here make it dirty.
-CODE_PATHS = ("pipeline", "conf", "ablations", "pyproject.toml", "requirements.lock")
-NOT_CODE = ("ablations/results", "ablations/wandb")  # studies' records and W&B runs
 
 
 @dataclass(frozen=True)
@@ -52,26 +48,10 @@ class Pin:
         return cls(**{key: str(value.get(key)) for key in ("commit", "hardware", "precision")})
 
 
-def code_version(repo: Path = REPO_ROOT) -> str:
-    """The checkout's commit, `+dirty.<8 hex>` when its code has uncommitted changes."""
-    commit = git_commit() or "unknown"
-    pathspec = [*CODE_PATHS, *(f":(exclude){path}" for path in NOT_CODE)]
-    status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *pathspec)
-    if not status.strip():
-        return commit
-    digest = hashlib.sha256(_git(repo, "diff", "HEAD", "--binary", "--", *pathspec).encode())
-    for line in sorted(status.splitlines()):
-        if line.startswith("??"):  # an untracked file: its name and content
-            path = repo / line[3:].strip('"')
-            digest.update(line.encode())
-            if path.is_file():
-                digest.update(path.read_bytes())
-    return f"{commit}+dirty.{digest.hexdigest()[:8]}"
-
-
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    return done.stdout if done.returncode == 0 else ""
+def code_version(repo: Path | None = None) -> str:
+    """The checkout's commit, `+dirty.<8 hex>` when its code has uncommitted changes (the
+    commit every record of a trial names, `environment.code_commit`)."""
+    return code_commit(repo) or "unknown"
 
 
 def _first_point(spec: StudySpec):

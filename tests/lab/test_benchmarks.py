@@ -102,7 +102,7 @@ def test_decode_throughput_end_to_end(tokenized_smoke, capsys):
     assert printed["batches"] >= 2  # eval.max_tokens=64 splits 12 sentences
     # the record names the machine, code and lock the figures come from
     assert printed["provenance"]["hardware"] == environment.hardware()
-    assert printed["provenance"]["commit"] == environment.git_commit()
+    assert printed["provenance"]["commit"] == environment.code_commit()
     assert printed["env"]["threads"] == torch.get_num_threads()
     result = printed["results"]["float32"]
     assert set(result["sentences_per_s"]) == set(decode_throughput.SYSTEMS)

@@ -81,9 +81,9 @@ def copy_record(trial: Path, into: Path, edit=None) -> Path:
 
 @pytest.mark.slow
 def test_a_trial_trained_again_here_reproduces_its_first_validation(recorded_trial, tmp_path):
-    # --any-commit: a checkout with uncommitted changes records its bare commit in run.json.
+    # No --any-commit: the record names the code that runs here, uncommitted changes included.
     out = tmp_path / "out.json"
-    done = reproduce(recorded_trial, tmp_path / "work", "--any-commit", "--out", str(out))
+    done = reproduce(recorded_trial, tmp_path / "work", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     first = json.loads((recorded_trial / "curve.json").read_text())[0]
@@ -98,7 +98,7 @@ def test_a_record_one_ulp_away_differs(recorded_trial, tmp_path):
         curve[0]["val/loss"] = math.nextafter(curve[0]["val/loss"], math.inf)
 
     record = copy_record(recorded_trial, tmp_path / "record", nudge)
-    done = reproduce(record, tmp_path / "work", "--any-commit")
+    done = reproduce(record, tmp_path / "work")
     assert done.returncode == 1, done.stdout + done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert not result["identical"] and "differs: step 10" in done.stderr
