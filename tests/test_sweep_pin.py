@@ -1,19 +1,25 @@
 """pipeline.sweep.pin: a study pins the commit, hardware class and precision it runs at, and a
-worker from another checkout refuses before it claims a trial. Real workers (the sweep CLI) in
+worker from another checkout refuses before it claims a trial; one let in with --allow-mixed
+records its own code version, which the report keeps apart. Real workers (the sweep CLI) in
 real git worktrees of this repository."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
-from pipeline.sweep import pin
+from pipeline.config import RAW_DIR_ENV
+from pipeline.report.progress import study_pin
+from pipeline.report.records import load_records
+from pipeline.sweep import load_spec, pin
 
 
 def git(folder: Path, *args: str) -> str:
@@ -27,6 +33,7 @@ def write_spec(folder: Path) -> Path:
         "kind": "grid",
         "base_experiment": "smoke",
         "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "budget": {"train.max_steps": 2, "train.val_check_interval": 2, "eval.average": 1},
         "seeds": [1, 2],
         "variants": {"base": {}, "heads_1": {"model.heads": 1}},
     }
@@ -35,12 +42,15 @@ def write_spec(folder: Path) -> Path:
     return path
 
 
-def worker(checkout: Path, spec: Path, results: Path, *flags: str) -> subprocess.CompletedProcess:
-    """`python -m pipeline.sweep` with the code of `checkout`, claiming no trial."""
+def worker(
+    checkout: Path, spec: Path, results: Path, *flags: str, trials: int = 0
+) -> subprocess.CompletedProcess:
+    """`python -m pipeline.sweep` with the code of `checkout`, running `trials` trials."""
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", str(trials),
          "--results-dir", str(results), "--work-dir", str(results.parent / "work"), *flags],
-        cwd=checkout, capture_output=True, text=True, timeout=300,
+        cwd=checkout, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
 
@@ -49,7 +59,11 @@ def study_of(spec: Path, results: Path) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{results / name / 'study.db'}")
 
 
-def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(tmp_path, worktree):
+@pytest.mark.slow
+def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(
+    tmp_path, worktree, multi30k_dir, monkeypatch
+):
+    monkeypatch.setenv(RAW_DIR_ENV, str(multi30k_dir))  # a worktree has no corpus beside it
     spec, results = write_spec(tmp_path), tmp_path / "results"
     created = worker(worktree, spec, results)
     assert created.returncode == 0, created.stderr
@@ -87,6 +101,18 @@ def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(tmp_
     mixed = worker(worktree, spec, results, "--allow-mixed")
     assert mixed.returncode == 0, mixed.stderr
     assert study_of(spec, results).user_attrs["pin"] == pinned  # the pin stays
+
+    # Uncommitted code under --allow-mixed: the trial's record names that code, and the report
+    # keeps the trial apart from the pin's.
+    (worktree / "conf" / "extra.yaml").write_text("lr: 2\n")
+    ran = worker(worktree, spec, results, "--allow-mixed", trials=1)
+    assert ran.returncode == 0, ran.stderr
+    study_dir = results / study.study_name
+    (record,) = load_records(study_dir)
+    assert record.run["commit"].startswith(f"{other}+dirty.")
+    assert record.conditions.commit == record.run["commit"]
+    assert study_pin(load_spec(spec), study_dir).commit == pinned["commit"]
+    assert record.conditions != study_pin(load_spec(spec), study_dir)
 
 
 def test_differences_name_each_field():
