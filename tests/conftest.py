@@ -303,12 +303,17 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
+def git(folder: Path, *args: str) -> str:
+    """git's output in `folder` (fails the test where git fails)."""
+    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
 @pytest.fixture
 def worktree(tmp_path):
     """A clean checkout of this repository's HEAD in a git worktree of its own (removed after)."""
     path = tmp_path / "worktree"
-    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(path), "HEAD"],
-                   cwd=REPO_ROOT, check=True, capture_output=True)  # fmt: skip
+    git(REPO_ROOT, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
     yield path
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 
 from pipeline import environment
 from pipeline.environment import LOCK_FILE, PYPROJECT
-from tests.conftest import machine_line
+from tests.conftest import git, machine_line
 
 
 def test_the_lock_pins_every_requirement_of_pyproject_within_its_range():
@@ -76,11 +75,6 @@ def test_the_suites_machine_line_names_the_cpu_class_from_the_first_processor(tm
     machine = f"machine: {environment.hardware()}"
     assert machine_line(cpuinfo) == f"{machine} (CPU family 25, model 17)"
     assert machine_line(tmp_path / "no_cpuinfo") == machine
-
-
-def git(folder, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
 
 
 def test_a_record_names_uncommitted_code_as_a_dirty_commit_and_records_as_clean(

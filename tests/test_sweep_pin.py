@@ -20,11 +20,7 @@ from pipeline.config import RAW_DIR_ENV
 from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records
 from pipeline.sweep import load_spec, pin
-
-
-def git(folder: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+from tests.conftest import git
 
 
 def write_spec(folder: Path) -> Path:
@@ -109,10 +105,11 @@ def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(
     assert ran.returncode == 0, ran.stderr
     study_dir = results / study.study_name
     (record,) = load_records(study_dir)
+    pinned_conditions = study_pin(load_spec(spec), study_dir)
     assert record.run["commit"].startswith(f"{other}+dirty.")
     assert record.conditions.commit == record.run["commit"]
-    assert study_pin(load_spec(spec), study_dir).commit == pinned["commit"]
-    assert record.conditions != study_pin(load_spec(spec), study_dir)
+    assert pinned_conditions.commit == pinned["commit"]
+    assert record.conditions != pinned_conditions
 
 
 def test_differences_name_each_field():
