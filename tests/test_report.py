@@ -851,3 +851,38 @@ def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
     ((hardware, precision),) = {(run["hardware"], run["precision"]) for run in smoothing}
     assert hardware.endswith(" x 1") and "NVIDIA" in hardware
     assert f"Its {len(smoothing)} trials ran on one GPU ({precision};" in page
+
+
+def test_the_results_pages_reading_of_power_and_budget_is_computed():
+    """docs/ablation-results.md outside its blocks: the seed-level SDs two seeds a side detect
+    (the pilot), what five seeds detect at table3_seeds' base spread, per comparison and at
+    Holm's strictest step, and the study's peak learning rate, the same as the recipe's."""
+    from pipeline import config
+    from pipeline.training.module import inverse_sqrt_rate
+
+    detect = seed_stats.detectable_difference
+    page = " ".join((REPO_ROOT / "docs" / "ablation-results.md").read_text().split())
+    assert (
+        f"Welch's test detects only differences of about "
+        f"{NUMBER_WORDS[round(detect(1.0, 2))]} seed-level SDs"
+    ) in page
+    spec = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
+    base = committed_records(REPO_ROOT / RESULTS_ROOT / spec.study)["base"]
+    assert len(base) == len(spec.seeds), "the base's seeds are all in"
+    sd = statistics.stdev(r["test"] for r in base)
+    strictest = seed_stats.ALPHA / report.family_size(spec)
+    assert (
+        f"enough to detect about {detect(sd, len(spec.seeds)):.1f}-"
+        f"{detect(sd, len(spec.seeds), alpha=strictest):.1f} BLEU"
+    ) in page
+
+    def peak_rate(overrides: list[str]) -> str:
+        cfg = config.compose([f"experiment={spec.base_experiment}", *overrides])
+        train = cfg.train
+        rate = inverse_sqrt_rate(train.warmup_steps, d_model=cfg.model.d_model,
+                                 warmup_steps=train.warmup_steps, factor=train.lr_factor)  # fmt: skip
+        return f"{rate:.4f}"
+
+    study = peak_rate([f"{key}={value}" for key, value in spec.budget.items()])
+    assert study == peak_rate([])
+    assert f"(the same {study} peak rate after {spec.budget['train.warmup_steps']} warm-up" in page

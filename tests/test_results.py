@@ -354,16 +354,46 @@ def test_the_variants_table_quotes_each_variants_record():
         f"greedy val BLEU {last['val/bleu']:.2f} against "
         f"{recipe['train.json']['last']['val/bleu']:.2f})"
     ) in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
-    # set against the 95% bootstrap half-widths the recipe's runs record (their mean)
-    half_width = {split: statistics.fmean(
-        row["eval.json"][split]["bleu_lc_ci"] for row in _default_recipe_rows()
-        if "bleu_lc_ci" in row["eval.json"][split]) for split in base}  # fmt: skip
     gain, fall = eos["val"] - base["val"], base[results.TEST_SPLIT] - eos[results.TEST_SPLIT]
-    assert 0 < gain < half_width["val"] and 0 < fall < half_width[results.TEST_SPLIT]
+    assert gain > 0 and fall > 0
     assert (
-        f"val gains {gain:.2f}, far inside val's ~{half_width['val']:.1f} interval, and test "
-        f"falls {fall:.1f}, inside test2016's ~{half_width[results.TEST_SPLIT]:.1f}"
-    ) in " ".join(cells["multi30k_tiny_srceos_cooldown.en-de"][3].split())
+        f"val is {gain:.2f} higher and test {fall:.1f} lower: one run a side, so neither is a "
+        f"finding about the change. Searched again on val, the decoding settings stay "
+        f"{_best_decoding('multi30k_tiny_srceos_cooldown.en-de')}"
+    ) in cells["multi30k_tiny_srceos_cooldown.en-de"][3]
+    recipe_last = recipe["train.json"]["last"]
+    attdrop = rows["multi30k_tiny_attdrop.en-de"]["train.json"]["last"]
+    assert (
+        f"without them training loss ends below val loss ({recipe_last['train/loss']:.2f} against "
+        f"{recipe_last['val/loss']:.2f}); with them this one run ended with last-checkpoint val "
+        f"loss {attdrop['val/loss']:.2f} and greedy val BLEU {attdrop['val/bleu']:.2f} (the "
+        f"recipe: {recipe_last['val/loss']:.2f} and {recipe_last['val/bleu']:.2f}). Its best "
+        f"decoding on val is {_best_decoding('multi30k_tiny_attdrop.en-de')}"
+    ) in cells["multi30k_tiny_attdrop.en-de"][3]
+    batch16k = rows["multi30k_tiny_batch16k.en-de"]["train.json"]
+    assert (
+        f"best greedy val BLEU {batch16k['val/bleu']:.1f} against "
+        f"{recipe['train.json']['val/bleu']:.1f}"
+    ) in cells["multi30k_tiny_batch16k.en-de"][3]
+    wu = _tokens_per_update("multi30k_wu2021_subword_nmt_8000_init_seed1_h200.en-de")
+    default = _tokens_per_update("multi30k_tiny_rerun.en-de")
+    assert (
+        f"holds {wu / default:.2f}x the recipe's target tokens per update "
+        f"({wu:.0f} against {default:.0f})"
+    ) in cells["multi30k_tiny_batch16k.en-de"][3]
+
+
+def _best_decoding(name: str) -> str:
+    """'(last N, penalty)': the best setting on val of a run's committed decoding search."""
+    search = json.loads((REPO_ROOT / "results" / name / "decoding_search.json").read_text())
+    assert search["split"] == "val"
+    best = max(search["rows"], key=lambda row: row[search["metric"]])
+    return f"(last {best['average']}, {best['length_penalty']})"
+
+
+def _tokens_per_update(name: str) -> float:
+    train = _committed_rows()[name]["train.json"]
+    return train["train/target_tokens"] / train["steps"]
 
 
 def test_readme_gives_the_wu_presets_two_seeds_with_the_t_interval_of_their_mean():
@@ -447,6 +477,18 @@ def test_the_results_pages_reading_of_the_recipe_runs_and_the_literature_is_the_
     literature = 41.0  # Wu et al. (2021)
     containing = [row for row in recipe if contains(row, literature)]
     assert f"the intervals of {NUMBER_WORDS[len(containing)]} of them contain {literature}" in page
+
+    wu_rows = [rows[f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de"]
+               for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+    assert all(row["train.json"]["steps"] < row["params"]["train"]["max_steps"] for row in wu_rows)
+    wu = [row["train.json"] for row in wu_rows]
+    default = rows["multi30k_tiny_rerun.en-de"]["train.json"]["train/target_tokens"]
+    assert (
+        f"it stopped early after {wu[0]['steps']} and {wu[1]['steps']} updates and "
+        f"{wu[0]['train/target_tokens'] / 1e6:.1f} and {wu[1]['train/target_tokens'] / 1e6:.1f} M "
+        f"target tokens, {wu[0]['train/target_tokens'] / default:.2f}x and "
+        f"{wu[1]['train/target_tokens'] / default:.2f}x the default recipe's {default / 1e6:.1f} M"
+    ) in page
 
     fairseq = json.loads((REPO_ROOT / "results/parity/fairseq_wu2021_8000_seed1.json").read_text())
     assert f"shows fairseq itself at {fairseq['scores'][results.TEST_SPLIT]['bleu_lc']:.1f}" in page

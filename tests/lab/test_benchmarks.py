@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy.stats import ttest_ind
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import batching, decode_throughput, train_throughput
@@ -20,6 +21,7 @@ from pipeline import environment
 from pipeline.config_schema import ModelConfig
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
 from pipeline.evaluation.evaluate import pad_batch
+from pipeline.evaluation.seed_stats import ALPHA
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 from tests.conftest import NUMBER_WORDS
@@ -237,7 +239,7 @@ def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the
     runs = record["runs"]
     assert len(runs["before"]) == len(runs["after"]) >= 3
     assert f"{NUMBER_WORDS[len(runs['before'])]} interleaved runs a side" in page
-    spread = {}
+    spread, welch_p = {}, {}
     for dtype in ("float32", "bfloat16"):
         ratios = [
             [r["results"][dtype]["ratio"]["cached_vs_marian"] for r in runs[side]]
@@ -246,9 +248,12 @@ def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the
         means = [np.mean(side) for side in ratios]
         assert f"{means[0]:.2f} -> {means[1]:.2f}" in page, dtype
         spread[dtype] = max(max(side) - min(side) for side in ratios)
+        welch_p[dtype] = ttest_ind(*ratios, equal_var=False).pvalue
+    assert min(welch_p.values()) > ALPHA, "the page says the runs cannot tell a change"
     assert (
-        f"a single run's ratio varied by up to {spread['bfloat16']:.2f} in bf16 and "
-        f"{spread['float32']:.2f} in fp32"
+        f"Welch p = {welch_p['float32']:.2f} in fp32 and {welch_p['bfloat16']:.2f} in bf16: "
+        f"cannot tell; a single run's ratio varied by up to {spread['bfloat16']:.2f} in bf16 "
+        f"and {spread['float32']:.2f} in fp32"
     ) in page
 
 

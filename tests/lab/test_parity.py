@@ -458,8 +458,9 @@ def test_the_presets_settings_table_states_measurements_with_their_seed_level_te
     ) in page
     assert [r.hardware.split(", ")[-1] for r in sentencepiece].count("32-true") == 1
     assert (
-        "between ours' two segmentations two seeds a side test no difference (Welch p = "
-        f"{segmentation_p[0]:.2f} on val, {segmentation_p[1]:.2f} on test2016)"
+        "two seeds a side cannot tell ours' two segmentations apart (Welch p = "
+        f"{segmentation_p[0]:.2f} on val, {segmentation_p[1]:.2f} on test2016), in a comparison "
+        "whose runs did not all share a machine and precision"
     ) in page
     lower = [
         p.scores["val"]["bleu_lc"] - x.scores["val"]["bleu_lc"] for p, x in zip(preset, xavier)
@@ -553,8 +554,9 @@ def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
     """The full-budget finding: the budget and patience of both systems' records, each side's
     machine and precision, where each run stopped, ours' averaged checkpoints, each seed's
     lowercased BLEU (tokenized lowercased the same at the prose's rounding), fairseq's own
-    BLEU4, and ours - fairseq over the seed pair with the block's paired bootstrap: not
-    significant, and every run at or above the literature's test2016 score."""
+    BLEU4, ours - fairseq over the seed pair with the block's paired bootstrap (named as a
+    comparison of runs, not systems), every run at or above the literature's test2016 score as
+    a point estimate, and the 95% t-interval of ours' seed mean (scipy), which holds it."""
     ours, fairseq = _preset_runs(WU_BUDGET)
     mine, other = _equal_budget_groups(WU_BUDGET)[parity.WU_RECIPE]
     (theirs,) = fairseq
@@ -573,9 +575,12 @@ def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
     test = "test_2016_flickr"
     assert all(f"{r.scores[test]['bleu_tok_lc']:.1f}" == f"{r.scores[test]['bleu_lc']:.1f}"
                for r in ours)  # fmt: skip
-    assert all(_bootstrap_p(mine, other, references, s) > seed_stats.ALPHA for s in SPLITS)
     literature = parity.LITERATURE_TEST_BLEU
     assert all(r.scores[test]["bleu_lc"] >= literature for r in ours + fairseq)
+    seeds = [r.scores[test]["bleu_lc"] for r in ours]
+    low, high = stats.t.interval(0.95, len(seeds) - 1, loc=statistics.fmean(seeds),
+                                 scale=stats.sem(seeds))  # fmt: skip
+    assert low < literature < high
     stopped = " and ".join(f"{r.updates} (seed {r.seed})" for r in ours)
     assert (
         f"({WU_BUDGET} updates allowed, `--patience {patience}`; ours, {where}, both in "
@@ -588,8 +593,12 @@ def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
         f"{theirs.scores[test]['fairseq_bleu4']['bleu4']:.2f}), val "
         f"{theirs.scores['val']['bleu_lc']:.1f}. Ours - fairseq over this "
         f"{NUMBER_WORDS[len(mine)]} seed pair: {_difference_with_p(mine, other, references)}, "
-        f"not significant on either split, and both systems reach the literature's "
-        f"{literature} at its budget"
+        f"p from the paired bootstrap over sentences, which sees only how the test sentences "
+        f"were sampled: with one seed a side there is no seed-level interval, so this compares "
+        f"the two runs, not the two systems. Every run scores at or above the literature's "
+        f"{literature} as a point estimate; the 95% interval of ours' "
+        f"{NUMBER_WORDS[len(seeds)]}-seed mean, "
+        f"{low:.1f}-{high:.1f}, does not show the preset reaching it."
     ) in _flat(REPO_ROOT / parity.PAGE)
 
 

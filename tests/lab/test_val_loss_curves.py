@@ -83,3 +83,43 @@ def test_readme_table_is_the_commands_output():
     committed = docs_blocks.read(REPO_ROOT / val_loss_curves.DIAGNOSTICS / "README.md",
                                  val_loss_curves.BLOCK)  # fmt: skip
     assert committed == block
+
+
+def test_the_parity_pages_reading_of_the_curves_is_the_tables():
+    """docs/parity.md's paragraph on the validation loss quotes the committed table: the span of
+    ours - fairseq's mean over the first updates and from a later update on, how far fairseq's
+    own seeds lie apart from then on, and the late updates where every one of ours lies above
+    that mean."""
+    import re
+
+    from tests.conftest import REPO_ROOT
+
+    block = docs_blocks.read(REPO_ROOT / val_loss_curves.DIAGNOSTICS / "README.md",
+                             val_loss_curves.BLOCK)  # fmt: skip
+    header, _, *lines = block.splitlines()
+    fairseq_columns = sum("fairseq mean" not in name for name in header.strip("|").split("|")[1:])
+    rows = {}
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        fairseq = [float(cell) for cell in cells[1 : 1 + fairseq_columns] if cell != "-"]
+        ours = [float(d) for d in re.findall(r"\(([+-]\d+\.\d+)\)", line)]
+        rows[int(cells[0])] = (fairseq, ours)
+
+    def span(keep) -> tuple[float, float]:
+        differences = [d for update, (_, ours) in rows.items() if keep(update) for d in ours]
+        return min(differences), max(differences)
+
+    first, later, late = (
+        span(lambda u: u <= 560),
+        span(lambda u: u >= 372),
+        span(lambda u: u >= 2480),
+    )
+    seed_gap = max(max(fairseq) - min(fairseq) for u, (fairseq, _) in rows.items() if u >= 372)
+    assert late[0] > 0
+    page = " ".join((REPO_ROOT / "docs/parity.md").read_text(encoding="utf-8").split())
+    assert (
+        f"our curves lie {first[0]:.2f} to {first[1]:+.2f} nats from fairseq's two-seed mean over "
+        f"the first 560 updates and {later[0]:.2f} to {later[1]:+.2f} from update 372 on, where "
+        f"fairseq's two seeds lie up to {seed_gap:.2f} apart; from update 2480 on every one of "
+        f"ours lies above that mean ({late[0]:+.2f} to {late[1]:+.2f})"
+    ) in page
