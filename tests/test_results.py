@@ -391,6 +391,12 @@ def _best_decoding(name: str) -> str:
     return f"(last {best['average']}, {best['length_penalty']})"
 
 
+def _wu_budget_rows() -> list[dict]:
+    """The Wu et al. preset's two seeds at their budget, seed 1 first."""
+    return [_committed_rows()[f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de"]
+            for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+
+
 def _tokens_per_update(name: str) -> float:
     train = _committed_rows()[name]["train.json"]
     return train["train/target_tokens"] / train["steps"]
@@ -401,8 +407,7 @@ def test_readme_gives_the_wu_presets_two_seeds_with_the_t_interval_of_their_mean
     t-interval of their mean (scipy as the reference)."""
     from scipy import stats
 
-    seeds = [_committed_rows()[f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de"]["eval.json"]
-             [results.TEST_SPLIT]["bleu_lc"] for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+    seeds = [row["eval.json"][results.TEST_SPLIT]["bleu_lc"] for row in _wu_budget_rows()]
     low, high = stats.t.interval(0.95, len(seeds) - 1, loc=statistics.fmean(seeds),
                                  scale=stats.sem(seeds))  # fmt: skip
     assert (
@@ -478,8 +483,7 @@ def test_the_results_pages_reading_of_the_recipe_runs_and_the_literature_is_the_
     containing = [row for row in recipe if contains(row, literature)]
     assert f"the intervals of {NUMBER_WORDS[len(containing)]} of them contain {literature}" in page
 
-    wu_rows = [rows[f"multi30k_wu2021_subword_nmt_8000_init_{run}.en-de"]
-               for run in ("seed1_h200", "seed2_cpu")]  # fmt: skip
+    wu_rows = _wu_budget_rows()
     assert all(row["train.json"]["steps"] < row["params"]["train"]["max_steps"] for row in wu_rows)
     wu = [row["train.json"] for row in wu_rows]
     default = rows["multi30k_tiny_rerun.en-de"]["train.json"]["train/target_tokens"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -90,8 +91,6 @@ def test_the_parity_pages_reading_of_the_curves_is_the_tables():
     ours - fairseq's mean over the first updates and from a later update on, how far fairseq's
     own seeds lie apart from then on, and the late updates where every one of ours lies above
     that mean."""
-    import re
-
     from tests.conftest import REPO_ROOT
 
     block = docs_blocks.read(REPO_ROOT / val_loss_curves.DIAGNOSTICS / "README.md",
