@@ -1,11 +1,11 @@
 """The test suite's result and time on this machine, recorded: a fresh clone's `bash .ci/run`.
 
     python -m benchmarks.ci_run                          # clone HEAD, run it, record it
-    python -m benchmarks.ci_run report [--update-docs]   # docs/index.md's table of the records
+    python -m benchmarks.ci_run report [--update-docs]   # docs/test-suite.md's table of the records
 
 `bash .ci/run` is what CI runs: a fresh environment (`make setup`), `make lint`, then the
 README's test command. A CI machine's CPU class is chance, and the suite's time depends on it
-(bf16 kernels or float32 training), so docs/index.md lists the runs from these records, one
+(bf16 kernels or float32 training), so docs/test-suite.md lists the runs from these records, one
 JSON file per run in benchmarks/results/ci/: when it finished, the commit and lock, the
 machine with its CPU family and model, the tests passed, failed and skipped, pytest's time
 and the whole run's.
@@ -31,7 +31,7 @@ from benchmarks import machine_records
 from pipeline import docs_blocks, environment
 
 RESULTS = Path("benchmarks/results/ci")
-PAGE = docs_blocks.DOCS / "index.md"
+PAGE = docs_blocks.DOCS / "test-suite.md"
 BLOCK = "ci"
 CI_SCRIPT = Path(".ci/run")
 SHARED = "shared"  # CI's layout: the corpus and peers in ../shared beside the clone

@@ -145,7 +145,8 @@ def tokenized_corpus(cfg: Config, tokenized: str | None) -> Iterator[tuple[objec
     project's own prepare and tokenize stages run into a temporary folder (about 10 s for
     Multi30k), removed afterwards."""
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized, tokenize
+    from pipeline.data.tokenized import load_tokenized, tokenize
+    from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 
     folder = Path(tokenized or cfg.paths.tokenized)
     with tempfile.TemporaryDirectory(prefix="bench-tokenized-") as scratch:

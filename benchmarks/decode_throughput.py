@@ -56,9 +56,9 @@ from benchmarks.common import (
 )
 from pipeline.data.batching import eval_batches
 from pipeline.environment import provenance
-from pipeline.evaluation.evaluate import pad_batch
+from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.export import export_ctranslate2, load_exported
-from pipeline.kernels import SpeedPaths
+from pipeline.kernels import SpeedPaths, install_speed_paths
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
 
@@ -155,8 +155,9 @@ def run(args: argparse.Namespace) -> dict:
         pieces.append(([[tokenizer.piece(t) for t in row] for row in rows], steps))
 
     torch.manual_seed(cfg.seed)
-    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training builds it
-    ours = EosBanned(Transformer(cfg.model, vocab, pad, speed_paths), eos, bos).to(device).eval()
+    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training installs it
+    ours = install_speed_paths(Transformer(cfg.model, vocab, pad), speed_paths)
+    ours = EosBanned(ours, eos, bos).to(device).eval()
     marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
     marian = marian.to(device).eval()
 

@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     from pipeline.data.prepared import read_prepared
-    from pipeline.evaluation.evaluate import load_tokenizer, one_line, translate_ids
+    from pipeline.evaluation.beam_decoding import one_line, translate_ids
+    from pipeline.evaluation.model_loading import load_tokenizer
     from pipeline.evaluation.scoring import score
     from pipeline.export import (
         export_ctranslate2,

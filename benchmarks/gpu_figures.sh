@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/performance.md in one run, on a machine without internet and without
+# The GPU figures of docs/lab-benchmarks.md in one run, on a machine without internet and without
 # .git (a copy of the work tree on a GPU box):
 #   1. the GPU suite (benchmarks/gpu_suite.py): ours vs torch.nn.Transformer vs fairseq fp32,
 #      --fp16 and --amp at Transformer-tiny and paper-base sizes, bf16 and TF32, MFU, peak
@@ -67,7 +67,7 @@ main() {
     local data=$RUNS/suite-data tokenized=${GPU_FIGURES_TOKENIZED:-}
     if [[ -z $tokenized ]]; then
         mkdir -p "$data"
-        (cd "$data" && "$PYTHON" -m pipeline.config "~experiment" data.tokenizer.vocab_size=10000 \
+        (cd "$data" && "$PYTHON" -m pipeline.params "~experiment" data.tokenizer.vocab_size=10000 \
             -o params.yaml && "$PYTHON" -m pipeline.stages.prepare &&
             "$PYTHON" -m pipeline.stages.tokenize) >"$LOGS/suite-data.log" 2>&1 ||
             { tail "$LOGS/suite-data.log"; exit 1; }

@@ -1,10 +1,10 @@
-"""docs/performance.md's GPU tables, generated from one run of benchmarks/gpu_figures.sh.
+"""docs/lab-benchmarks.md's GPU tables, generated from one run of benchmarks/gpu_figures.sh.
 
     python -m benchmarks.gpu_report [FOLDER] [--update-docs]
 
 FOLDER (default benchmarks/results/gpu, the committed run; a later run replaces its files) holds
 that run's `gpu_suite.json` and `sweep_workers.json` (either may be missing:
-its tables then say so). The block `gpu` of docs/performance.md gets: the machine and
+its tables then say so). The block `gpu` of docs/lab-benchmarks.md gets: the machine and
 versions; the four targets with the measured figure and whether it is met; training (ours,
 torch.nn.Transformer and fairseq per size and dtype: step time, target tokens/s, MFU, peak
 memory, ours' speed over each); decoding (sentences/s per batch size); trials per hour by
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline import docs_blocks
 
-PAGE = docs_blocks.DOCS / "performance.md"
+PAGE = docs_blocks.DOCS / "lab-benchmarks.md"
 RESULTS = Path("benchmarks/results/gpu")
 BLOCK = "gpu"
 SUITE, SWEEP = "gpu_suite.json", "sweep_workers.json"

@@ -93,7 +93,7 @@ from pipeline import config as config_lib
 from pipeline.config_schema import Config
 from pipeline.environment import provenance
 from pipeline.errors import ConfigError
-from pipeline.evaluation.evaluate import pad_batch
+from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.model.transformer import Transformer
 
 # The sizes the suite trains: a model group of conf/model, the joint vocabulary and the

@@ -79,7 +79,7 @@ start_dvc() {
     local name=$1 overrides=$2 folder=$RUNS/dvc/$1
     mkdir -p "$folder"
     # shellcheck disable=SC2086 # the overrides are words
-    (cd "$folder" && "$PYTHON" -m pipeline.config $overrides -o params.yaml &&
+    (cd "$folder" && "$PYTHON" -m pipeline.params $overrides -o params.yaml &&
         "$PYTHON" -m pipeline.environment >made_on.json) || return 1
     echo "dvc: $name ($overrides)"
     setsid nohup bash -c "cd $folder && for stage in prepare tokenize train evaluate; do $PYTHON -m pipeline.stages.\$stage || exit; done" \

@@ -34,9 +34,16 @@ from pathlib import Path
 # before torch is imported, as the worker's launcher does: at older commits importing that
 # module loads torch first (through pipeline.sweep's eager imports), hence this copy.
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-COMPARED = ("val/loss", "val/bleu")  # logged at every validation since the first records
+COMPARED = ("val/loss", "val/greedy_bleu")  # logged at every validation since the first records
+# Greedy validation BLEU was `val/bleu` at the commits of the first studies (a copy of
+# pipeline.metric_names.FORMER_LOGGED: those commits have no such module).
+FORMER_NAMES = {"val/bleu": "val/greedy_bleu"}
 CPU_FIELDS = ("model name", "cpu family", "model", "stepping")
 CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def current_names(values: dict) -> dict:
+    return {FORMER_NAMES.get(key, key): value for key, value in values.items()}
 
 
 class Unreproducible(Exception):
@@ -50,7 +57,10 @@ def read_record(trial_dir: Path) -> tuple[dict, list[dict], Path]:
     if missing:
         raise Unreproducible(f"{trial_dir}: no {', '.join(missing)} (a trial's record folder?)")
     run = json.loads((trial_dir / "run.json").read_text(encoding="utf-8"))
-    curve = json.loads((trial_dir / "curve.json").read_text(encoding="utf-8"))
+    curve = [
+        current_names(point)
+        for point in json.loads((trial_dir / "curve.json").read_text(encoding="utf-8"))
+    ]
     if not curve or not all(key in curve[0] for key in ("step", *COMPARED)):
         raise Unreproducible(f"{trial_dir / 'curve.json'}: no first validation with {COMPARED}")
     return run, curve, trial_dir / "params.yaml"
@@ -99,11 +109,11 @@ def reproduce(trial_dir: Path, work: Path, any_commit: bool = False) -> dict:
         os.environ[name] = str(run["threads"])
     import torch
 
-    from pipeline.sweep.pin import code_version
+    from pipeline.sweep.pin import git_commit
     from pipeline.sweep.trial import ensure_data
     from pipeline.training import trainer
 
-    commit = code_version()  # the commit of the code that runs, `+dirty.<hash>` if changed
+    commit = git_commit()  # the commit of the code that runs, `+dirty.<hash>` if changed
     if not any_commit and commit != run["commit"]:
         raise Unreproducible(
             f"{trial_dir}: recorded at commit {run['commit']}, and the code here is at {commit}: "
@@ -114,7 +124,7 @@ def reproduce(trial_dir: Path, work: Path, any_commit: bool = False) -> dict:
     recorded = curve[0]
     cfg = first_validation_config(params, work, run, int(recorded["step"]))
     ensure_data(cfg, work / "data")
-    measured = trainer.run(cfg)["last"]
+    measured = current_names(trainer.run(cfg)["last"])
     spm = Path(cfg.paths.tokenized) / "spm.model"
     return {
         "record": "/".join(trial_dir.resolve().parts[-3:]),  # <study>/trials/<trial>

@@ -2,7 +2,7 @@
 machine, recorded.
 
     python -m benchmarks.startup [--repeats 5] [--entries ...]   # measure here, record it
-    python -m benchmarks.startup report [--update-docs]          # docs/index.md's table
+    python -m benchmarks.startup report [--update-docs]          # docs/test-suite.md's table
 
 Every train stage, sweep worker and test that runs a stage is a new process, and each pays its
 imports once. Lightning is the peer a training process cannot avoid; the commands that do not
@@ -26,7 +26,7 @@ from benchmarks import machine_records
 from pipeline import docs_blocks, environment
 
 RESULTS = Path("benchmarks/results/startup")
-PAGE = docs_blocks.DOCS / "index.md"
+PAGE = docs_blocks.DOCS / "test-suite.md"
 BLOCK = "startup"
 PEER = "lightning"
 ENTRIES = {  # name: the statement a fresh interpreter runs

@@ -41,6 +41,7 @@ from benchmarks.common import base_parser, print_json, print_table
 from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.environment import provenance
+from pipeline.metric_names import MEAN_TOKENS_PER_SEC
 from pipeline.sweep.launch import MPS_CONTROL
 
 CHILD_FLAG = "--child"
@@ -70,7 +71,7 @@ def _child(overrides: list[str], steps: int, work: Path) -> None:
     from pipeline.training import trainer
 
     summary = trainer.run(_config(overrides, steps, work))
-    print(json.dumps({"tokens_per_sec": summary["train/tokens_per_sec"]}))
+    print(json.dumps({"tokens_per_sec": summary[MEAN_TOKENS_PER_SEC]}))
 
 
 def _launch(overrides: list[str], steps: int, work: Path, threads: int) -> subprocess.Popen:
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         print_json({**header, "through_sweep": rows})
         return
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
 
     with tempfile.TemporaryDirectory(prefix="sweep-workers-") as tmp:
         root = Path(tmp)

@@ -74,8 +74,8 @@ from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_
 from pipeline.config_schema import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
 from pipeline.environment import provenance
-from pipeline.evaluation.evaluate import pad_batch
-from pipeline.kernels import SpeedPaths
+from pipeline.evaluation.beam_decoding import pad_batch
+from pipeline.kernels import SpeedPaths, install_speed_paths
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
 from pipeline.training.loss import output_layer_loss
@@ -171,8 +171,8 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
                   names: list[str]):  # fmt: skip
     """{name: (module, loss function)} of the in-process systems among `names`."""
     torch.manual_seed(cfg.seed)
-    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training builds it
-    ours = Transformer(cfg.model, vocab, tokens["pad_id"], speed_paths)
+    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training installs it
+    ours = install_speed_paths(Transformer(cfg.model, vocab, tokens["pad_id"]), speed_paths)
     peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"]) if "torch" in names else None
     marian = marian_model(cfg.model, vocab, tokens) if "marian" in names else None
     pad_id, epsilon = tokens["pad_id"], cfg.train.label_smoothing

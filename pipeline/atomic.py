@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from pipeline.errors import DataError, write_error
+from pipeline.errors import DataError, DiskFullError, WriteError, what_was_kept, write_error
 
 _TEMP_NAME = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
 
@@ -66,7 +66,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except Exception as err:
-        failed = write_error(path, err, previous_existed=path.exists())
+        failed = _write_error(path, err, previous_existed=path.exists())
         if failed is not None:
             raise failed from err
         raise
@@ -74,6 +74,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
         with contextlib.suppress(OSError):  # nothing to remove on a read-only place
             tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def read_only_mount(path: str | os.PathLike) -> Path | None:
+    """The folder at the top of the read-only file system that `path` lies (or would lie) on,
+    up to its mount point, as `path` names it; None where that file system is writable."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return None
+    top = existing
+    while (not os.path.ismount(top) and top.parent != top
+           and os.statvfs(top.parent).f_flag & os.ST_RDONLY):  # fmt: skip
+        top = top.parent
+    return top
+
+
+def _write_error(path: Path, err: BaseException, previous_existed: bool) -> WriteError | None:
+    """`write_error`, naming the read-only folder where a read-only mount refused the write
+    (a mount point cannot be renamed either: replacing it fails as 'busy' in its parent)."""
+    failed = write_error(path, err, previous_existed)
+    folder = None if isinstance(failed, DiskFullError) or failed is None else read_only_mount(path)
+    if folder is None:
+        return failed
+    error = WriteError(
+        f"{path}: cannot write it: {folder} is on a read-only file system (mounted read-only); "
+        f"{what_was_kept(Path(path), previous_existed)}. Mount {folder} read-write or point paths.* "
+        "elsewhere, then run again."
+    )
+    error.path = Path(path)
+    return error
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -202,7 +232,7 @@ def atomic_directory(
             os.close(handle)
         if isinstance(err, Exception):
             path = target if staging is None else _failed_file(err, staging, target)
-            failed = write_error(path, err, previous_existed=path.exists())
+            failed = _write_error(path, err, previous_existed=path.exists())
             if failed is not None:
                 raise failed from err
         raise
@@ -212,7 +242,7 @@ def atomic_directory(
         for folder in (staging, previous):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
-        failed = write_error(target, err, previous_existed=target.exists())
+        failed = _write_error(target, err, previous_existed=target.exists())
         if failed is not None:
             raise failed from err
         raise

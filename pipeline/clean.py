@@ -6,13 +6,17 @@
 Two kinds of folders grow with every run and are never removed by the pipeline itself:
 - `<paths.train_dir>.replaced/<time>/`: a finished run that a new experiment moved aside
   (`dvc exp run -S ...`, `train.resume=false`), once per distinct run, listed with its step and
-  why it moved; DVC's cache holds what `dvc exp apply` needs. Removable. `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is
-  kept.
+  why it moved; DVC's cache holds what `dvc exp apply` needs. Removable.
+  `<paths.train_dir>.preempted/` (a stopped run the next `dvc exp run` resumes) is kept.
 - sweep trials' work folders (`<work-dir>/<study>-<key>/<point>/`, the key a hash of the
-  study's storage and id; checkpoints, averaged model): removable once the point is finished and recorded (its `run.json` is in the study's
-  results, `<results-dir>/<study>/trials/<point>/`), which the study never trains again.
-  A point without a record (running, interrupted, failed) resumes from its folder: kept, and
-  so is the study's prepared data (`<work-dir>/<study>-<key>/data/`).
+  study's storage and id; checkpoints, averaged model): removable once the point is finished
+  and recorded (its `run.json` is in the study's results, `<results-dir>/<study>/trials/<point>/`),
+  which the study never trains again, and only where the folder's `.study.json` names this
+  clone's study (its SQLite storage under `--results-dir`, or `--storage`). A point without a
+  record (running, interrupted, failed) resumes from its folder: kept, and so is the study's
+  prepared data (`<work-dir>/<study>-<key>/data/`). Another clone's study, a folder without
+  `.study.json` (another tool's, or made before study folders named their study) and a link are
+  named and kept; a link's target is counted where it is, once.
 - staging folders of a stage killed while it wrote its output folder (`.eval.tmp-<pid>-*`
   beside `paths.eval_dir`, also `paths.prepared` and `paths.tokenized`): as large as the
   output. Removable once no live process owns them; the stage's next run removes them too.
@@ -20,6 +24,7 @@ Two kinds of folders grow with every run and are never removed by the pipeline i
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -79,27 +84,73 @@ def staging_leftovers(paths) -> list[Leftover]:
     ]
 
 
-def study_name(folder: Path) -> str:
-    """The study a work folder belongs to: as its identity file says (`<study>-<key>/`), or
-    the folder's name (folders made before studies were keyed by their identity)."""
+def recorded_study(folder: Path) -> dict | None:
+    """What a study's work folder's `.study.json` says (its study, storage and id), or None
+    where it has none (another tool's folder, or one made before study folders named their
+    study)."""
     import json
 
-    from pipeline.sweep.spec import STUDY_FILE
+    from pipeline.sweep.work_dirs import STUDY_FILE
 
-    identity = folder / STUDY_FILE
-    return json.loads(identity.read_text())["study"] if identity.is_file() else folder.name
+    try:
+        identity = json.loads((folder / STUDY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return identity if isinstance(identity, dict) and "study" in identity else None
 
 
-def trial_leftovers(work_root: Path, results_root: Path) -> list[Leftover]:
-    """Every study's point folders in `work_root`, removable where the point is recorded."""
+def _same_storage(url: str, other: str) -> bool:
+    """Two storage URLs name one storage (an SQLite file compared by its resolved path)."""
+    sqlite = "sqlite:///"
+    if url.startswith(sqlite) and other.startswith(sqlite):
+        return Path(url[len(sqlite) :]).resolve() == Path(other[len(sqlite) :]).resolve()
+    return url == other
+
+
+def clone_storage(study: str, results_root: Path, storage: str | None) -> str:
+    """The storage this clone's study `study` is in: `storage` where given, else the SQLite
+    file the sweep keeps under the results folder (`pipeline.sweep.storage.default_storage`)."""
+    from pipeline.redaction import hide_password
+    from pipeline.sweep.upgrade import DATABASE
+
+    if storage is not None:
+        return hide_password(storage)
+    return f"sqlite:///{(results_root / study / DATABASE).resolve()}"
+
+
+def _link(path: Path) -> Leftover:
+    return Leftover(path, 0, False, f"a link to {os.readlink(path)} (counted where it points)")
+
+
+def trial_leftovers(
+    work_root: Path, results_root: Path, storage: str | None = None
+) -> list[Leftover]:
+    """Every study's point folders in `work_root`, removable where the point is recorded and
+    the folder is this clone's study's; anything else there named and kept."""
     from pipeline.sweep.records import RUN_FILE
 
     found = []
     if not work_root.is_dir():
         return found
     for study in sorted(p for p in work_root.iterdir() if p.is_dir()):
-        name = study_name(study)
+        if study.is_symlink():
+            found.append(_link(study))
+            continue
+        identity = recorded_study(study)
+        if identity is None:
+            why = "not a sweep study's work folder (no .study.json): whose it is is unknown"
+            found.append(Leftover(study, folder_size(study), False, why))
+            continue
+        name, theirs = identity["study"], str(identity.get("storage"))
+        mine = clone_storage(name, results_root, storage)
+        if not _same_storage(theirs, mine):
+            found.append(Leftover(study, folder_size(study), False, f"study '{name}' in "
+                                  f"{theirs}, not this clone's ({mine})"))  # fmt: skip
+            continue
         for point in sorted(p for p in study.iterdir() if p.is_dir()):
+            if point.is_symlink():
+                found.append(_link(point))
+                continue
             size = folder_size(point)
             if point.name == STUDY_DATA:
                 found.append(Leftover(point, size, False, "the study's prepared data"))
@@ -124,6 +175,8 @@ def parse_args(argv: list[str] | None):
                      help=f"the studies' records (default: {RESULTS_ROOT})")  # fmt: skip
     cli.add_argument("--work-dir", type=Path, default=WORK_ROOT,
                      help=f"the sweep trials' work folders (default: {WORK_ROOT})")  # fmt: skip
+    cli.add_argument("--storage", help="the studies' storage, where the sweep was given one "
+                     "(default: each study's SQLite file under --results-dir)")  # fmt: skip
     cli.add_argument("--yes", action="store_true", help="remove what is listed as removable")
     return cli.parse_args(argv)
 
@@ -134,7 +187,7 @@ def clean(argv: list[str] | None = None) -> list[Leftover]:
 
     paths = load_paths(args.params)
     found = train_leftovers(Path(paths.train_dir)) + staging_leftovers(paths)
-    found += trial_leftovers(args.work_dir, args.results_dir)
+    found += trial_leftovers(args.work_dir, args.results_dir, args.storage)
     if not found:
         print("nothing to clean")
         return found

@@ -57,7 +57,9 @@ def _params_snapshot(stage: str) -> dict:
 
     try:
         params = yaml.safe_load(Path(PARAMS_FILE).read_text(encoding="utf-8")) or {}
-    except OSError:
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable: the stage's load names why
+        return {}
+    if not isinstance(params, dict):
         return {}
     keys = _stage_params(stage) or list(params)
     found = {}
@@ -66,10 +68,14 @@ def _params_snapshot(stage: str) -> dict:
     return found
 
 
-def _check_params_unchanged(stage: str, before: dict) -> None:
+def _check_params_unchanged(
+    stage: str, before: dict, kept: Callable[[], str | None] | None = None
+) -> None:
     """Another command (`dvc exp run -S ...` in the same workspace) may rewrite params.yaml
     while a stage runs: DVC would then record this stage's outputs under values they were not
-    made with. Refuse to finish instead (the outputs stay; the next `dvc repro` decides)."""
+    made with. Refuse to finish instead (the outputs stay; the next `dvc repro` decides).
+    `kept`: where the stage keeps what it made and how to record it, said instead of the
+    advice to run it again."""
     after = _params_snapshot(stage)
     changed = sorted(key for key in before.keys() | after.keys()
                      if before.get(key) != after.get(key))  # fmt: skip
@@ -78,23 +84,28 @@ def _check_params_unchanged(stage: str, before: dict) -> None:
         raise ConfigError(
             f"{PARAMS_FILE} changed while the {stage} stage ran: {details}. This stage worked "
             f"with the values it started with, so it does not report success under the new "
-            "ones (DVC would record them). Run it again (`dvc repro`) once the other command "
-            "is done."
+            "ones (DVC would record them). "
+            + ((kept and kept()) or "Run it again (`dvc repro`) once the other command is done.")
         )
 
 
-def main(entry: Callable[[], object], stage: str | None = None) -> None:
+def main(
+    entry: Callable[[], object],
+    stage: str | None = None,
+    kept: Callable[[], str | None] | None = None,
+) -> None:
     """Run `entry`; a PipelineError prints `error: <message>` and exits with its `exit_code`:
     2 (EXIT_USER_ERROR) for user errors, 3 for a preempted training run (checkpoint saved,
     run again to resume; see `pipeline.training.preemption`); a Ctrl-C elsewhere prints one
     line and exits 130. With `stage` (a DVC stage reading params.yaml), finishing is refused if
-    that stage's params changed meanwhile. Warnings print as one line each (`pipeline.console`)."""
+    that stage's params changed meanwhile (`kept`: what the stage keeps of its work then, and
+    how to record it). Warnings print as one line each (`pipeline.console`)."""
     install_warning_format()
     try:
         before = _params_snapshot(stage) if stage else None
         entry()
         if stage:
-            _check_params_unchanged(stage, before)
+            _check_params_unchanged(stage, before, kept)
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(getattr(err, "exit_code", EXIT_USER_ERROR))

@@ -6,11 +6,11 @@ Every producer writes through this module:
 
 | block | page | command |
 |---|---|---|
-| `results`, `results:headline` | docs/results.md, README.md | `python -m pipeline.results table --update-docs` |
-| `ablation:<study>`, `ablation:<study>:summary` | docs/ablation-results.md, README.md | `python -m pipeline.report <study> --update-docs` |
-| `parity` | docs/parity.md | `python -m benchmarks.fairseq.parity --update-docs` |
-| `gpu` | docs/performance.md | `python -m benchmarks.gpu_report --update-docs` |
-| `ci` | docs/index.md | `python -m benchmarks.ci_run report --update-docs` |
+| `results`, `results:headline` | docs/results-runs.md, README.md | `python -m pipeline.results table --update-docs` |
+| `ablation:<study>`, `:summary`, `:front` | docs/ablation-<study>.md, README.md, docs/index.md | `python -m pipeline.report <study> --update-docs` |
+| `parity`, `parity:comparisons` | docs/parity.md, docs/parity-comparisons.md | `python -m benchmarks.fairseq.parity --update-docs` |
+| `gpu` | docs/lab-benchmarks.md | `python -m benchmarks.gpu_report --update-docs` |
+| `ci`, `startup` | docs/test-suite.md | `python -m benchmarks.ci_run report --update-docs`, `python -m benchmarks.startup report --update-docs` |
 """
 
 from __future__ import annotations

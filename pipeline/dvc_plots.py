@@ -1,13 +1,13 @@
-"""`dvc plots show` that works offline: DVC's page template with Vega inside.
+"""DVC's plots pages that work offline: DVC's page template with Vega inside.
 
 DVC's own page loads Vega, Vega-Lite and Vega-Embed from a CDN; without a network its charts
 stay blank. This writes DVC's page template with vl-convert's bundle of the three inlined
-(about 0.9 MB, generated, never committed), for the Vega-Lite major version DVC's plot
-templates are written in:
+(about 0.9 MB), for the Vega-Lite major version DVC's plot templates are written in. The
+repository's copy is .dvc/offline-plots.html, DVC's `plots.html_template` in .dvc/config, so
+`dvc plots show`, `dvc plots diff` and `make plots` draw offline; after a change of
+vl-convert-python, write it again:
 
-    python -m pipeline.dvc_plots dvc_plots/offline-template.html
-    dvc plots show --html-template dvc_plots/offline-template.html     (both: `make plots`)
-"""
+    python -m pipeline.dvc_plots .dvc/offline-plots.html"""
 
 from __future__ import annotations
 

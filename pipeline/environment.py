@@ -21,6 +21,9 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from pipeline.cli import main
+from pipeline.cli import parser as cli_parser
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
@@ -55,6 +58,16 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # bf16 matmuls in hardware (AMX, A
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     return set(cpuinfo().get("flags", "").split())
+
+
+def cpu_id(fields: dict[str, str] | None = None) -> str | None:
+    """'family F, model M' of the first processor (`cpuinfo`'s fields by default): which CPU
+    family a hardware class's machine is, where one class spans several; None where
+    /proc/cpuinfo names none."""
+    fields = cpuinfo() if fields is None else fields
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']}, model {fields['model']}"
 
 
 def hardware() -> str:
@@ -125,14 +138,19 @@ def lock_hash(lock: Path = LOCK_FILE) -> str | None:
 
 
 def provenance() -> dict:
-    """What every results row records about how it was made. Where the installed packages
-    differ from the lock (a remote machine's own image), `environment_differences` counts
-    them: the lock's hash alone would claim an environment the run did not have."""
+    """What every results row records about how it was made: the commit, the lock's hash, the
+    hardware and, where /proc/cpuinfo names them, the CPU's family and model (`cpu_id`). Where
+    the installed packages differ from the lock (a remote machine's own image),
+    `environment_differences` counts them: the lock's hash alone would claim an environment
+    the run did not have."""
     recorded = {
         "commit": code_commit(),
         "environment_lock": lock_hash(LOCK_FILE),
         "hardware": hardware(),
     }
+    cpu = cpu_id()
+    if cpu is not None:
+        recorded["cpu_id"] = cpu
     differences = installed_differences(LOCK_FILE)
     if differences:
         recorded["environment_differences"] = len(differences)
@@ -189,5 +207,20 @@ def installed_differences(lock: Path = LOCK_FILE) -> list[str]:
     return differences
 
 
-if __name__ == "__main__":  # the provenance of a run made here, for `pipeline.results --made-on`
+CLI_DOC = """Print this machine's provenance as JSON: the commit, the hardware, the lock's hash (and
+how many installed packages differ from the lock).
+
+A run made on another machine is recorded with this JSON from there:
+
+    python -m pipeline.environment > made-on.json
+    python -m pipeline.results record <name> --command "..." --made-on made-on.json
+"""
+
+
+def cli(argv: list[str] | None = None) -> None:
+    cli_parser("pipeline.environment", CLI_DOC).parse_args(argv)
     print(json.dumps(provenance(), indent=2))
+
+
+if __name__ == "__main__":
+    main(cli)

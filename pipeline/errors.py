@@ -67,7 +67,8 @@ def is_disk_full(err: BaseException | None) -> bool:
     return _os_error(err, _DISK_FULL) is not None
 
 
-def _kept(path: Path, previous_existed: bool) -> str:
+def what_was_kept(path: Path, previous_existed: bool) -> str:
+    """What a failed atomic write of `path` left: the previous file, or nothing."""
     return f"the previous {path.name} is intact" if previous_existed else "nothing was written"
 
 
@@ -76,7 +77,7 @@ def disk_full_error(path, previous_existed: bool) -> DiskFullError:
     path = Path(path)
     error = DiskFullError(
         f"{path}: disk full (no space left on device) while writing it; "
-        f"{_kept(path, previous_existed)}. Free space on that disk (`df -h {path.parent}`) or "
+        f"{what_was_kept(path, previous_existed)}. Free space on that disk (`df -h {path.parent}`) or "
         "point paths.* elsewhere, then run again."
     )
     error.path = path
@@ -94,7 +95,7 @@ def write_error(path, err: BaseException, previous_existed: bool) -> WriteError 
     path = Path(path)
     error = WriteError(
         f"{path}: cannot write it ({denied.strerror or 'permission denied'}); "
-        f"{_kept(path, previous_existed)}. Make {path.parent} writable or point paths.* "
+        f"{what_was_kept(path, previous_existed)}. Make {path.parent} writable or point paths.* "
         "elsewhere, then run again."
     )
     error.path = path

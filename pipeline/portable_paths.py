@@ -10,8 +10,11 @@ written `<work-root>/...`; a path in the repository, relative to it; any other p
 directory, `~/...`. `--relativize` rewrites files written before this rule (or by code that
 predates it) in place: text records (JSON, YAML, JSON lines, Markdown, text) and Optuna's
 SQLite storages (`study.db`: the user and system attributes of studies and trials, in one
-transaction, then vacuumed so that no old value stays in a free page). Rewriting is
-idempotent.
+transaction, then vacuumed so that no old value stays in a free page). In a record it also
+rewrites every other absolute path: a study's folders on the machine that ran it (its
+`--work-dir`, a temporary folder, as `<work-root>/<study>/...`; its `--results-dir`, as the
+study's results folder in the repository), and anything else relative to the repository
+(`../other-checkout/...`, `../../tmp/...`). Rewriting is idempotent.
 """
 
 from __future__ import annotations
@@ -88,8 +91,45 @@ def copy_relativized(
 
 
 def home_paths(text: str) -> list[str]:
-    """The absolute home paths in `text` (what a record must not hold)."""
+    """The absolute home paths in `text`."""
     return [match.group(0) for match in re.finditer(_HOME + r"/[^\s\"',;)\]}]*", text)]
+
+
+# An absolute path of two names or more (a lone `/name` is as often a unit or a ratio).
+# Not after a mark (`<work-root>/...`, `<run>/...`): that path is relative to it.
+ABSOLUTE_PATH = re.compile(r"(?<![\w./~>-])/[\w.@+-]+(?:/[\w.@+-]+)+/?")
+# The folders a sweep's --work-dir holds for a study: its points' and its shared data.
+_WORK_FOLDER = re.compile(r"^(?:data|.+-seed\d+)$")
+STUDY_RESULTS = Path("ablations/results")  # a study's records: <this>/<study>/
+
+
+def absolute_paths(text: str) -> list[str]:
+    """The absolute paths in `text` (what a record must not hold)."""
+    return ABSOLUTE_PATH.findall(text)
+
+
+def portable_record(text: str, record: Path, repo: Path, work_root: Path | None = None) -> str:
+    """`relativize`, then every absolute path left: a study's folders on the machine that ran
+    it, in a record of that study (`record`, under STUDY_RESULTS), as the work root's or the
+    repository's; any other, relative to the repository."""
+    text = relativize(text, repo, work_root)
+    record = record.resolve()
+    inside = record.relative_to(repo).parts if record.is_relative_to(repo) else ()
+    n = len(STUDY_RESULTS.parts)
+    study = inside[n] if inside[:n] == STUDY_RESULTS.parts and len(inside) > n + 1 else None
+
+    def portable(match: re.Match) -> str:
+        path = match.group(0)
+        folders = path.rstrip("/").split("/")
+        if study in folders[:-1]:
+            at = folders.index(study)
+            rest = "/".join(folders[at + 1 :])
+            if _WORK_FOLDER.match(folders[at + 1]):
+                return f"{WORK_ROOT_MARK}/{study}/{rest}"
+            return f"{STUDY_RESULTS.as_posix()}/{study}/{rest}"
+        return os.path.relpath(path, repo) + ("/" if path.endswith("/") else "")
+
+    return ABSOLUTE_PATH.sub(portable, text)
 
 
 def tracked_records(repo: Path, roots: Iterable[str] = RECORD_ROOTS) -> list[Path]:
@@ -118,7 +158,9 @@ def relativize_file(path: Path, repo: Path | None = None, work_root: Path | None
     if path.name.endswith(DATABASE_SUFFIXES):
         return relativize_database(path, repo, work_root)
     text = path.read_text(encoding="utf-8")
-    new = relativize(text, repo, work_root)
+    new = (
+        portable_record(text, path, repo, work_root) if repo else relativize(text, repo, work_root)
+    )
     if new != text:
         write_text_atomic(path, new)
     return new != text
@@ -134,7 +176,13 @@ def relativize_database(
         for table in (t for t in ATTRIBUTE_TABLES if t in tables):
             rows = db.execute(f"SELECT rowid, value_json FROM {table}").fetchall()
             for rowid, value in rows:
-                new = relativize(value, repo, work_root) if value else value
+                if not value:
+                    continue
+                new = (
+                    portable_record(value, path, repo, work_root)
+                    if repo
+                    else relativize(value, repo, work_root)
+                )
                 if new != value:
                     db.execute(f"UPDATE {table} SET value_json = ? WHERE rowid = ?", (new, rowid))
                     changed += 1
@@ -147,7 +195,7 @@ def relativize_database(
 def parse_args(argv: list[str] | None):
     cli = parser("pipeline.portable_paths", __doc__)
     cli.add_argument("--relativize", action="store_true", required=True,
-                     help="rewrite absolute home paths in the records in place")  # fmt: skip
+                     help="rewrite absolute paths in the records in place")  # fmt: skip
     cli.add_argument("paths", nargs="*", type=Path,
                      help=f"files or folders (default: git's tracked records under "
                           f"{', '.join(RECORD_ROOTS)})")  # fmt: skip

@@ -1,4 +1,4 @@
-"""The results table (docs/results.md) and README's headline table, built from the runs' own
+"""The results table (docs/results-runs.md) and README's headline table, built from the runs' own
 metrics files (never typed by hand).
 
 A row is a folder `results/<name>/` holding what one full `dvc repro` wrote: the stages' DVC
@@ -7,7 +7,7 @@ with, and `run.json` (the command, the machine, the commit; `reproduce`, where t
 ran is not the one a user types, is that command). After a run:
 
     python -m pipeline.results record multi30k_tiny.en-de --command "make repro"
-    python -m pipeline.results table --update-docs  # docs/results.md and README.md, rewritten
+    python -m pipeline.results table --update-docs  # docs/results-runs.md and README.md, rewritten
 
 README shows the rows that `results/headline.txt` names, in its order, with fewer columns; each
 must have its hypotheses committed (`val.hyp`, `test_2016_flickr.hyp`), so that every number on
@@ -31,6 +31,7 @@ from pipeline.cli import main
 from pipeline.environment import provenance
 from pipeline.errors import DataError
 from pipeline.evaluation.scoring import LITERATURE_METRIC
+from pipeline.metric_names import FORMER_SUMMARY, current_names
 from pipeline.portable_paths import copy_relativized
 from pipeline.redaction import hide_passwords
 from pipeline.sweep.spec import WORK_ROOT
@@ -38,8 +39,9 @@ from pipeline.sweep.spec import WORK_ROOT
 RESULTS_ROOT = Path("results")
 METRICS_FILES = ("prepare.json", "tokenize.json", "train.json", "eval.json")
 RUN_FILE = "run.json"
-BLOCK, HEADLINE_BLOCK = "results", "results:headline"  # docs/results.md's, README.md's
-PAGE = docs_blocks.DOCS / "results.md"
+BLOCK, HEADLINE_BLOCK = "results", "results:headline"  # TABLE_PAGE's, README.md's
+PAGE = docs_blocks.DOCS / "results.md"  # what the recipe and its variants showed
+TABLE_PAGE = docs_blocks.DOCS / "results-runs.md"  # every recorded run (generated)
 HEADLINE_FILE = "headline.txt"  # in the results folder: the rows README shows, one name a line
 HEADLINE_COLUMNS = ["recipe", "direction", "test2016 BLEU (lc)", "val BLEU (lc)",
                     "train + eval wall time", "hardware", "command"]  # fmt: skip
@@ -114,6 +116,7 @@ def load_rows(root: Path) -> list[dict]:
     rows = []
     for row in sorted(p for p in root.glob("*") if (p / RUN_FILE).exists()):
         files = {f: json.loads((row / f).read_text()) for f in (*METRICS_FILES, RUN_FILE)}
+        files["train.json"] = current_names(files["train.json"], FORMER_SUMMARY)
         params = yaml.safe_load((row / "params.yaml").read_text())
         rescorable = all((row / hypotheses).exists() for hypotheses in HYPOTHESES)
         rows.append({"name": row.name, "params": params, "rescorable": rescorable, **files})
@@ -141,7 +144,7 @@ def reproduce_command(run: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The Markdown block docs/results.md carries between its results markers."""
+    """The Markdown block docs/results-runs.md carries between its results markers."""
     header = (
         "| recipe | direction | averaged, length penalty | test2016 BLEU (lc) "
         "| test2016 BLEU (cased) | test2016 tokenized BLEU (lc) | chrF | val BLEU (lc) "
@@ -199,14 +202,25 @@ def headline(rows: list[dict], root: Path) -> str:
 
 
 def update_docs(rows: list[dict], root: Path, docs_root: Path) -> None:
-    """Write the table into docs/results.md and the headline into README.md under `docs_root`."""
-    docs_blocks.fill(docs_root / PAGE, BLOCK, table(rows))
+    """Write the table into docs/results-runs.md and the headline into README.md under
+    `docs_root`."""
+    docs_blocks.fill(docs_root / TABLE_PAGE, BLOCK, table(rows))
     docs_blocks.fill(docs_root / docs_blocks.README, HEADLINE_BLOCK, headline(rows, root))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.results", description=__doc__)
-    parser.add_argument("--root", type=Path, default=RESULTS_ROOT)
+    # Raw: the docstring's example commands keep their lines (argparse would run them together)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.results",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=RESULTS_ROOT,
+        help=f"the recorded rows (default: {RESULTS_ROOT})",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record", help="copy the finished run's metrics into results/<name>/")
     rec.add_argument("name", help="e.g. multi30k_tiny.en-de")

@@ -27,14 +27,15 @@ def float32_tolerance(terms: int, scale: float = 1.0) -> float:
 
 def reduction_length(model, keys: int | None = None) -> int:
     """The most float32 products summed on the way from the inputs to one log-prob: each
-    attention's projection (d_model), scores (d_model / heads), weighted sum (up to
-    max_positions keys) and output projection (d_model); each feed-forward's two layers
-    (d_model, d_ff); each LayerNorm's mean and variance (d_model); the output layer (d_model)
-    and the log-softmax's normaliser (vocab). `keys`: the longest sequence attended to, where
+    attention's projection (d_model), scores (d_k: model.head_dim, else d_model / heads),
+    weighted sum (up to max_positions keys) and output projection (heads * d_k); each
+    feed-forward's two layers (d_model, d_ff); each LayerNorm's mean and variance (d_model);
+    the output layer (d_model) and the log-softmax's normaliser (vocab). `keys`: the longest sequence attended to, where
     the inputs are known to be shorter than max_positions."""
     cfg = model.cfg
     keys = cfg.max_positions if keys is None else keys
-    attention = 3 * cfg.d_model + cfg.d_model // cfg.heads + keys
+    d_k = cfg.d_model // cfg.heads if cfg.head_dim is None else cfg.head_dim
+    attention = 2 * cfg.d_model + cfg.heads * d_k + d_k + keys
     norm, ffn = cfg.d_model, cfg.d_model + cfg.d_ff
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm

@@ -13,7 +13,9 @@ A run ends with its test BLEU, where the eye lands: the summarize stage prints `
 last, and `python -m pipeline.summary` prints it again from the file (`make repro` and `make
 smoke` do, after DVC's own lines and also when DVC had nothing to run):
 
-    test BLEU (lc) 35.1 on test_2016_flickr (chrF 61.2, TER 47.9; val BLEU (lc) 36.0): metrics/summary.json
+    test BLEU (lc) 35.1 on test_2016_flickr (chrF 61.2, TER 47.9); val 36.0
+
+(in 80 columns; the numbers are `metrics/summary.json`'s).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from pipeline.cli import main, parser
 from pipeline.config_schema import Config
 from pipeline.errors import DataError
+from pipeline.metric_names import FORMER_SUMMARY, MEAN_TOKENS_PER_SEC, current_names
 
 SUMMARY_FILE = "summary.json"  # in paths.metrics_dir
 SCORES = ("bleu_lc", "chrf", "ter")  # per evaluated split, from eval.json
@@ -32,7 +35,7 @@ TRAINING = {  # summary key: train.json key
     "val/ppl": "val/ppl",
     "train/steps": "steps",
     "train/wall_time_s": "wall_time_s",
-    "train/tokens_per_sec": "train/tokens_per_sec",
+    MEAN_TOKENS_PER_SEC: MEAN_TOKENS_PER_SEC,
 }
 
 
@@ -46,7 +49,8 @@ def _read(path: Path) -> dict:
 def summarize(cfg: Config) -> dict:
     """The summary of the train and evaluate stages' records in `paths.metrics_dir`."""
     metrics_dir = Path(cfg.paths.metrics_dir)
-    scores, training = _read(metrics_dir / "eval.json"), _read(metrics_dir / "train.json")
+    scores = _read(metrics_dir / "eval.json")
+    training = current_names(_read(metrics_dir / "train.json"), FORMER_SUMMARY)
     benchmark = cfg.data.test_splits[0] if cfg.data.test_splits else None
     summary = {}
     for split in cfg.eval.splits:
@@ -59,17 +63,19 @@ def summarize(cfg: Config) -> dict:
 
 
 def headline(summary: dict, cfg: Config) -> str:
-    """One line: the benchmark split's BLEU first, then its chrF and TER and the val BLEU."""
+    """One line of 80 columns: the benchmark split's BLEU first, its chrF and TER, then the
+    val split's BLEU of the same kind (beam search, averaged checkpoints; not training's
+    `val/greedy_bleu`)."""
     path = Path(cfg.paths.metrics_dir) / SUMMARY_FILE
     # a summary written before BLEU (lc) was its headline holds the cased `bleu`
     name, label = ("bleu_lc", "BLEU (lc)") if "test/bleu_lc" in summary else ("bleu", "BLEU")
     if f"test/{name}" not in summary:
         return f"no test split scored (data.test_splits is empty): {path}"
     val = summary.get(f"eval/val/{name}")
-    tail = f"; val {label} {val:.1f}" if val is not None else ""
+    tail = f"; val {val:.1f}" if val is not None else ""
     return (
         f"test {label} {summary[f'test/{name}']:.1f} on {cfg.data.test_splits[0]} (chrF "
-        f"{summary['test/chrf']:.1f}, TER {summary['test/ter']:.1f}{tail}): {path}"
+        f"{summary['test/chrf']:.1f}, TER {summary['test/ter']:.1f}){tail}"
     )
 
 

@@ -67,10 +67,10 @@ from typing import Any
 
 from pipeline.config import to_dict
 from pipeline.config_schema import Config
+from pipeline.dvc_env import DVC_EXP_NAME
 from pipeline.redaction import hide_passwords
 
 MODE_ENV = "WANDB_MODE"
-DVC_EXP_ENV = "DVC_EXP_NAME"  # set by `dvc exp run` for the stages it runs
 CONFIG_FILE = "config.yaml"  # in a run's files/ folder
 TELEMETRY_ENV = "WANDB_ERROR_REPORTING"
 _MODE_ALIASES = {"dryrun": "offline", "run": "online"}
@@ -92,7 +92,7 @@ def start_wandb_run(cfg: Config, job_type: str, name: str | None = None, group: 
     directory = Path(cfg.paths.wandb_dir)
     directory.mkdir(parents=True, exist_ok=True)
     config = to_dict(cfg)
-    dvc_experiment = os.environ.get(DVC_EXP_ENV)
+    dvc_experiment = os.environ.get(DVC_EXP_NAME)
     if dvc_experiment:
         config["dvc_exp_name"] = dvc_experiment
         name = name or f"{dvc_experiment}-{job_type}"

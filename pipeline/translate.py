@@ -14,13 +14,15 @@ From Python (CTranslate2's and fairseq's naming: beam_size, num_hypotheses, leng
 Input is normalised exactly as `prepare` normalises the corpus (NFC, whitespace collapsed),
 encoded with the joint subword model (Moses-tokenized first where the model was trained so,
 `data.tokenizer.pretokenizer`), beam-searched in batches of `eval.max_tokens` source tokens and
-detokenized; an empty input line gives an empty output line. Defaults come from
-params.yaml: the model is `paths.eval_dir/model.ckpt` (the averaged checkpoint the evaluate
-stage scored), beam settings from `eval`. The subword model is the `spm.model` beside the
-checkpoint (the evaluate stage and `export` write it there, so a copied model folder
-translates anywhere), else `paths.tokenized/spm.model` of the repository the checkpoint is in,
-from whatever folder it is called. The Python API is quiet; the command shows a progress bar
-on stderr.
+detokenized; an empty input line gives an empty output line. The config (decoding settings
+`eval`, where the subword model is) is `--params` where given; with `--checkpoint` alone, the
+one saved in the checkpoint (the model's own recipe, from any folder); with neither,
+./params.yaml, whose `paths.eval_dir/model.ckpt` (the averaged checkpoint the evaluate stage
+scored) is the model. `--beam` and `--length-penalty` go over its `eval`. The subword model
+is the `spm.model` beside the checkpoint (the evaluate stage and `export` write it there, so a
+copied model folder translates anywhere), else `paths.tokenized/spm.model` of the repository
+the checkpoint is in, from whatever folder it is called. The Python API is quiet; the command
+shows a progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from pipeline import config as config_lib
 from pipeline import config_schema
-from pipeline.cli import main
+from pipeline.cli import PARAMS_FILE, main
 from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
@@ -69,14 +71,12 @@ class Translator:
         saved in the checkpoint); `device`: "cpu", "cuda", "cuda:1"; `progress`: a progress
         bar on stderr while translating."""
         # torch and the model code load only now: `--help` and usage errors answer at once.
-        from pipeline.evaluation.evaluate import load_model, load_tokenizer
-        from pipeline.training.checkpoints import read_checkpoint
+        from pipeline.evaluation.model_loading import load_model, load_tokenizer
 
         checkpoint = Path(checkpoint)
         torch_device = resolve_device(device)
         if config is None:
-            saved = read_checkpoint(checkpoint)["hyper_parameters"]["config"]
-            config = config_lib.from_dict(saved)
+            config = checkpoint_config(checkpoint)
         spm_model = Path(tokenizer) if tokenizer else find_tokenizer(checkpoint, config)
         if not spm_model.is_file():
             raise DataError(
@@ -96,7 +96,7 @@ class Translator:
     ) -> list:
         """One `Translation` (its `texts`, `scores` and subword `tokens`, best first) per
         source; an empty source gives an empty list of hypotheses."""
-        from pipeline.evaluation.evaluate import translate_ids
+        from pipeline.evaluation.beam_decoding import translate_ids
 
         beam = beam_size or self.eval_cfg.beam_size
         if not 1 <= num_hypotheses <= beam:
@@ -119,6 +119,16 @@ class Translator:
     def translate(self, sources: Sequence[str], **options) -> list[str]:
         """The best translation of each source (options as `translate_batch`'s)."""
         return [t.best for t in self.translate_batch(sources, **options)]
+
+
+def checkpoint_config(checkpoint: Path) -> config_schema.Config:
+    """The config a checkpoint was trained with (saved in it); DataError where the file is
+    missing or not a checkpoint."""
+    from pipeline.training.checkpoints import read_checkpoint
+
+    if problem := not_a_file(checkpoint):
+        raise DataError(f"checkpoint {checkpoint} {problem}: pass the path of a model.ckpt")
+    return config_lib.from_dict(read_checkpoint(checkpoint)["hyper_parameters"]["config"])
 
 
 def find_tokenizer(checkpoint: str | Path, config: config_schema.Config) -> Path:
@@ -155,7 +165,11 @@ def resolve_device(name: str):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli_parser("pipeline.translate", __doc__)
-    parser.add_argument("--params", default="params.yaml", help="config (default: params.yaml)")
+    parser.add_argument(
+        "--params",
+        help="config: decoding settings, where the model and subword model are (default: "
+        "the checkpoint's own with --checkpoint, else params.yaml)",
+    )
     parser.add_argument(
         "--checkpoint", type=Path, help="model checkpoint (default: <paths.eval_dir>/model.ckpt)"
     )
@@ -190,6 +204,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def load_params(path: str | None) -> config_schema.Config:
+    """`--params`, else ./params.yaml; where there is none, the message says how to translate
+    with a model alone."""
+    if path is None and not Path(PARAMS_FILE).exists():
+        raise ConfigError(
+            f"{PARAMS_FILE} not found: run from the repository root, or pass "
+            "--checkpoint <model.ckpt> (it translates with its own config's settings)"
+        )
+    return config_lib.load(path or PARAMS_FILE)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -202,15 +227,20 @@ def translate(argv: list[str] | None = None) -> None:
     resolve_device(args.device)  # before anything is read
     if args.beam and args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest} is more than --beam {args.beam}: raise --beam")
-    cfg = config_lib.load(args.params)
-    default_checkpoint = Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
-    checkpoint = args.checkpoint or default_checkpoint
-    if problem := not_a_file(checkpoint):
-        raise DataError(
-            f"checkpoint {checkpoint} {problem}: train and evaluate with `dvc repro evaluate` "
-            f"(it runs `dvc repro train` first and writes {default_checkpoint}), "
-            f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
-        )
+    if args.params is None and args.checkpoint is not None:
+        # A model alone translates with its own recipe's settings, from any folder.
+        checkpoint = args.checkpoint
+        cfg = checkpoint_config(checkpoint)
+    else:
+        cfg = load_params(args.params)
+        default_checkpoint = Path(cfg.paths.eval_dir) / MODEL_CHECKPOINT
+        checkpoint = args.checkpoint or default_checkpoint
+        if problem := not_a_file(checkpoint):
+            raise DataError(
+                f"checkpoint {checkpoint} {problem}: train and evaluate with `dvc repro "
+                f"evaluate` (it runs `dvc repro train` first and writes {default_checkpoint}), "
+                f"or pass --checkpoint {Path(cfg.paths.train_dir) / 'checkpoints'}/<name>.ckpt"
+            )
     spm_model = args.tokenizer or find_tokenizer(checkpoint, cfg)
     if not spm_model.is_file():
         raise DataError(
@@ -230,7 +260,7 @@ def translate(argv: list[str] | None = None) -> None:
     if args.nbest == 1:
         text = "".join(f"{t.best}\n" for t in translations)
     else:
-        from pipeline.evaluation.evaluate import nbest_lines
+        from pipeline.evaluation.beam_decoding import nbest_lines
 
         text = "".join(f"{line}\n" for line in nbest_lines(translations))
     if args.output is not None:

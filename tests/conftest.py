@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,96 +157,12 @@ def redirect_paths(cfg: config_schema.Config, root: Path) -> config_schema.Confi
 
 def write_params(directory: Path, *overrides: str) -> None:
     """conf/ composed with `overrides` into directory/params.yaml, as DVC writes it for `dvc
-    exp run -S`: composed, not validated (the stages validate; `python -m pipeline.config`
+    exp run -S`: composed, not validated (the stages validate; `python -m pipeline.params`
     refuses a bad value before writing anything)."""
     from omegaconf import OmegaConf
 
     params = OmegaConf.to_yaml(config_lib.compose_dict(list(overrides)))
     (Path(directory) / "params.yaml").write_text(params)
-
-
-def outside_domain(hint, domain: config_schema.Domain):
-    """A hypothesis strategy of values a key of type `hint` and `domain` refuses, of every
-    class its domain has: the wrong type, below its minimum, above its maximum, not one of its
-    choices, not matching its pattern, empty, of the wrong length, holding a bad item or key.
-    Only values that YAML and OmegaConf keep as they are (no number written as a string)."""
-    import math
-    import re
-    import typing
-
-    from hypothesis import strategies as st
-
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union or type(hint).__name__ == "UnionType":
-        hint = next(arg for arg in args if arg is not type(None))  # null is in the domain
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-
-    def special(value) -> bool:
-        return any(type(value) is type(s) and value == s for s in domain.also)
-
-    words = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=10)
-    wrong_type = {
-        int: [words, st.floats(allow_nan=False, allow_infinity=False).filter(
-            lambda x: not float(x).is_integer()), st.just([1, 2]), st.just({"a": 1})],
-        float: [words, st.just(math.nan), st.just(math.inf), st.just([1.0]), st.just({"a": 1})],
-        bool: [words.filter(lambda w: w not in {"y", "n", "yes", "no", "on", "off", "true",
-                                                "false"}), st.just([True])],
-        str: [st.just(["a"]), st.just({"a": "b"})],
-    }  # fmt: skip
-    classes = []
-    if hint is typing.Any:
-        classes += [st.just({"a": 1}), st.just(1.5)]
-        if domain.choices:
-            classes.append(words.filter(lambda w: w not in domain.choices))
-    elif origin is list:
-        classes += [words, st.just({"a": 1})]
-        if domain.nonempty:
-            classes.append(st.just([]))
-        if domain.length is not None:
-            classes.append(st.lists(st.just(0.5), max_size=domain.length + 2).filter(
-                lambda items: len(items) != domain.length))  # fmt: skip
-        if domain.items is not None:
-            classes.append(outside_domain(args[0], domain.items).map(lambda bad: [bad]))
-    elif origin is dict:
-        classes += [words, st.just([1, 2])]
-        valid_item = {} if typing.get_origin(args[1]) is dict else 1
-        if domain.keys is not None and domain.keys.pattern:
-            classes.append(st.just({"a/b": valid_item}))  # no pattern here takes a slash
-        if domain.items is not None:
-            valid_key = domain.keys.choices[0] if domain.keys and domain.keys.choices else "a"
-            classes.append(outside_domain(args[1], domain.items).map(
-                lambda bad: {valid_key: bad}))  # fmt: skip
-    else:
-        classes += wrong_type[hint]
-    if hint in (int, float, typing.Any):
-        number = (
-            st.integers
-            if hint is not float
-            else (lambda **bound: st.floats(allow_nan=False, allow_infinity=False, **bound))
-        )
-        if domain.ge is not None or domain.gt is not None:
-            low = domain.ge if domain.ge is not None else domain.gt
-            if hint is float:
-                below = number(max_value=low, exclude_max=domain.ge is not None)
-            else:
-                below = number(max_value=math.ceil(low) - 1 if domain.ge is not None else low)
-            classes.append(below.filter(lambda x: not special(x)))
-        if domain.le is not None or domain.lt is not None:
-            high = domain.le if domain.le is not None else domain.lt
-            if hint is float:
-                above = number(min_value=high, exclude_min=domain.le is not None)
-            else:
-                above = number(min_value=math.floor(high) + 1 if domain.le is not None else high)
-            classes.append(above.filter(lambda x: not special(x)))
-    if hint is str:
-        if domain.choices:
-            classes.append(words.filter(lambda w: w not in domain.choices))
-        if domain.nonempty:
-            classes.append(st.just(""))
-        if domain.pattern:
-            classes.append(st.sampled_from(["a/b", "two words", "new\nline", "-dash", "x" * 300])
-                           .filter(lambda w: not re.fullmatch(domain.pattern, w)))  # fmt: skip
-    return st.one_of(classes)
 
 
 def set_key(tree: dict, dotted: str, value) -> dict:
@@ -273,7 +191,7 @@ def run_stage(
 
 @pytest.fixture(params=[True, False], ids=["cpu_speed_paths", "generic_paths"])
 def speed_paths(request):
-    """The `SpeedPaths` a test passes to the model: the test runs twice, with the CPU-only
+    """The `SpeedPaths` a test installs in the model: the test runs twice, with the CPU-only
     speed paths and with the paper's (generic) paths a GPU takes, so both meet the same oracle."""
     from pipeline.kernels import SpeedPaths
 
@@ -323,8 +241,8 @@ def study_folder(work: Path, results: Path, study: str) -> Path:
     first study of a fresh SQLite file has id 1), as `pipeline.sweep` keys it."""
     from types import SimpleNamespace
 
-    from pipeline.sweep.spec import study_work_dir
     from pipeline.sweep.storage import default_storage
+    from pipeline.sweep.work_dirs import study_work_dir
 
     return study_work_dir(work, study, default_storage(SimpleNamespace(study=study), results), 1)
 
@@ -384,7 +302,7 @@ GRID_SPEC = {
     "study": "domains",
     "kind": "grid",
     "base_experiment": "smoke",
-    "objective": {"metric": "val/bleu", "direction": "maximize"},
+    "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
     "seeds": [1],
     "variants": {"base": {}},
 }
@@ -434,7 +352,7 @@ def tokenized_smoke(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     value, and point paths.train_dir etc. elsewhere with `redirect_paths` if a test writes).
     """
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
 
     root = shared_root(tmp_path_factory) / "tokenized_smoke"
     cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", "experiment=smoke"])
@@ -449,7 +367,7 @@ def tokenized_multi30k(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The default config (en->de, all 29000 training pairs, joint BPE 8000) prepared and
     tokenized once per test run; read-only like `tokenized_smoke`."""
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
 
     root = shared_root(tmp_path_factory) / "tokenized_multi30k"
     cfg = redirect_paths(config_lib.compose([f"data.raw_dir={multi30k_dir}"]), root)
@@ -520,6 +438,23 @@ def frameworks_loaded_by(module: str, *args: str) -> subprocess.CompletedProcess
                           text=True, timeout=300)  # fmt: skip
 
 
+def page_references(page: str) -> list[str]:
+    """Every src= and href= of an HTML page."""
+    from html.parser import HTMLParser
+
+    class References(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found += [value for key, value in attrs if key in ("src", "href") and value]
+
+    parser = References()
+    parser.feed(page)
+    return parser.found
+
+
 def run_in_terminal(command: list[str], cwd, env, columns: int = 120, timeout: float = 600) -> str:
     """Run `command` with stdout and stderr on a pseudo-terminal `columns` wide (Python's
     `pty`); its output, carriage returns and all. It must exit 0."""
@@ -533,17 +468,30 @@ def run_in_terminal(command: list[str], cwd, env, columns: int = 120, timeout: f
     process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                stdout=child, stderr=child)  # fmt: skip
     os.close(child)
-    chunks = []
-    while True:
+    chunks, deadline = [], time.monotonic() + timeout
+    # Read until the terminal closes or the command has exited and its output is drained: a
+    # daemon it started may hold the terminal open for ever.
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if not ready:
+            if process.poll() is not None:
+                break
+            continue
         try:
             data = os.read(main, 65536)
-        except OSError:  # EIO: the child's side closed
+        except OSError:  # EIO: every holder of the terminal's other side closed it
             break
         if not data:
             break
         chunks.append(data)
     os.close(main)
-    assert process.wait(timeout=timeout) == 0, b"".join(chunks)[-3000:]
+    output = b"".join(chunks)[-3000:]
+    try:
+        code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError(f"{command} still ran after {timeout} s:\n{output!r}") from None
+    assert code == 0, output
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 

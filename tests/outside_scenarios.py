@@ -7,13 +7,14 @@ URL, with no traceback, and leave its workspace as it was.
     python tests/outside_scenarios.py        (one line per scenario; exit 1 if one failed)
 
 The suite runs it (tests/test_outside_scenarios.py). The scenarios that need a trained run, a
-signal or a full disk have tests of their own, listed in docs/reliability.md.
+signal or a full disk have tests of their own, listed on the reliability pages of docs/.
 """
 
 from __future__ import annotations
 
 import http.server
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,11 @@ SCENARIOS += [
              "data.limits.download_min_rate_kb_s=1",
              setup=download_from(trickling_server(1, 0.5), "data.limits.download_grace_s=2",
                                  "data.limits.download_min_rate_kb_s=1")),
+    Scenario("check ends headers trickling below data.limits.download_min_rate_kb_s", CHECK,
+             "data.limits.download_min_rate_kb_s=1",
+             setup=download_from(trickling_server(4096, 0.5, headers_every=0.5),
+                                 "data.limits.download_grace_s=2",
+                                 "data.limits.download_min_rate_kb_s=1")),
     Scenario("check ends headers trickling past data.limits.download_deadline_s", CHECK,
              "data.limits.download_deadline_s=3",
              setup=download_from(trickling_server(4096, 0.5, headers_every=0.5),
@@ -192,8 +198,16 @@ BAD_SPECS = [
 ]  # fmt: skip
 
 
+def as_a_checkout(workspace: Path) -> None:
+    """The workspace as the root of a checkout (its dvc.yaml and conf/, linked), where the
+    sweep runs."""
+    for name in ("dvc.yaml", "conf"):
+        (workspace / name).symlink_to(REPO_ROOT / name)
+
+
 def spec_with(change: dict) -> Callable[[Path], dict[str, str]]:
     def setup(workspace: Path) -> dict[str, str]:
+        as_a_checkout(workspace)
         (workspace / "spec.yaml").write_text(yaml.safe_dump({**SPEC, **change}))
         return {}
 
@@ -205,6 +219,69 @@ SWEEP = [sys.executable, "-m", "pipeline.sweep", "spec.yaml", "--results-dir", "
 SCENARIOS += [
     Scenario(f"the sweep refuses {name}", SWEEP, message, setup=spec_with(change))
     for name, change, message in BAD_SPECS
+]  # fmt: skip
+
+
+def spec_of_seeds(count: int) -> Callable[[Path], dict[str, str]]:
+    """A setup writing a grid spec of `count` seeds (as text: dumping the list takes longer
+    than the sweep may take to refuse it)."""
+
+    def setup(workspace: Path) -> dict[str, str]:
+        as_a_checkout(workspace)
+        head = yaml.safe_dump({key: value for key, value in SPEC.items() if key != "seeds"})
+        seeds = "".join(f"- {seed}\n" for seed in range(count))
+        (workspace / "spec.yaml").write_text(f"{head}seeds:\n{seeds}")
+        return {}
+
+    return setup
+
+
+SCENARIOS.append(
+    Scenario("the sweep refuses a grid of 10**6 seeds, counted before it is built", SWEEP,
+             "key 'settings.max_grid_points': the grid holds 1000000 points",
+             setup=spec_of_seeds(10**6))
+)  # fmt: skip
+
+
+# ---- files that are not what they claim ----------------------------------------------------
+
+TRAIN = [sys.executable, "-m", "pipeline.stages.train"]
+SCENARIOS += [
+    Scenario(f"{stage} names params.yaml's line when it is {what}",
+             [sys.executable, "-m", f"pipeline.stages.{stage}"], message,
+             files={"params.yaml": content})
+    for stage in ("check", "train")
+    for what, content, message in [
+        ("not YAML", b"seed: [1,\n  2\nmodel: {", "error: params.yaml:3:6: not valid YAML"),
+        ("binary", b"\x00\xff\xfe binary", "error: params.yaml:1: not UTF-8 text"),
+    ]
+]  # fmt: skip
+
+
+def a_users_database(workspace: Path) -> dict[str, str]:
+    """A checkout, a spec, and the user's own SQLite file given as the study's storage."""
+    spec_with({})(workspace)
+    with sqlite3.connect(workspace / "expenses.db") as database:
+        database.execute("CREATE TABLE expenses (day TEXT, amount REAL)")
+        database.execute("INSERT INTO expenses VALUES ('2026-01-01', 12.5)")
+    return {}
+
+
+SCENARIOS.append(
+    Scenario("the sweep refuses an SQLite file of other tables as its storage",
+             [*SWEEP, "--storage", "sqlite:///expenses.db"],
+             "--storage expenses.db holds tables that are not Optuna's (expenses)",
+             setup=a_users_database)
+)  # fmt: skip
+
+NOT_A_CHECKPOINT = {"model.ckpt": b"two dogs are playing in the snow .\n", TOKENIZER: b"spm"}
+SCENARIOS += [
+    Scenario(f"{command} says a text file is not a checkpoint",
+             [sys.executable, "-m", f"pipeline.{command}", "--checkpoint", "model.ckpt",
+              "--tokenizer", TOKENIZER, *extra],
+             "error: model.ckpt: not a checkpoint (torch.save writes a zip archive",
+             files=NOT_A_CHECKPOINT)
+    for command, extra in [("translate", ["--input", "model.ckpt"]), ("export", ["--out", "ct2"])]
 ]  # fmt: skip
 
 

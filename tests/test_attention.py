@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.kernels import SpeedPaths
+from pipeline.kernels import PAPER, SpeedPaths, install_speed_paths
+from pipeline.kernels.cpu_attention import cpu_scaled_dot_product_attention
 from pipeline.model.attention import (
     KeyValueCache,
     MultiHeadAttention,
@@ -40,9 +41,9 @@ def attention_tolerance(q, k, v) -> float:
 
 def mha_tolerance(mha: MultiHeadAttention, keys: int, *compared: torch.Tensor) -> float:
     """Two float32 evaluations of multi-head attention apart: the input and output projections
-    (d_model products each) around the attention of one head (d_k + 2 * keys sums, see
+    (d_model and h d_k products) around the attention of one head (d_k + 2 * keys sums, see
     `attention_tolerance`), the terms of the size of the values compared (inputs of order one)."""
-    terms = 2 * mha.d_model + mha.d_model // mha.heads + 2 * keys
+    terms = mha.d_model + mha.inner + mha.d_k + 2 * keys
     return float32_tolerance(terms, max(1.0, *(float(t.detach().abs().max()) for t in compared)))
 
 
@@ -161,17 +162,24 @@ def test_cross_attention_matches_torch_and_returns_weights():
     torch.testing.assert_close(weights, expected_weights, atol=tolerance, rtol=0)  # weights <= 1
 
 
+def decode_step_by_step(mha: MultiHeadAttention, x: torch.Tensor):
+    """Causal self-attention over x one position at a time with a cache equals the full pass:
+    (the full pass, the tolerance it was held to, the cache)."""
+    full, _ = mha(x, causal=True)
+    cache = KeyValueCache()
+    steps = [mha(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(x.size(1))]
+    # Not exact: one query and a block of queries may take different matrix kernels.
+    tolerance = mha_tolerance(mha, x.size(1), x, full)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=tolerance, rtol=0)
+    return full, tolerance, cache
+
+
 def test_incremental_self_attention_equals_full_causal():
     torch.manual_seed(3)
     d_model, heads, length = 16, 2, 5
     mha = MultiHeadAttention(d_model, heads).eval()
     x = torch.randn(2, length, d_model)
-    full, _ = mha(x, causal=True)
-    cache = KeyValueCache()
-    steps = [mha(x[:, t : t + 1], causal=True, cache=cache)[0] for t in range(length)]
-    # Not exact: one query and a block of queries may take different matrix kernels.
-    tolerance = mha_tolerance(mha, length, x, full)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=tolerance, rtol=0)
+    full, tolerance, cache = decode_step_by_step(mha, x)
     assert cache.keys.shape == (2, heads, length, d_model // heads)
     # A block of several new positions after a cached prefix uses the offset causal mask.
     cache = KeyValueCache()
@@ -226,10 +234,9 @@ def test_bf16_attention_matches_the_fp32_reference_on_either_path(qkv, speed_pat
     mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
     reference = F.scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
     (grad_q_ref,) = torch.autograd.grad(reference.square().sum(), q)
+    attention = install_speed_paths(MultiHeadAttention(8, 2), speed_paths).attention
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours, _ = scaled_dot_product_attention(
-            q_block, k, v, attn_mask=mask, fused=True, speed_paths=speed_paths
-        )
+        ours, _ = attention(q_block, k, v, attn_mask=mask, fused=True)
     (grad_q,) = torch.autograd.grad(ours.float().square().sum(), q)
     # bf16's arithmetic, not a machine: every CPU rounds the same float32 inputs to bf16 alike
     # (round to nearest even) and sums in float32, whose order (up to D_K + T_K terms: 15 x
@@ -244,19 +251,120 @@ def test_bf16_attention_matches_the_fp32_reference_on_either_path(qkv, speed_pat
 def test_cpu_attention_option_picks_the_path(qkv, query_len):
     """`SpeedPaths.cpu_attention` runs the explicit formula under CPU bf16 autocast (for a
     block and a single query), the default runs torch's kernel: each output is exactly what
-    that path computes. MultiHeadAttention passes its option down."""
+    that path computes. `install_speed_paths` sets the path on MultiHeadAttention."""
     q, k, v = (t.bfloat16() for t in qkv)  # as the projections under autocast give them
     q_block = q[:, :, :query_len]
     mask = padding_attention_mask(key_padding([7, 4, 1], T_K))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         explicit, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask, fused=False)
         kernel = F.scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
-        on, _ = scaled_dot_product_attention(
-            q_block, k, v, attn_mask=mask, speed_paths=SpeedPaths(cpu_attention=True)
-        )
+        on, _ = cpu_scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
         off, _ = scaled_dot_product_attention(q_block, k, v, attn_mask=mask)
     assert not torch.equal(explicit, kernel)  # the two paths are told apart
     assert torch.equal(on, explicit) and torch.equal(off, kernel)
-    assert MultiHeadAttention(8, 2, speed_paths=SpeedPaths(cpu_attention=True)).speed_paths == (
-        SpeedPaths(cpu_attention=True)
-    )
+    mha = install_speed_paths(MultiHeadAttention(8, 2), SpeedPaths(cpu_attention=True))
+    assert mha.attention is cpu_scaled_dot_product_attention
+    assert install_speed_paths(mha, PAPER).attention is scaled_dot_product_attention
+
+
+def reference_multi_head(mha: MultiHeadAttention, query, memory=None, may_attend=None):
+    """3.2.2 written out head by head with d_k free: head_i = softmax(Q W_i^Q (K W_i^K)^T /
+    sqrt(d_k)) V W_i^V over the rows W_i of the stacked projection, Concat(head_i) W^O.
+    `may_attend` (B, T_q, T_k) bool."""
+    d_k, inner = mha.d_k, mha.inner
+    weight, bias = mha.in_proj.weight, mha.in_proj.bias
+    keys_from = query if memory is None else memory
+    heads = []
+    for i in range(mha.heads):
+        rows = slice(i * d_k, (i + 1) * d_k)
+        q = query @ weight[rows].T + bias[rows]
+        k = keys_from @ weight[inner:][rows].T + bias[inner:][rows]
+        v = keys_from @ weight[2 * inner :][rows].T + bias[2 * inner :][rows]
+        scores = q @ k.transpose(-2, -1) / d_k**0.5
+        if may_attend is not None:
+            scores = scores.masked_fill(~may_attend, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ v)
+    return mha.out_proj(torch.cat(heads, dim=-1))
+
+
+def randomized_mha(
+    d_model: int, heads: int, head_dim: int, speed_paths: SpeedPaths = PAPER, **options
+) -> MultiHeadAttention:
+    mha = MultiHeadAttention(d_model, heads, head_dim=head_dim, **options).eval()
+    install_speed_paths(mha, speed_paths)
+    randomize_biases(mha)
+    return mha
+
+
+@pytest.mark.parametrize("d_model,heads,head_dim", [(16, 4, 8), (16, 2, 3), (10, 3, 4)])
+def test_head_dim_sets_the_projection_widths(d_model, heads, head_dim):
+    """W^Q, W^K, W^V map d_model to h d_k and W^O maps it back; heads need not divide d_model."""
+    mha = MultiHeadAttention(d_model, heads, head_dim=head_dim)
+    assert (mha.d_k, mha.inner) == (head_dim, heads * head_dim)
+    assert mha.in_proj.weight.shape == (3 * heads * head_dim, d_model)
+    assert mha.out_proj.weight.shape == (d_model, heads * head_dim)
+    params = sum(p.numel() for p in mha.parameters())
+    assert params == 3 * heads * head_dim * (d_model + 1) + (heads * head_dim + 1) * d_model
+
+
+@pytest.mark.parametrize("head_dim", [0, -4])
+def test_head_dim_must_be_positive(head_dim):
+    with pytest.raises(ValueError, match="head_dim"):
+        MultiHeadAttention(16, 4, head_dim=head_dim)
+
+
+def test_head_dim_of_d_model_over_heads_is_the_default_model():
+    """The same seed gives the same parameters and the same outputs, bit for bit."""
+    torch.manual_seed(7)
+    default = MultiHeadAttention(16, 4)
+    torch.manual_seed(7)
+    explicit = MultiHeadAttention(16, 4, head_dim=4)
+    for (name, a), (_, b) in zip(default.state_dict().items(), explicit.state_dict().items()):
+        assert torch.equal(a, b), name
+    x = torch.randn(2, 5, 16)
+    assert torch.equal(default(x, causal=True)[0], explicit(x, causal=True)[0])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("heads,head_dim", [(4, 8), (2, 3)])  # h d_k above and below d_model
+def test_head_dim_apart_from_width_matches_the_reference(fused, heads, head_dim, speed_paths):
+    """Self-attention (padding and causal masks) and cross-attention with d_k != d_model / h
+    against the head-by-head formula, on either speed path."""
+    torch.manual_seed(11)
+    d_model = 16
+    mha = randomized_mha(d_model, heads, head_dim, fused=fused, speed_paths=speed_paths)
+    x, memory = torch.randn(3, T_Q, d_model), torch.randn(3, T_K, d_model)
+    pad = key_padding([5, 3, 1], T_Q)
+    ours, _ = mha(x, attn_mask=padding_attention_mask(pad))
+    expected = reference_multi_head(mha, x, may_attend=~pad[:, None, :].expand(3, T_Q, T_Q))
+    real = ~pad  # fully masked rows: zeros here, NaN in the reference
+    tolerance = mha_tolerance(mha, T_Q, x, expected[real])
+    torch.testing.assert_close(ours[real], expected[real], atol=tolerance, rtol=0)
+
+    ours, _ = mha(x, causal=True)
+    expected = reference_multi_head(mha, x, may_attend=causal_attention_mask(T_Q, T_Q, x.device))
+    torch.testing.assert_close(ours, expected, atol=mha_tolerance(mha, T_Q, x, expected), rtol=0)
+
+    memory_pad = key_padding([7, 4, 2], T_K)
+    ours, weights = mha(x, memory, attn_mask=padding_attention_mask(memory_pad), need_weights=True)
+    may_attend = ~memory_pad[:, None, :].expand(3, T_Q, T_K)
+    expected = reference_multi_head(mha, x, memory, may_attend)
+    tolerance = mha_tolerance(mha, T_K, x, memory, expected)
+    torch.testing.assert_close(ours, expected, atol=tolerance, rtol=0)
+    assert weights.shape == (3, heads, T_Q, T_K)
+
+
+def test_head_dim_apart_from_width_caches_as_the_full_pass(speed_paths):
+    """Incremental self-attention and beam rows sharing one memory row, with d_k != d_model / h."""
+    torch.manual_seed(12)
+    d_model, heads, head_dim, length = 16, 2, 12, 5
+    mha = randomized_mha(d_model, heads, head_dim, speed_paths=speed_paths)
+    x = torch.randn(2, length, d_model)
+    _, _, cache = decode_step_by_step(mha, x)
+    assert cache.keys.shape == (2, heads, length, head_dim)
+
+    memory = torch.randn(1, T_K, d_model)
+    shared, _ = mha(x, memory, cache=KeyValueCache())  # two beams of one sentence
+    copies, _ = mha(x, memory.expand(2, -1, -1))
+    tolerance = mha_tolerance(mha, T_K, x, memory, copies)
+    torch.testing.assert_close(shared, copies, atol=tolerance, rtol=0)

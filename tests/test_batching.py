@@ -17,7 +17,7 @@ from pipeline.data.batching import (
     pack_min_padding,
     split_to_multiple,
 )
-from pipeline.data.tokenizer import load_tokenized
+from pipeline.data.tokenized import load_tokenized
 from pipeline.errors import DataError
 
 MAX_TOKENS = 4096

@@ -238,6 +238,19 @@ def test_resume_takes_a_step_checkpoint_newer_than_last(tmp_path):
         assert find_resume_checkpoint(tmp_path) == directory / "step-0000020.ckpt"
 
 
+def test_a_versioned_last_checkpoint_of_older_code_becomes_last_ckpt(tmp_path):
+    """A run resumed by older code went on in `last-v1.ckpt`, `last-v2.ckpt`: resume takes the
+    newest of them back as `last.ckpt`, with no `-vN` sibling left."""
+    directory = checkpoint_dir(tmp_path)
+    _save(directory / LAST_NAME, step=51)
+    _save(directory / "last-v1.ckpt", step=200, seed=1)
+    _save(directory / "last-v2.ckpt", step=120)
+    with pytest.warns(UserWarning, match="newest state \\(step 200\\) was in last-v1.ckpt"):
+        assert find_resume_checkpoint(tmp_path) == directory / LAST_NAME
+    assert sorted(p.name for p in directory.glob("last*")) == [LAST_NAME]
+    assert read_checkpoint(directory / LAST_NAME)["global_step"] == 200
+
+
 def test_resume_sets_aside_newer_corrupt_checkpoints_so_averaging_skips_them(tmp_path):
     directory = checkpoint_dir(tmp_path)
     for step in (10, 20, 30):

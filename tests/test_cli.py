@@ -57,10 +57,44 @@ def test_console_scripts_exist_and_answer_help():
         assert result.stdout.startswith("usage: "), name
 
 
-@pytest.mark.parametrize("module", ["pipeline.sweep", "pipeline.report", "pipeline.clean"])
+TOOLS = ("pipeline.sweep", "pipeline.sweep.upgrade", "pipeline.report", "pipeline.clean",
+         "pipeline.results", "pipeline.environment", "pipeline.evaluation.decoding_search")  # fmt: skip
+
+
+@pytest.mark.parametrize("module", TOOLS)
 def test_help_of_the_tools_loads_no_torch_lightning_or_optuna(module):
     """`--help` answers at once: the frameworks (seconds to load) wait for a real command."""
     result = frameworks_loaded_by(module, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage: python -m "), result.stdout[:200]
     assert result.stdout.splitlines()[-1] == "[]"
+
+
+def _help(module: str) -> str:
+    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("module", ["pipeline.sweep", "pipeline.sweep.upgrade", "pipeline.report",
+                                    "pipeline.clean", "pipeline.results", "pipeline.translate"])  # fmt: skip
+def test_every_option_of_a_tools_help_says_what_it_is(module):
+    """An option's line in `--help` carries its description, or the next line does (argparse
+    moves it there when the option is long)."""
+    lines = _help(module).split("\noptions:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    for number, line in enumerate(lines):
+        if not line.startswith("  -"):
+            continue
+        described = len(line.strip().split("  ", 1)) == 2
+        continued = number + 1 < len(lines) and lines[number + 1].startswith(" " * 6)
+        assert described or continued, f"{module}: {line.strip()} has no description"
+
+
+def test_the_results_help_keeps_its_example_commands_one_a_line():
+    text = _help("pipeline.results")
+    assert (
+        '\n    python -m pipeline.results record multi30k_tiny.en-de --command "make repro"\n'
+        in text
+    )
+    assert "\n    python -m pipeline.results table --update-docs" in text

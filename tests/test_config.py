@@ -21,6 +21,70 @@ def test_params_yaml_is_the_composed_default():
     assert committed == composed, "params.yaml is stale: run `make params`"
 
 
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    """{"model.heads": 4, ...}; an empty mapping is a leaf (a value a file sets)."""
+    found = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            found.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def restated(conf=config_lib.CONF_DIR) -> list[str]:
+    """`<file>: <key>` for every value a file of conf/ sets to what the key holds without it:
+    a group file (data/, model/, ...) to the schema's default, a preset to what the groups it
+    builds on give (the schema's defaults, then `override /model: base`, ...)."""
+    declared = _leaves(config_schema.defaults())
+    found = []
+    for path in sorted(conf.glob("*.yaml")) + sorted(conf.glob("*/*.yaml")):
+        raw = yaml.safe_load(path.read_text()) or {}
+        group = path.parent.name
+        if group == "experiment":  # its value against the composition it overrides
+            picks = [f"{name.rpartition('/')[2]}={option}" for entry in raw.get("defaults", [])
+                     if isinstance(entry, dict) for name, option in entry.items()]  # fmt: skip
+            base = _leaves(OmegaConf.to_container(config_lib.compose_dict(["~experiment", *picks])))
+            prefix = ""
+        else:
+            base, prefix = declared, "" if path.parent == conf else f"{group}."
+        sets = _leaves({key: value for key, value in raw.items() if key != "defaults"}, prefix)
+        found += [f"{path.relative_to(conf)}: {key}" for key, value in sets.items()
+                  if key != "experiment_name" and key in base and base[key] == value]  # fmt: skip
+    return found
+
+
+def test_conf_sets_only_what_a_recipe_changes():
+    """The schema holds every default; a file of conf/ that restates one (or a preset that
+    restates what its groups give) fails here: two places would say the same value, and one
+    day disagree."""
+    assert restated() == []
+
+
+def test_a_restated_default_is_found(tmp_path):
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config_lib.CONF_DIR, conf)
+    train = conf / "train" / "default.yaml"
+    train.write_text(train.read_text() + "lr_factor: 2.0\nwarmup_steps: 3999\n")
+    smoke = conf / "experiment" / "smoke.yaml"
+    smoke.write_text(smoke.read_text().replace("model:\n", "model:\n  heads: 4\n"))
+    assert restated(conf) == [
+        "experiment/smoke.yaml: model.heads",
+        "train/default.yaml: train.lr_factor",
+    ]
+
+
+def test_the_schemas_defaults_are_what_the_recipes_ran_with():
+    """Where the schema and conf/ once disagreed, the schema now holds conf/'s value (the one
+    `dvc repro` ran with)."""
+    cfg = config_lib.compose(["~experiment"])
+    assert cfg.train.lr_factor == 2.0 and cfg.train.float32_matmul_precision == "high"
+    assert cfg.data.limits.max_file_mb == 64
+    assert config_schema.defaults()["train"]["lr_factor"] == 2.0
+
+
 def test_every_conf_key_is_in_the_schema():
     """A key in conf/ that the dataclasses lack would only fail at run time; fail here."""
     for overrides in [
@@ -122,6 +186,31 @@ def test_stage_cli_refuses_a_meaningless_value_before_any_compute(tmp_path, stag
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+UNREADABLE_PARAMS = {  # what params.yaml holds -> where the error says it fails
+    "binary bytes": (bytes(range(128, 256)) * 4, "params.yaml:1: not UTF-8 text (byte 0x80"),
+    "an unclosed list": (b"seed: 1\nmodel:\n  heads: [4, 8\n", "params.yaml:4:1: not valid YAML"),
+    "a NUL byte": (b"seed: 1\ntrain:\n  lr\x00: 1\n", "params.yaml:3:5: not valid YAML"),
+}
+
+
+@pytest.mark.parametrize(
+    ("stage", "content"),
+    [("check", "binary bytes"), ("train", "binary bytes"), ("check", "an unclosed list"),
+     ("train", "an unclosed list"), ("evaluate", "a NUL byte"), ("summarize", "a NUL byte")],
+)  # fmt: skip
+def test_a_params_file_that_is_not_yaml_is_refused_naming_its_line(tmp_path, stage, content):
+    """Binary bytes or invalid YAML in params.yaml: exit 2 naming the file and line, no
+    traceback, nothing written."""
+    data, message = UNREADABLE_PARAMS[content]
+    (tmp_path / "params.yaml").write_bytes(data)
+    result = run_stage(stage, tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith(f"error: {message}"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+    assert (tmp_path / "params.yaml").read_bytes() == data
+
+
 def test_unknown_key_in_params_file_names_file_and_key(tmp_path):
     raw = OmegaConf.to_container(config_lib.compose_dict())
     raw["train"]["learning_rate"] = 1.0
@@ -211,7 +300,7 @@ def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
     the updates of one epoch of its own tokenized training split, at its batch size."""
     from pipeline.data.datamodule import TranslationDataModule
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
     from tests.conftest import redirect_paths
 
     cfg = config_lib.compose([f"data.raw_dir={multi30k_dir}", "experiment=multi30k_wu2021"])
@@ -226,10 +315,11 @@ def test_wu2021_validates_once_per_epoch(tmp_path, multi30k_dir):
 
 
 def _config_cli(*args: str, cwd=REPO_ROOT):
+    """`python -m pipeline.params <args>` (`transformer-config`), printing with `-o -`."""
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "pipeline.config", *args],
+    return subprocess.run([sys.executable, "-m", "pipeline.params", *args],
                           cwd=cwd, capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
@@ -243,9 +333,9 @@ def _config_cli(*args: str, cwd=REPO_ROOT):
     ],
 )
 def test_config_cli_validates_as_the_stages_do(override, key):
-    """`python -m pipeline.config <bad override> > params.yaml` prints no config: exit 2, the
-    key named, no traceback."""
-    result = _config_cli(override)
+    """`python -m pipeline.params <bad override> -o -` prints no config: exit 2, the key
+    named, no traceback."""
+    result = _config_cli(override, "-o", "-")
     assert result.returncode == 2, result.stdout[:500]
     assert result.stdout == ""
     assert key in result.stderr and result.stderr.startswith("error: ")
@@ -254,9 +344,9 @@ def test_config_cli_validates_as_the_stages_do(override, key):
 
 def test_config_cli_help_and_a_good_override():
     helped = _config_cli("--help")
-    assert helped.returncode == 0 and "usage: python -m pipeline.config" in helped.stdout
+    assert helped.returncode == 0 and "usage: python -m pipeline.params" in helped.stdout
     assert "Traceback" not in helped.stderr
-    printed = _config_cli("experiment=smoke", "model.heads=2")
+    printed = _config_cli("experiment=smoke", "model.heads=2", "-o", "-")
     assert printed.returncode == 0, printed.stderr
     assert OmegaConf.create(printed.stdout).model.heads == 2
 
@@ -327,3 +417,43 @@ def test_a_raw_dir_outside_the_repository_is_found_from_dvcs_temporary_copy(tmp_
     assert outside_the_workspace("data/raw", cwd=copy) == "data/raw"
     assert outside_the_workspace(beside, cwd=copy) == beside
     assert outside_the_workspace("../shared", cwd=tmp_path / "repo") == "../shared"
+
+
+@pytest.mark.parametrize(
+    ("override", "nearest"),
+    [("+model.headz=8", "model.heads"), ("+train.lr_factr=2", "train.lr_factor"),
+     ("+modle.heads=8", "model"), ("+model.zzzzzz=3", None)],
+)  # fmt: skip
+def test_the_check_stage_names_the_key_nearest_to_an_unknown_one(tmp_path, override, nearest):
+    """What `dvc exp run -S +model.headz=8` leaves in params.yaml: the check stage exits 2
+    naming the key and the declared key nearest to it, where one is close."""
+    write_params(tmp_path, override)
+    result = run_stage("check", tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    unknown = override.lstrip("+").split("=")[0]
+    if nearest is None:
+        assert f"config key '{unknown}'" in result.stderr and "did you mean" not in result.stderr
+    else:
+        unknown = unknown if "." in nearest else unknown.split(".")[0]
+        assert f"config key '{unknown}': " in result.stderr
+        assert result.stderr.rstrip().endswith(f"did you mean '{nearest}'?"), result.stderr
+
+
+@pytest.mark.slow
+def test_a_typo_in_a_dvc_set_key_is_dvcs_error_and_with_plus_the_check_stages(tmp_path):
+    """README: `dvc exp run -S model.headz=8` is refused by DVC's Hydra before any stage (exit
+    255, naming the key); `-S +model.headz=8`, as that message suggests, reaches the check
+    stage, which exits 2 naming the key nearest to it, without printing the whole section."""
+    from tests.test_dvc_pipeline import copy_repository, sh
+
+    repo = copy_repository(tmp_path / "repo")
+    typo = sh(["dvc", "exp", "run", "-S", "model.headz=8"], repo, check=False)
+    output = typo.stdout + typo.stderr
+    assert typo.returncode == 255, output[-3000:]
+    assert "Could not override 'model.headz'" in output and "+model.headz=8" in output
+    added = sh(["dvc", "exp", "run", "-S", "+model.headz=8"], repo, check=False)
+    output = added.stdout + added.stderr
+    assert added.returncode == 255, output[-3000:]
+    assert "failed to reproduce 'check'" in output and "exited with 2" in output, output[-3000:]
+    assert "config key 'model.headz'" in output and "did you mean 'model.heads'?" in output
+    assert "'d_model':" not in output, output[-3000:]

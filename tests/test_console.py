@@ -122,8 +122,8 @@ def test_the_smoke_run_in_a_terminal_keeps_its_bar_current_and_its_messages_apar
     no Python warning source lines."""
     repo, env = smoke_repo
     out = run_in_terminal(SMOKE_RUN, repo, env, columns=140, timeout=1800)
-    validations = re.findall(r"validation at step (\d+): val/bleu ([\d.]+)", out)
-    finals = re.findall(rf"step {STEPS}/{STEPS} 100%\|[^|]*\|[^\r\n]*val/bleu ([\d.]+)", out)
+    validations = re.findall(r"validation at step (\d+): val/greedy_bleu ([\d.]+)", out)
+    finals = re.findall(rf"step {STEPS}/{STEPS} 100%\|[^|]*\|[^\r\n]*greedy BLEU ([\d.]+)", out)
     assert validations[-1][0] == str(STEPS) and finals, out[-3000:]
     assert finals[-1] == validations[-1][1]
     stopped = out.index("`Trainer.fit` stopped")
@@ -131,3 +131,81 @@ def test_the_smoke_run_in_a_terminal_keeps_its_bar_current_and_its_messages_apar
     for line in _wandb_lines(repo):
         assert out.count(line) == 1, line
     assert "wandb:" not in out and "UserWarning" not in out
+
+
+# ---------------------------------------------------------------- a sweep's end, said once
+
+
+@pytest.fixture
+def finished_study(tmp_path):
+    """A grid study of three points, every one finished (an objective without training), and
+    the command that runs `--workers 2` on it."""
+    import yaml
+
+    from pipeline import sweep
+
+    spec_path = tmp_path / "ended.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "study": "ended", "kind": "grid", "base_experiment": "smoke",
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"}, "seeds": [1],
+        "variants": {"base": {}, "heads_2": {"model.heads": 2}, "heads_1": {"model.heads": 1}},
+    }))  # fmt: skip
+    spec, results = sweep.load_spec(spec_path), tmp_path / "results"
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    objective = {"base": 3.0, "heads_2": 5.0, "heads_1": 4.0}
+
+    def trial_fn(spec, trial, root):
+        sweep.suggest_params(spec, trial)
+        return objective[trial.params["variant"]]
+
+    sweep.run_worker(spec, url, results, trial_fn=trial_fn, work_root=tmp_path / "work")
+    return [sys.executable, "-m", "pipeline.sweep", str(spec_path), "--workers", "2",
+            "--storage", url, "--results-dir", str(results), "--work-dir", str(tmp_path / "work"),
+            "--allow-mixed"]  # the checkout may change between the two: no pin check here  # fmt: skip
+
+
+def _says_its_end_once(out: str, command: list[str]) -> None:
+    lines = out.replace("\r\n", "\n").splitlines()
+    assert sum(line.startswith("trial  point") for line in lines) == 1, out
+    assert sum(line == "best: trial 2 (heads_2-seed1), val/greedy_bleu 5.00" for line in lines) == 1
+    assert [line for line in lines if line.startswith("dashboard: ")] == [
+        f"dashboard: optuna-dashboard {command[command.index('--storage') + 1]}"
+    ]
+    results = command[command.index("--results-dir") + 1]
+    assert [line for line in lines if line.startswith("report: ")] == [
+        f"report: python -m pipeline.report {command[3]} --results-dir {results}"
+    ]
+
+
+def test_several_workers_on_a_finished_study_print_its_summary_once_through_a_pipe(
+    finished_study,
+):
+    result = subprocess.run(finished_study, cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    _says_its_end_once(result.stdout, finished_study)
+
+
+def test_several_workers_on_a_finished_study_print_its_summary_once_in_a_terminal(
+    finished_study,
+):
+    out = run_in_terminal(finished_study, REPO_ROOT, dict(os.environ), columns=80, timeout=600)
+    _says_its_end_once(out, finished_study)
+
+
+def test_the_report_command_says_where_it_wrote_the_report(tmp_path):
+    """A copy of a committed study: one line naming report.md, not the report itself."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(REPO_ROOT / "ablations" / "results" / "table3_label_smoothing",
+                    results / "table3_label_smoothing")  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.report", "table3_label_smoothing", "--no-wandb",
+         "--results-dir", str(results)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = results / "table3_label_smoothing" / "report.md"
+    assert result.stdout == f"report: {report}\n"
+    assert report.read_text(encoding="utf-8").startswith("#")

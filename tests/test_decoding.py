@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipeline.config_schema import ModelConfig
-from pipeline.kernels import SpeedPaths
+from pipeline.kernels import SpeedPaths, install_speed_paths
 from pipeline.model.decoding import (
     Hypothesis,
     beam_search,
@@ -220,8 +220,9 @@ def source_batch():
 
 
 def with_speed_paths(model: Transformer, speed_paths: SpeedPaths) -> Transformer:
-    """The same weights, built with `speed_paths`."""
-    rebuilt = Transformer(model.cfg, model.vocab_size, model.pad_id, speed_paths)
+    """The same weights, with `speed_paths` installed."""
+    rebuilt = Transformer(model.cfg, model.vocab_size, model.pad_id)
+    install_speed_paths(rebuilt, speed_paths)
     rebuilt.load_state_dict(model.state_dict())
     return rebuilt.eval()
 

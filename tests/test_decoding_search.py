@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.evaluation import decoding_search, evaluate
+from pipeline.evaluation import decoding_search, evaluate, model_loading
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_a_given_averaged_checkpoint_scores_as_its_window_does(search_config, tm
 
     cfg = search_config
     given = tmp_path / "model.ckpt"  # what a run's evaluate stage leaves: eval/model.ckpt
-    evaluate.write_model_checkpoint(select_checkpoints(cfg.paths.train_dir, 2), given)
+    model_loading.write_model_checkpoint(select_checkpoints(cfg.paths.train_dir, 2), given)
     grid = dict(beam_sizes=[3], length_penalties=[0.6, 2.0], metric="bleu_lc")
     from_run = decoding_search.search(cfg, averages=[2], **grid)["rows"]
     from_file = decoding_search.search(cfg, averages=[5], checkpoint=given, **grid)["rows"]

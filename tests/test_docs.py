@@ -12,15 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+import yaml
 
 from pipeline import docs_blocks
-from pipeline.config_schema import Config
+from pipeline.config_schema import defaults
 from tests.conftest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 PAGES = sorted((REPO_ROOT / "docs").glob("*.md"))  # docs/figures/ holds charts only
 README_MAX_BYTES = 15 * 1024
+# A page of the site reads in one sitting: a longer one is split by topic.
+PAGE_MAX_BYTES = 15 * 1024
 # How the project was built is no part of what it does (`grep -rniwE` over README.md and docs/).
 WORKPLACE_WORDS = re.compile(r"\b(lent|lent_gpu|session [0-9]+|device tool)\b", re.IGNORECASE)
 COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
@@ -48,6 +50,25 @@ def test_the_site_builds_strictly(tmp_path):
     # the charts that the generated blocks show are in the site
     assert (tmp_path / "figures/ablations/table3/bleu_per_variant.png").exists()
     assert not list(tmp_path.glob("figures/**/*.json"))  # the result folders' records are not
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_docs_page_is_short(page):
+    assert page.stat().st_size < PAGE_MAX_BYTES, f"{page.name}: split it into pages by topic"
+
+
+def nav_pages(entries) -> list[str]:
+    """The page files that mkdocs.yml's nav lists, sections walked."""
+    pages = []
+    for entry in entries:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        pages += nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_the_nav_lists_every_page_once():
+    nav = nav_pages(yaml.safe_load((REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+    assert sorted(nav) == sorted(page.name for page in PAGES)
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path):
@@ -167,7 +188,7 @@ def config_keys() -> set[str]:
             if isinstance(value, dict):
                 walk(value, f"{prefix}{key}.")
 
-    walk(OmegaConf.to_container(OmegaConf.structured(Config), resolve=False), "")
+    walk(defaults(), "")
     return keys
 
 
@@ -235,4 +256,4 @@ def test_readme_sets_up_with_two_commands_and_names_the_environment_alone():
     ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert ci[-1] == commands[1]
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "\nsetup: $(BIN)/activate\n" in makefile
+    assert "\nsetup: $(INSTALLED)  ## " in makefile

@@ -275,23 +275,26 @@ def trickling_server():
 
 
 @pytest.mark.parametrize(
-    ("chunk", "every", "headers_every", "bound"),
+    ("chunk", "every", "headers_every", "deadline", "bound"),
     # one byte every 0.5 s (the read timeout is 2 s); 4 KiB/s, fast enough, for too long; the
-    # headers themselves a byte every 0.5 s (no body read ever starts)
-    [(1, 0.5, None, "data.limits.download_min_rate_kb_s=1"),
-     (4096, 0.5, None, "data.limits.download_deadline_s=4"),
-     (4096, 0.5, 0.5, "data.limits.download_deadline_s=4")],
-    ids=["below_min_rate", "past_deadline", "headers_trickle"],
+    # headers themselves a byte every 0.5 s (no body read ever starts), ended by the minimum
+    # rate after the grace, not by the deadline (900 s by default), or by a deadline before it
+    [(1, 0.5, None, 4, "data.limits.download_min_rate_kb_s=1"),
+     (4096, 0.5, None, 4, "data.limits.download_deadline_s=4"),
+     (4096, 0.5, 0.5, 900, "data.limits.download_min_rate_kb_s=1"),
+     (4096, 0.5, 0.5, 1, "data.limits.download_deadline_s=1")],
+    ids=["below_min_rate", "past_deadline", "headers_trickle", "headers_past_deadline"],
 )  # fmt: skip
 def test_a_trickling_server_ends_the_check_stage_with_exit_2_naming_the_url(
-    tmp_path, trickling_server, chunk, every, headers_every, bound
+    tmp_path, trickling_server, chunk, every, headers_every, deadline, bound
 ):
     trickling_server.size, trickling_server.chunk, trickling_server.every = 1 << 20, chunk, every
     trickling_server.headers_every = headers_every
     url = f"http://127.0.0.1:{trickling_server.server_address[1]}"
     write_params(tmp_path, f"data.raw_dir={tmp_path / 'no_copy'}", f"data.url={url}",
-                 "data.limits.download_read_timeout_s=2", "data.limits.download_deadline_s=4",
-                 "data.limits.download_grace_s=2", "data.limits.download_min_rate_kb_s=1")  # fmt: skip
+                 "data.limits.download_read_timeout_s=2", "data.limits.download_grace_s=2",
+                 f"data.limits.download_deadline_s={deadline}",
+                 "data.limits.download_min_rate_kb_s=1")  # fmt: skip
     started = time.monotonic()
     env = {**os.environ, "HOME": str(tmp_path)}  # an empty download cache
     env.pop(RAW_DIR_ENV, None)

@@ -8,10 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.kernels import PAPER, SpeedPaths
+from pipeline.kernels import PAPER, SpeedPaths, install_speed_paths
 from pipeline.kernels.cpu_dropout import MASK_BITS, CpuDropout, keep_mask
-from pipeline.model.dropout import dropout_module
 from pipeline.rounding import FP32_EPS
+
+
+def dropout_module(p: float, speed_paths: SpeedPaths = PAPER) -> nn.Module:
+    """The model's dropout (`nn.Dropout`) with `speed_paths` installed, as in a Transformer."""
+    return install_speed_paths(nn.Sequential(nn.Dropout(p)), speed_paths)[0]
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

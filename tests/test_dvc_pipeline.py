@@ -16,16 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, build_once, shared_build, shared_root
+from tests.conftest import REPO_ROOT, build_once, page_references, shared_build, shared_root
 
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+COMMAND_TIMEOUT = 1200  # seconds: one DVC command, a smoke run's stages included
 
 
 def sh(
     args: list[str], cwd: Path, check: bool = True, env: dict | None = None, **kwargs
 ) -> subprocess.CompletedProcess:
+    kwargs.setdefault("timeout", COMMAND_TIMEOUT)
     result = subprocess.run(args, cwd=cwd, capture_output=True, text=True,
                             env={**_env(), **(env or {})}, **kwargs)  # fmt: skip
     if check and result.returncode != 0:
@@ -70,7 +72,7 @@ def repo(tmp_path, multi30k_dir, monkeypatch) -> Path:
 
 
 def compose_params(repo: Path, *overrides: str) -> None:
-    params = sh([sys.executable, "-m", "pipeline.config", *overrides], repo).stdout
+    params = sh([sys.executable, "-m", "pipeline.params", *overrides, "-o", "-"], repo).stdout
     (repo / "params.yaml").write_text(params)
 
 
@@ -179,7 +181,7 @@ def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrain
     assert "train" not in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     finished = _file_hashes(checkpoints)
     first = yaml.safe_load((repo / "metrics/train.json").read_text())
-    assert first["steps"] == 40 and first["train/tokens_per_sec"] > 0
+    assert first["steps"] == 40 and first["train/mean_tokens_per_sec"] > 0
     histories = _histories(repo)
     assert "train/loss.tsv" in histories
 
@@ -192,7 +194,7 @@ def test_a_run_finished_after_dvc_died_is_recorded_by_the_next_repro_not_retrain
     assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == 40
     # The figures and curves are the run's own (as of its final checkpoint), not those of a
     # process that trained nothing.
-    for key in ("train/tokens_per_sec", "train/target_tokens", "wall_time_s", "val/loss"):
+    for key in ("train/mean_tokens_per_sec", "train/target_tokens", "wall_time_s", "val/loss"):
         assert summary[key] == first[key], key
     assert _histories(repo) == histories
 
@@ -273,7 +275,8 @@ def test_a_preempted_dvc_exp_run_resumes_when_run_again(repo):
     assert summary["resumed_from"].endswith("last.ckpt") and summary["steps"] == PREEMPTED_STEPS, (
         again.stdout[-3000:]
     )
-    assert not list(kept.iterdir()) and not (repo / "models/train.replaced").exists()
+    # the finished run stays kept until a later command's check stage sees DVC's record
+    assert (kept / "last.ckpt").exists() and not (repo / "models/train.replaced").exists()
     histories = _histories(repo)
     steps = [int(line.split("\t")[0]) for line in histories["train/loss.tsv"].splitlines()[1:]]
     assert steps == list(
@@ -390,7 +393,7 @@ spec = sweep.load_spec("ablations/smoke.yaml")
 record = Path("ablations/results") / spec.study / "trials" / "base-seed1"
 cfg = sweep.trial_config(spec, {}, sweep.TrialPaths(work=Path("work"), record=record))
 run = tracking.start_wandb_run(cfg, job_type="trial")
-run.log({"val/bleu": 1.0})
+run.log({"val/greedy_bleu": 1.0})
 run.finish()
 record.mkdir(parents=True)  # a new study's results: not yet in git
 (record / "run.json").write_text("{}")
@@ -500,7 +503,9 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
     # a SIGKILL between a validation's step checkpoint and last.ckpt resumes from the former
     assert summary["resumed_from"].endswith(("last.ckpt", f"step-{step:07d}.ckpt"))
     assert summary["steps"] == 80
-    assert not list(mirror.iterdir())  # a finished run is DVC's to record: nothing kept beside
+    # a finished run stays kept beside until the next command sees that DVC recorded it
+    sh(command, smoke)
+    assert not list(mirror.iterdir())
     history = _histories(smoke)["train/loss.tsv"].splitlines()[1:]
     assert [int(row.split("\t")[0]) for row in history] == list(range(10, 81, 10))
 
@@ -543,24 +548,12 @@ def test_exp_show_fits_a_200_column_terminal_with_bleu(smoke):
 
 
 def test_the_plots_page_works_offline(smoke):
-    from html.parser import HTMLParser
-
     sh(["make", "plots", f"VENV={VENV}"], smoke)
     page = (smoke / "dvc_plots" / "index.html").read_text(encoding="utf-8")
-
-    class References(HTMLParser):
-        def __init__(self):
-            super().__init__()
-            self.found: list[str] = []
-
-        def handle_starttag(self, tag, attrs):
-            self.found += [value for key, value in attrs if key in ("src", "href") and value]
-
-    parser = References()
-    parser.feed(page)
-    remote = [ref for ref in parser.found if ref.startswith(("http:", "https:", "//"))]
+    references = page_references(page)
+    remote = [ref for ref in references if ref.startswith(("http:", "https:", "//"))]
     assert not remote, f"the page loads {remote}"
-    assert all((smoke / "dvc_plots" / ref).is_file() for ref in parser.found)
+    assert all((smoke / "dvc_plots" / ref).is_file() for ref in references)
     # Vega inline, defined before the first chart asks for it; DVC's two learning-curve charts.
     assert 0 < page.index("window.vegaEmbed=") < page.index("vegaEmbed('#")
     assert page.count("vegaEmbed('#") >= 2
@@ -570,6 +563,34 @@ def test_the_plots_page_works_offline(smoke):
 # smoke preset: two experiments that differ in one value.
 QUEUED_HEADS = ("2", "4")
 SMOKE_HEADS = "4"  # conf/experiment/smoke.yaml's
+
+
+QUEUE_MINUTES = 25  # both smoke experiments, one after the other, within the test's timeout
+
+
+def run_queue(repo: Path, log: Path, timeout: float) -> str:
+    """`dvc queue start`, then `dvc queue status` until nothing is queued or running; the last
+    status. The queue worker DVC starts is a daemon that outlives the command and keeps the
+    files it was given: its output goes to `log`, never to a pipe a test reads (a read would
+    wait for the idle worker to exit, which it does not by itself). The workers are stopped
+    at the end, whatever happened."""
+    with log.open("w") as out:
+        subprocess.run(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=_env(),
+                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                       timeout=120, check=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = sh(["dvc", "queue", "status"], repo, timeout=120).stdout
+            if not any(word in status for word in ("Queued", "Running")):
+                return status
+            time.sleep(2)
+        return status
+    finally:
+        with log.open("a") as out:
+            subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=repo, env=_env(),
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                           timeout=120)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -591,13 +612,7 @@ def queued_run(tmp_path_factory, multi30k_dir) -> Path:
             heads = f"model.heads={','.join(QUEUED_HEADS)}"
             sh(["dvc", "exp", "run", "--queue",
                 *set_params([*SMOKE, "data.download=false", heads])], repo)  # fmt: skip
-            sh(["dvc", "queue", "start", "-j", "1"], repo)
-            deadline = time.monotonic() + 1800
-            while time.monotonic() < deadline:
-                status = sh(["dvc", "queue", "status"], repo).stdout
-                if not any(word in status for word in ("Queued", "Running")):
-                    break
-                time.sleep(2)
+            status = run_queue(repo, root / "queue-worker.log", QUEUE_MINUTES * 60)
         if status.count("Success") != len(QUEUED_HEADS):  # what the experiments printed
             names = sh(["dvc", "exp", "ls", "--name-only"], repo).stdout.split()
             logs = "".join(sh(["dvc", "queue", "logs", name], repo, check=False).stdout[-3000:]

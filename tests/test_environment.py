@@ -4,7 +4,10 @@ installed from it (what CI checks on a fresh clone), and results record its hash
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+
+import pytest
 
 from pipeline import environment
 from pipeline.environment import LOCK_FILE, PYPROJECT
@@ -40,6 +43,20 @@ def test_provenance_names_the_lock_by_its_hash():
     assert recorded["environment_lock"] == expected
     assert recorded["commit"]  # CI runs in a clone
     assert "cores" in recorded["hardware"] or " x " in recorded["hardware"]  # CPU or GPU
+
+
+def test_provenance_records_the_cpus_family_and_model(tmp_path):
+    """A hardware class can span CPU families: every record names the family and model."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
+    assert environment.cpu_id(environment.cpuinfo(cpuinfo)) == "family 25, model 17"
+    assert environment.cpu_id(environment.cpuinfo(tmp_path / "none")) is None
+    here = environment.cpuinfo()
+    recorded = environment.provenance().get("cpu_id")
+    if "cpu family" in here:
+        assert recorded == f"family {here['cpu family']}, model {here['model']}"
+    else:  # no /proc/cpuinfo family (not Linux, or not x86): nothing recorded
+        assert recorded is None
 
 
 def test_provenance_counts_the_packages_that_differ_from_the_lock(tmp_path, monkeypatch):
@@ -104,8 +121,20 @@ def test_a_record_names_uncommitted_code_as_a_dirty_commit_and_records_as_clean(
     assert environment.code_commit(worktree) == "abc1234"
 
 
-def test_provenance_and_the_study_pin_name_the_same_code_version(monkeypatch):
+def test_provenance_and_the_study_pin_name_the_same_commit(monkeypatch):
     from pipeline.sweep import pin
 
     monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
-    assert environment.provenance()["commit"] == pin.code_version() == environment.code_commit()
+    assert environment.provenance()["commit"] == pin.git_commit() == environment.code_commit()
+
+
+def test_the_command_prints_provenance_as_json_and_help_as_usage(capsys):
+    environment.cli([])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["environment_lock"] == environment.lock_hash(LOCK_FILE)
+    with pytest.raises(SystemExit) as done:
+        environment.cli(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m pipeline.environment")
+    assert "--made-on" in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 import yaml
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.evaluation import evaluate
+from pipeline.evaluation import beam_decoding, evaluate, model_loading
 from pipeline.rounding import float32_tolerance
 from tests.conftest import build_once, run_stage, shared_build, shared_root
 from tests.test_tokenizer import moses_config, moses_tokenized_copy
@@ -46,7 +47,7 @@ def eval_config(base, root: Path, *overrides: tuple[str, object]):
 @pytest.mark.parametrize("max_tokens", [1, 7, 20, 64])
 def test_length_batches_cover_every_sentence_within_the_budget(max_tokens):
     lengths = [5, 0, 12, 3, 3, 9, 1, 7, 7, 20, 2, 0, 4]
-    batches = evaluate.length_batches(lengths, max_tokens)
+    batches = beam_decoding.length_batches(lengths, max_tokens)
     flat = [i for batch in batches for i in batch]
     assert sorted(flat) == [i for i, n in enumerate(lengths) if n > 0]  # once each, no empties
     for batch in batches:
@@ -58,12 +59,12 @@ def test_length_batches_cover_every_sentence_within_the_budget(max_tokens):
 
 
 def test_length_batches_fill_the_budget():
-    batches = evaluate.length_batches([4] * 10, max_tokens=12)
+    batches = beam_decoding.length_batches([4] * 10, max_tokens=12)
     assert [len(b) for b in batches] == [3, 3, 3, 1]
 
 
 def test_pad_batch():
-    batch = evaluate.pad_batch([[5, 6, 7], [8]], pad_id=0)
+    batch = beam_decoding.pad_batch([[5, 6, 7], [8]], pad_id=0)
     assert batch.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch.dtype == torch.long
 
@@ -77,15 +78,15 @@ def test_sample_indices_are_spread_over_the_split():
 
 def test_nbest_lines():
     translations = [
-        evaluate.Translation(["ein Hund", "Hund"], [[1], [2]], [-0.5, -1.25]),
-        evaluate.Translation(["eine Katze"], [[3]], [-0.1]),
+        beam_decoding.Translation(["ein Hund", "Hund"], [[1], [2]], [-0.5, -1.25]),
+        beam_decoding.Translation(["eine Katze"], [[3]], [-0.1]),
     ]
-    assert evaluate.nbest_lines(translations) == [
+    assert beam_decoding.nbest_lines(translations) == [
         "0\t-0.5000\tein Hund",
         "0\t-1.2500\tHund",
         "1\t-0.1000\teine Katze",
     ]
-    assert evaluate.Translation([], [], []).best == ""
+    assert beam_decoding.Translation([], [], []).best == ""
 
 
 def test_wandb_metric_names(make_config):
@@ -94,8 +95,11 @@ def test_wandb_metric_names(make_config):
     results = {"val": dict(scores), "test_2016_flickr": {**scores, "bleu": 28.0}}
     metrics = evaluate.wandb_metrics(results, cfg)
     assert metrics["test/bleu"] == 28.0  # the benchmark split, as the contract names it
-    assert metrics["eval/val/bleu"] == 30.0 and metrics["eval/test_2016_flickr/ter"] == 50.0
-    assert "val/bleu" not in metrics  # that name is training's greedy val/bleu
+    assert metrics["eval/val/bleu"] == 30.0 and metrics["test/ter"] == 50.0
+    # one name a score: the benchmark split is not also eval/<split>/...; training's greedy
+    # validation BLEU is val/greedy_bleu
+    assert not [key for key in metrics if key.startswith("eval/test_2016_flickr/")]
+    assert not [key for key in metrics if key.startswith("val/")]
     cfg = make_config("eval.splits=[val]", "data.test_splits=[]")
     assert "test/bleu" not in evaluate.wandb_metrics({"val": scores}, cfg)
 
@@ -158,17 +162,18 @@ def averaged_state(paths) -> dict[str, torch.Tensor]:
 LOAD_WITHOUT_LIGHTNING = """
 import json, sys
 from pipeline import config, tracking
-from pipeline.evaluation import evaluate
+from pipeline.evaluation import evaluate, model_loading
 cfg = config.from_dict(json.loads(sys.argv[1]))
-sources = evaluate.source_checkpoints(cfg)
-evaluate.check_trained_with(sources, cfg)
-evaluate.load_model(sources[0])
+sources = model_loading.source_checkpoints(cfg)
+model_loading.check_trained_with(sources, cfg)
+model_loading.load_model(sources[0])
 print(sorted(name for name in sys.modules if name.split(".")[0] == "lightning"))
 """
 
 
 def test_a_checkpoint_loads_without_lightning_as_lightning_loads_it(trained_smoke):
     from pipeline.config import to_dict
+    from pipeline.kernels import SpeedPaths, speed_paths_of
     from pipeline.training.checkpoints import LAST_NAME, checkpoint_dir
     from pipeline.training.module import TranslationModule
 
@@ -179,11 +184,12 @@ def test_a_checkpoint_loads_without_lightning_as_lightning_loads_it(trained_smok
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split("\n")[-2] == "[]", loaded.stdout
 
-    ours = evaluate.load_model(checkpoint)
+    ours = model_loading.load_model(checkpoint)
     reference = TranslationModule.load_from_checkpoint(checkpoint, map_location="cpu",
                                                        weights_only=True).model.float().eval()  # fmt: skip
     assert type(ours) is type(reference) and not ours.training
-    assert ours.speed_paths == reference.speed_paths
+    trained_paths = SpeedPaths.on_cpu(trained_smoke.runtime.cpu_speed_paths)
+    assert speed_paths_of(ours) == speed_paths_of(reference) == trained_paths
     expected = reference.state_dict()
     assert ours.state_dict().keys() == expected.keys()
     for name, value in ours.state_dict().items():
@@ -242,8 +248,8 @@ def test_evaluate_end_to_end(trained_smoke, tmp_path):
     assert any(not torch.equal(single[k], expected[k]) for k in expected)  # really averaged
 
     # Heatmaps: eval.heatmaps PNGs of the benchmark split, a layers x heads grid each.
-    model = evaluate.load_model(eval_dir / "model.ckpt")
-    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model)
+    model = model_loading.load_model(eval_dir / "model.ckpt")
+    tokenizer = model_loading.load_tokenizer(model_loading.tokenizer_path(cfg), model)
     pngs = sorted((Path(cfg.paths.plots_dir) / "attention").glob("*.png"))
     indices = evaluate.sample_indices(cfg.eval.heatmaps, 1000)
     assert [p.name for p in pngs] == [f"test_2016_flickr_{i:04d}.png" for i in indices]
@@ -252,7 +258,7 @@ def test_evaluate_end_to_end(trained_smoke, tmp_path):
     test_refs = read_text_lines(prepared / "test_2016_flickr.de")
     for i, png in zip(indices, pngs):
         src_ids = tokenizer.encode(test_sources[i])
-        (translation,) = evaluate.translate_ids(model, tokenizer, [src_ids], cfg.eval)
+        (translation,) = beam_decoding.translate_ids(model, tokenizer, [src_ids], cfg.eval)
         assert translation.best == test_hyps[i]
         hyp_ids = translation.tokens[0]  # the generated pieces (re-encoding may merge them)
         title = f"test_2016_flickr #{i}: {test_sources[i]}"
@@ -278,9 +284,8 @@ def test_evaluate_end_to_end(trained_smoke, tmp_path):
     summary = run["summary"]
     assert summary["test/bleu"] == pytest.approx(written["test_2016_flickr"]["bleu"])
     assert summary["eval/val/chrf"] == pytest.approx(written["val"]["chrf"])
-    for split in cfg.eval.splits:  # the 95% interval beside the score it bounds
-        ci = written[split]["bleu_lc_ci"]
-        assert summary[f"eval/{split}/bleu_lc_ci"] == pytest.approx(ci)
+    assert summary["eval/val/bleu_lc_ci"] == pytest.approx(written["val"]["bleu_lc_ci"])
+    assert not [key for key in summary if key.startswith("eval/test_2016_flickr/")]
     assert summary["test/bleu_lc_ci"] == pytest.approx(written["test_2016_flickr"]["bleu_lc_ci"])
     # The scored model, with the subword model it needs, as a `model` artifact.
     (artifact,) = [a for a in run["artifacts"] if a["type"] == "model"]
@@ -357,10 +362,10 @@ def test_load_tokenizer_reads_text_as_the_model_was_trained(tokenized_smoke, tmp
     """The one loader of evaluate, translate, decoding_search and export: the run's config
     brings the source eos and must agree with the recorded pre-tokenization."""
     cfg = moses_tokenized_copy(tokenized_smoke, tmp_path)
-    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), None, cfg.data)
+    tokenizer = model_loading.load_tokenizer(model_loading.tokenizer_path(cfg), None, cfg.data)
     assert tokenizer.pretokenizer.method == "moses" and tokenizer.source_eos
     with pytest.raises(DataError, match=r"data\.tokenizer\.pretokenizer=none"):
-        evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), None, tokenized_smoke.data)
+        model_loading.load_tokenizer(model_loading.tokenizer_path(cfg), None, tokenized_smoke.data)
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +374,7 @@ def trained_moses(tokenized_smoke, tmp_path_factory):
     """The smoke corpus as Wu et al.'s recipe reads it (lowercased, Moses-tokenized, source
     eos) and the smoke model trained on it for 40 updates (validations and checkpoints at
     20 and 40); read-only like `trained_smoke`."""
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
     from pipeline.training.trainer import run
 
     root = shared_root(tmp_path_factory) / "trained_moses"
@@ -404,12 +409,12 @@ def test_evaluate_with_moses_pretokenization_scores_detokenized_hypotheses(train
     assert sum(bool(h) for h in hypotheses) > len(hypotheses) // 2  # it did translate
 
     # The same model and ids, detokenized here with sentencepiece and sacremoses directly.
-    spm = sentencepiece.SentencePieceProcessor(model_file=str(evaluate.tokenizer_path(cfg)))
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(model_loading.tokenizer_path(cfg)))
     src_ids = spm.encode(moses_tokenize(sources, "en"), out_type=int, add_eos=True)
-    model = evaluate.load_model(eval_dir / "model.ckpt")
-    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model, cfg.data)
+    model = model_loading.load_model(eval_dir / "model.ckpt")
+    tokenizer = model_loading.load_tokenizer(model_loading.tokenizer_path(cfg), model, cfg.data)
     assert tokenizer.encode_sources(sources) == src_ids
-    translations = evaluate.translate_ids(model, tokenizer, src_ids, cfg.eval)
+    translations = beam_decoding.translate_ids(model, tokenizer, src_ids, cfg.eval)
     detokenizer = MosesDetokenizer(lang="de")
     expected = [
         detokenizer.detokenize(spm.decode(t.tokens[0]).split(), unescape=True) for t in translations
@@ -454,7 +459,7 @@ def test_checkpoints_of_another_config_are_refused_naming_the_key(trained_smoke,
     assert not Path(cfg.paths.eval_dir).exists()  # refused before any output
     cfg = eval_config(trained_smoke, tmp_path)
     cfg.train.progress_bar = not cfg.train.progress_bar  # cannot change the weights: accepted
-    evaluate.check_trained_with(evaluate.source_checkpoints(cfg), cfg)
+    model_loading.check_trained_with(model_loading.source_checkpoints(cfg), cfg)
 
 
 @pytest.mark.slow
@@ -464,7 +469,7 @@ def test_evaluate_stage_ends_with_a_table_of_every_split(smoke_stage_run):
     out = smoke_stage_run.results["evaluate"].stdout.splitlines()
     header = next(i for i, line in enumerate(out) if line.startswith("split "))
     assert out[header].split() == ["split", "sentences", "BLEU", "BLEU", "lc", "(95%", "CI)",
-                                   "chrF", "TER", "distinct", "hypotheses"]  # fmt: skip
+                                   "chrF", "TER", "distinct"]  # fmt: skip
     scores = json.loads((smoke_stage_run.root / "metrics" / "eval.json").read_text())
     for row, split in zip(out[header + 1 : header + 3], ("val", "test_2016_flickr")):
         cells = row.split()
@@ -476,8 +481,27 @@ def test_evaluate_stage_ends_with_a_table_of_every_split(smoke_stage_run):
                                                                      abs=0.05)  # fmt: skip
         assert float(cells[6]) == pytest.approx(scores[split]["chrf"], abs=0.05)
         assert int(cells[8]) == len(set(hypotheses))
-        assert cells[9] == f"eval/{split}.hyp"
-    assert out[header + 3].startswith("BLEU signature: nrefs:1|")
+    assert out[header + 3] == "hypotheses: eval/<split>.hyp"
+    assert out[header + 4].startswith("BLEU signature: nrefs:1|")
+
+
+def test_the_score_table_fits_80_columns(make_config, tmp_path):
+    """The longest split name and every number at its widest (5-digit sentence counts,
+    100.0 TER): each line of the table the evaluate stage ends with fits 80 columns."""
+    cfg = make_config("eval.splits=[val,test_2016_flickr]")
+    eval_dir = Path(cfg.paths.eval_dir)
+    eval_dir.mkdir(parents=True)
+    scores = {"sentences": 10000, "bleu": 100.0, "bleu_lc": 100.0, "bleu_lc_ci": 10.0,
+              "chrf": 100.0, "ter": 100.0}  # fmt: skip
+    for split in cfg.eval.splits:
+        (eval_dir / f"{split}.hyp").write_text("".join(f"{i}\n" for i in range(10000)))
+    signature = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"
+    results = {**dict.fromkeys(cfg.eval.splits, scores), "signatures": {"bleu": signature}}
+    lines = evaluate.results_table(results, cfg).splitlines()
+    assert [line.split()[0] for line in lines[1:3]] == list(cfg.eval.splits)
+    assert lines[1].split()[-1] == "10000"  # distinct translations
+    assert lines[-2] == f"hypotheses: {eval_dir}/<split>.hyp"
+    assert all(len(line) <= 80 for line in lines[:-2]), lines
 
 
 # --------------------------------------------------------------------------- faults
@@ -528,8 +552,9 @@ def test_a_full_disk_or_a_read_only_eval_dir_exits_2_naming_the_file_and_keeps_t
     read_only = run_stage("evaluate", tmp_path)
     assert read_only.returncode == 2, read_only.stderr[-3000:]
     assert "Traceback" not in read_only.stderr
-    assert f"error: {eval_dir}: cannot write it (Read-only file system); the previous eval " \
-        "is intact" in read_only.stderr  # fmt: skip
+    assert f"error: {eval_dir}: cannot write it: {small_disk.path} is on a read-only file " \
+        "system (mounted read-only); the previous eval is intact. Mount " \
+        f"{small_disk.path} read-write" in read_only.stderr  # fmt: skip
     assert snapshot(small_disk.path) == before
 
 
@@ -595,3 +620,30 @@ def test_an_eval_dir_holding_the_checkpoints_is_refused_naming_both(trained_smok
     )
     assert snapshot(tmp_path / "models") == before
     assert not (Path(cfg.paths.metrics_dir) / "eval.json").exists()
+
+
+NOT_CHECKPOINTS = {
+    "a tensor": lambda path: torch.save(torch.zeros(3), path),  # was IndexError, "train first"
+    "a list": lambda path: torch.save([1, 2], path),
+    "other keys": lambda path: torch.save({"weight": torch.zeros(2)}, path),
+    "text": lambda path: path.write_text("two dogs are playing in the snow .\n"),
+    "no bytes": lambda path: path.write_bytes(b""),
+}
+
+
+@pytest.mark.parametrize("content", NOT_CHECKPOINTS)
+def test_a_file_that_is_not_a_checkpoint_is_named_so(tokenized_smoke, tmp_path, content):
+    """A file that is there but is no checkpoint: the model loader, the Python API and export
+    say so, naming it, instead of a Python error and the advice to train first."""
+    from pipeline import export
+    from pipeline.translate import Translator
+
+    path = tmp_path / "model.ckpt"
+    NOT_CHECKPOINTS[content](path)
+    spm = Path(tokenized_smoke.paths.tokenized) / "spm.model"
+    out = ["--checkpoint", str(path), "--tokenizer", str(spm), "--out", str(tmp_path / "ct2")]
+    for load in (lambda: model_loading.load_model(path), lambda: export.export(out),
+                 lambda: Translator.from_checkpoint(path, spm, config=tokenized_smoke)):  # fmt: skip
+        with pytest.raises(DataError, match=f"^{re.escape(str(path))}: not a checkpoint") as err:
+            load()
+        assert "first" not in str(err.value)

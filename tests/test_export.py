@@ -32,8 +32,8 @@ from pipeline.config_schema import ModelConfig
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import ConfigError, DataError
-from pipeline.evaluation import evaluate
-from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
+from pipeline.evaluation import beam_decoding, model_loading
+from pipeline.evaluation.beam_decoding import hypothesis_log_probs, summed_log_prob
 from pipeline.model.length_penalty import length_normalizer
 from pipeline.model.transformer import Transformer
 from pipeline.rounding import log_prob_tolerance
@@ -45,6 +45,8 @@ TINY = dict(d_model=32, heads=2, encoder_layers=2, decoder_layers=2, d_ff=64, ma
 ARCHITECTURES = {
     "paper": dict(norm_first=False, positional="sinusoidal", tie_embeddings=True),
     "prenorm_learned_untied": dict(norm_first=True, positional="learned", tie_embeddings=False),
+    # d_k = 12 apart from d_model / h = 16: CTranslate2's head_dim
+    "head_dim_apart_from_width": dict(head_dim=12),
 }
 
 
@@ -58,7 +60,9 @@ def run_export(*args: str) -> subprocess.CompletedProcess:
 def ours_and_ctranslate2(model, tokenizer, exported, src_ids, eval_cfg):
     """(our evaluate-stage translations, CTranslate2's n-best lists: its best first) of the
     same source ids."""
-    ours = evaluate.translate_ids(model, tokenizer, src_ids, dataclasses.replace(eval_cfg, nbest=1))
+    ours = beam_decoding.translate_ids(
+        model, tokenizer, src_ids, dataclasses.replace(eval_cfg, nbest=1)
+    )
     theirs = export.nbest_with_ctranslate2(
         exported, src_ids, beam_size=eval_cfg.beam_size, length_penalty=eval_cfg.length_penalty,
         max_len_a=eval_cfg.max_len_a, max_len_b=eval_cfg.max_len_b,
@@ -160,8 +164,8 @@ def assert_exported_translates_as_ours(model, tokenizer, exported, src_ids, eval
 def test_random_models_of_every_architecture_translate_as_ours(
     architecture, tokenized_smoke, tmp_path
 ):
-    """Untrained weights (every sentence runs to the length limit); the second architecture
-    also reads a source eos (data.tokenizer.source_eos), which CTranslate2 adds itself."""
+    """Untrained weights (every sentence runs to the length limit); the other architectures
+    also read a source eos (data.tokenizer.source_eos), which CTranslate2 adds itself."""
     source_eos = architecture != "paper"
     tokenizer = Tokenizer.load(Path(tokenized_smoke.paths.tokenized) / MODEL_FILE, source_eos)
     torch.manual_seed(0)
@@ -219,6 +223,23 @@ def test_a_moses_pretokenized_model_is_exported_with_its_pretokenization(
         export.load_exported(out)
 
 
+def test_head_dim_is_written_where_the_config_sets_it(tokenized_smoke):
+    """The default model's spec is CTranslate2's own (d_k = d_model / h); model.head_dim sets
+    every attention's head_dim, cross-attention's W^Q and [W^K; W^V] split at h d_k."""
+    tokenizer = Tokenizer.load(Path(tokenized_smoke.paths.tokenized) / MODEL_FILE)
+    for head_dim, written in ((None, None), (16, 16), (12, 12)):
+        model = Transformer(ModelConfig(**TINY, head_dim=head_dim), tokenizer.vocab_size,
+                            tokenizer.pad_id).eval()  # fmt: skip
+        spec = export.transformer_spec(model, tokenizer)
+        layer = spec.decoder.layer[0]
+        for attention in (spec.encoder.layer[0].self_attention, layer.self_attention,
+                          layer.attention):  # fmt: skip
+            assert getattr(attention, "head_dim", None) == written
+        inner = TINY["heads"] * (head_dim or TINY["d_model"] // TINY["heads"])
+        assert layer.attention.linear[0].weight.shape == (inner, TINY["d_model"])
+        assert layer.attention.linear[1].weight.shape == (2 * inner, TINY["d_model"])
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -268,7 +289,8 @@ def test_bad_arguments_are_refused_naming_them_before_any_work(tokenized_smoke, 
         (["--checkpoint", not_a_model, "--tokenizer", spm, "--out", full],
          f"--out {full} exists and is not an empty folder; --force replaces it"),
         (["--checkpoint", not_a_model, "--tokenizer", spm, "--out", out],
-         f"{not_a_model}: cannot load the model"),
+         f"{not_a_model}: not a checkpoint (torch.save writes a zip archive; this file is "
+         "not one)"),
     ]  # fmt: skip
     for args, message in cases:
         with pytest.raises((DataError, ConfigError), match=re.escape(message)):
@@ -344,11 +366,13 @@ def smoke_export(trained_smoke, tmp_path_factory) -> SimpleNamespace:
     command line with float32 and with int8 weights."""
     root = shared_root(tmp_path_factory) / "smoke_export"
     checkpoint = root / "model.ckpt"
-    spm = evaluate.tokenizer_path(trained_smoke)
+    spm = model_loading.tokenizer_path(trained_smoke)
     folders = {quantization: root / quantization for quantization in ("float32", "int8")}
 
     def build() -> None:
-        evaluate.write_model_checkpoint(evaluate.source_checkpoints(trained_smoke), checkpoint)
+        model_loading.write_model_checkpoint(
+            model_loading.source_checkpoints(trained_smoke), checkpoint
+        )
         for quantization, folder in folders.items():
             result = run_export("--checkpoint", str(checkpoint), "--tokenizer", str(spm),
                                 "--out", str(folder), "--quantization", quantization)  # fmt: skip
@@ -371,7 +395,7 @@ def test_exported_smoke_model_greedy_and_beam_match_ours(trained_smoke, smoke_ex
     tokenizer = Tokenizer.load(smoke_export.tokenizer)
     assert vocabulary == [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
 
-    model = evaluate.load_model(smoke_export.checkpoint)
+    model = model_loading.load_model(smoke_export.checkpoint)
     exported = export.load_exported(folder)
     for corpus in read_prepared(trained_smoke, ["val", "test_2016_flickr"]).values():
         src_ids = tokenizer.encode_sources(corpus.src)

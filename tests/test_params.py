@@ -28,3 +28,18 @@ def test_a_bad_override_is_refused_and_the_file_kept(tmp_path):
     with pytest.raises(ConfigError, match="model.heads"):
         params.write(["model.heads=3"], path)
     assert path.read_text() == before
+
+
+def test_a_key_added_to_a_recorded_section_is_put_back_without_printing_the_section(
+    tmp_path, monkeypatch
+):
+    """`dvc exp run -S +model.headz=8` refused by the check stage: the `model` section the last
+    run recorded is put back (without `headz`), and the message names it, not its values."""
+    monkeypatch.setenv("DVC_EXP_NAME", "refused")
+    path, lock = tmp_path / "params.yaml", tmp_path / "dvc.lock"
+    recorded = {"model": {"heads": 4, "d_model": 128}, "seed": 1}
+    lock.write_text(yaml.safe_dump({"stages": {"train": {"params": {"params.yaml": recorded}}}}))
+    path.write_text(yaml.safe_dump({"model": {"heads": 4, "d_model": 128, "headz": 8}, "seed": 1}))
+    said = params.put_back("model.headz", path, lock)
+    assert yaml.safe_load(path.read_text()) == recorded
+    assert said == f"{path}: 'model' put back to its value in the last run ({lock})"

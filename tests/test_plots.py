@@ -100,7 +100,7 @@ def make_history() -> list[dict]:
     """Like a training log: train/loss every 10 steps, validation every 50."""
     history = [{"step": s, "train/loss": 8.0 / (1 + s / 50)} for s in range(10, 201, 10)]
     history += [
-        {"step": s, "val/loss": 7.0 / (1 + s / 60), "val/bleu": 30 * s / 200}
+        {"step": s, "val/loss": 7.0 / (1 + s / 60), "val/greedy_bleu": 30 * s / 200}
         for s in (50, 100, 150, 200)
     ]
     return history
@@ -117,7 +117,7 @@ def line_data(fig) -> dict[str, tuple[list, list]]:
 def test_learning_curves_from_records_and_csv_agree(tmp_path):
     history = make_history()
     csv_path = tmp_path / "metrics.csv"
-    columns = ["step", "epoch", "train/loss", "val/loss", "val/bleu"]
+    columns = ["step", "epoch", "train/loss", "val/loss", "val/greedy_bleu"]
     with csv_path.open("w", newline="") as f:  # blanks where a metric was not logged
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -126,10 +126,10 @@ def test_learning_curves_from_records_and_csv_agree(tmp_path):
 
     from_records = line_data(plots.learning_curves_figure(history))
     from_csv = line_data(plots.learning_curves_figure(csv_path))
-    assert set(from_records) == {"train/loss", "val/loss", "val/bleu"}
+    assert set(from_records) == {"train/loss", "val/loss", "val/greedy_bleu"}
     for key in from_records:
         np.testing.assert_allclose(from_csv[key], from_records[key])
-    steps, bleu = from_records["val/bleu"]
+    steps, bleu = from_records["val/greedy_bleu"]
     assert steps == [50, 100, 150, 200]
     assert bleu == pytest.approx([7.5, 15.0, 22.5, 30.0])
     assert len(from_records["train/loss"][0]) == 20
@@ -178,3 +178,27 @@ def test_scatter_legend_names_each_label_and_marks_its_mean():
     assert [text.get_text() for text in ax.get_legend().get_texts()] == list(points)
     means = [line.get_xydata()[0] for line in ax.get_lines() if line.get_marker() == "x"]
     np.testing.assert_allclose(means, [[7.6, 38.7], [8.75, 37.85]])
+
+
+def test_seed_points_show_points_and_intervals_on_an_axis_that_does_not_exaggerate():
+    """Per variant: every seed a point and the mean with its interval, no bars (a bar's length
+    from a cut axis exaggerates); the axis spans at least MIN_SPAN however close the scores
+    are; the note (a verdict) is written under each label."""
+    labels, notes = ["base", "heads_1"], ["(base)", "cannot tell (detects 1.92)"]
+    seeds = [[37.9, 38.4, 37.2], [37.0, 36.8, 37.5]]
+    fig = plots.seed_points_figure(labels, seeds, [0.6, None], ylabel="BLEU", notes=notes)
+    ax = fig.axes[0]
+    assert not ax.patches  # no bars
+    low, high = ax.get_ylim()
+    assert high - low >= plots.MIN_SPAN
+    assert low <= min(map(min, seeds)) and high >= max(map(max, seeds))
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"{label}\n{note}" for label, note in zip(labels, notes)
+    ]
+    plotted = sorted(y for line in ax.get_lines() for y in line.get_ydata())
+    assert {round(v, 6) for v in (*seeds[0], *seeds[1])} <= {round(float(y), 6) for y in plotted}
+    (interval,) = [c for c in ax.containers if hasattr(c, "lines") and c.lines[2]]
+    ((start, end),) = interval.lines[2][0].get_segments()
+    assert end[1] - start[1] == pytest.approx(2 * 0.6)
+    with pytest.raises(ValueError, match="one note per label"):
+        plots.seed_points_figure(labels, seeds, [0.6, None], ylabel="BLEU", notes=notes[:1])

@@ -1,9 +1,10 @@
 """Records name paths relative to the repository or to the work root: no tracked record holds
-a machine's home directory, and `--relativize` rewrites one that does (text and Optuna's
-SQLite storage alike)."""
+an absolute path of the machine it ran on (a home, a temporary folder, a checkout), and
+`--relativize` rewrites one that does (text and Optuna's SQLite storage alike)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import optuna
 from pipeline.portable_paths import (
     ATTRIBUTE_TABLES,
     DATABASE_SUFFIXES,
+    absolute_paths,
     home_paths,
     relativize,
     tracked_records,
@@ -29,19 +31,56 @@ def database_text(path) -> str:
     return "\n".join(filter(None, values)) + path.read_bytes().decode("latin-1")
 
 
-def test_no_tracked_record_holds_an_absolute_home_path():
+def test_no_tracked_record_holds_an_absolute_path():
     offenders = {}
     for path in tracked_records(REPO_ROOT):
         if path.name.endswith(DATABASE_SUFFIXES):
             text = database_text(path)
         else:
             text = path.read_text(encoding="utf-8")
-        if found := home_paths(text):
+        if found := absolute_paths(text):
             offenders[str(path.relative_to(REPO_ROOT))] = found[0]
     assert not offenders, (
-        f"{len(offenders)} tracked record(s) hold absolute home paths; rewrite them with "
-        f"`python -m pipeline.portable_paths --relativize <folder>`: {offenders}"
+        f"{len(offenders)} tracked record(s) hold absolute paths; rewrite them with "
+        f"`python -m pipeline.portable_paths --relativize <files>`: {offenders}"
     )
+
+
+def test_relativize_rewrites_a_study_run_elsewhere_and_any_other_absolute_path(tmp_path):
+    """A study's records from a machine whose --work-dir and --results-dir were temporary
+    folders: its points' and data folders are the work root's, its results folder the
+    study's in the repository; a checkout's, a tool's or a temporary path, relative to the
+    repository. A path after a mark, a URL, a ratio and a unit stay as they are."""
+    trial = tmp_path / "ablations" / "results" / "s1" / "trials" / "base-seed1"
+    trial.mkdir(parents=True)
+    (trial / "params.yaml").write_text(
+        "train_dir: /tmp/gpu/sweeps/s1/base-seed1/train\ntokenized: /tmp/gpu/sweeps/s1/data/tok\n"
+        "wandb_dir: /tmp/gpu/results/s1/wandb\n"
+    )
+    parity = tmp_path / "results" / "parity.json"
+    parity.parent.mkdir()
+    kept = "<work-root>/s1/base-seed1 <run>/models/train https://example.org/a/b 1/2/3 tokens/s"
+    parity.write_text(
+        f'{{"command": "/opt/torch/bin/python3 -m x --out {tmp_path}/results/p.json '
+        f'--work-dir /tmp/fairseq-work/s1", "kept": "{kept}"}}\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.portable_paths", "--relativize", "--repo", str(tmp_path),
+         str(trial / "params.yaml"), str(parity)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (trial / "params.yaml").read_text() == (
+        "train_dir: <work-root>/s1/base-seed1/train\ntokenized: <work-root>/s1/data/tok\n"
+        "wandb_dir: ablations/results/s1/wandb\n"
+    )
+    python, work = (os.path.relpath(path, tmp_path.resolve())
+                    for path in ("/opt/torch/bin/python3", "/tmp/fairseq-work/s1"))  # fmt: skip
+    assert python.startswith("../") and work.startswith("../")
+    assert parity.read_text() == (
+        f'{{"command": "{python} -m x --out results/p.json --work-dir {work}", "kept": "{kept}"}}\n'
+    )
+    assert not absolute_paths(parity.read_text() + (trial / "params.yaml").read_text())
 
 
 def test_relativize_rewrites_text_records_and_a_study_database(tmp_path):

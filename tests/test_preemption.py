@@ -429,6 +429,23 @@ def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
     _assert_same_logs(cfg, uninterrupted)
 
 
+def test_last_ckpt_is_the_newest_state_after_one_and_two_resumes(
+    tokenized_smoke, tmp_path, uninterrupted
+):
+    """Stopped before its first validation (step 5: the checkpoint callback has not yet named
+    `last.ckpt` its own) and again at step 25, then run to the end: `last.ckpt` is each time
+    the newest state, the final one the uninterrupted run's, and no `last-v1.ckpt` beside it
+    (what `evaluate`, `export` and `translate` read is `last.ckpt`)."""
+    cfg = _config(tokenized_smoke, tmp_path / "stopped")
+    directory = checkpoint_dir(cfg.paths.train_dir)
+    for stop in (5, 25, None):
+        returncode, stderr = _finish(_start(cfg, *(["--signal", f"{stop}:SIGTERM:0"] * bool(stop))))
+        assert returncode == (EXIT_PREEMPTED if stop else 0), stderr[-3000:]
+        assert _last(cfg)["global_step"] == (stop or MAX_STEPS) == _progress_step(cfg)
+        assert sorted(p.name for p in directory.glob("last*")) == [LAST_NAME]
+    _assert_same_training_state(_last(cfg), uninterrupted["last"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_train_stage_saves_and_exits_promptly_on_a_stop_signal_to_its_process_group(
@@ -458,6 +475,7 @@ def test_train_stage_saves_and_exits_promptly_on_a_stop_signal_to_its_process_gr
         stderr.rstrip().splitlines()[-1]
     ]
     assert 10 <= step < 400
+    assert "weights_only" not in stderr  # the stop's save says nothing about its arguments
 
     copy_cfg = copy.deepcopy(cfg)  # the re-run (shorter, to finish quickly) resumes from it
     copy_cfg.train.max_steps = step + 2
@@ -467,6 +485,8 @@ def test_train_stage_saves_and_exits_promptly_on_a_stop_signal_to_its_process_gr
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert summary["resumed_from"].endswith(LAST_NAME) and summary["steps"] == step + 2
+    # Resuming is what the folder's checkpoints are for: no warning that they are there.
+    assert "exists and is not empty" not in result.stdout + result.stderr, result.stderr
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime
 import gzip
+import hashlib
 import itertools
 import json
 import re
@@ -73,20 +74,24 @@ RAN_AT = {"commit": "abc1234", "hardware": "AMD EPYC, 2 cores, avx512_bf16",
           "precision": "bf16-mixed"}  # fmt: skip
 
 
-def write_trial(study_dir, variant, seed, hyps, references, ran_at=None) -> None:
-    """A finished trial's record folder, as pipeline.sweep writes it."""
+def write_trial(
+    study_dir, variant, seed, hyps, references, ran_at=None, val=None, ppl=None
+) -> None:
+    """A finished trial's record folder, as pipeline.sweep writes it (its val BLEU and val PPL
+    as given, else made from the seed)."""
     folder = study_dir / "trials" / f"{variant}-seed{seed}"
     folder.mkdir(parents=True)
     (folder / f"{SPLIT}.hyp").write_text("\n".join(hyps) + "\n")
-    val = 30.0 + seed + (variant == "heads_1")
+    val = 30.0 + seed + (variant == "heads_1") if val is None else val
+    ppl = 10.0 + seed if ppl is None else ppl
     ran_at = ran_at or RAN_AT
     files = {
-        "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": 10.0 + seed}},
+        "train.json": {"num_parameters": 1_000_000, "last": {"val/ppl": ppl}},
         "eval.json": {
             SPLIT: {"bleu_lc": lc_bleu(hyps, references), "bleu_lc_ci": 1.5 + seed / 10},
             "val": {"bleu_lc": val},
         },
-        "curve.json": [{"step": s, "val/bleu": s / 10 + seed} for s in (10, 20)],
+        "curve.json": [{"step": s, "val/greedy_bleu": s / 10 + seed} for s in (10, 20)],
         sweep.RUN_FILE: {
             "params": {"variant": variant, "seed": seed},
             **ran_at,
@@ -473,7 +478,7 @@ def test_report_files_and_readme_block(study, tmp_path):
         assert image.shape[0] > 100 and image.shape[1] > 100
         assert f"({report.CHARTS[chart]})" in text
 
-    page, readme = tmp_path / report.PAGE, tmp_path / "README.md"
+    page, readme = tmp_path / report.study_page(spec.study), tmp_path / "README.md"
     page.parent.mkdir()
     begin, end = docs_blocks.markers(report.block_name(spec.study))
     page.write_text(f"# A\n\n{begin}\nold\n{end}\n\nafter\n")
@@ -486,6 +491,13 @@ def test_report_files_and_readme_block(study, tmp_path):
     summary = docs_blocks.read(readme, f"{report.block_name(spec.study)}:summary")
     assert summary.splitlines()[0] == "| " + " | ".join(report.SUMMARY_COLUMNS) + " |"
     assert "| heads_1 | model.heads=1 |" in summary and "\nold\n" not in readme.read_text()
+    # a study README names by its progress alone: one line, the tables on its page
+    progress_begin, progress_end = docs_blocks.markers(f"{report.block_name(spec.study)}:progress")
+    readme.write_text(f"# R\n\n{progress_begin}\nold\n{progress_end}\n")
+    report.update_docs(spec, study_dir, tmp_path)
+    assert docs_blocks.read(readme, f"{report.block_name(spec.study)}:progress") == (
+        f"{len(report.load_records(study_dir))} of {len(spec.grid())} trials finished.\n"
+    )
 
 
 def test_references_are_the_prepared_test_split(study, references):
@@ -499,19 +511,25 @@ def test_no_finished_trial_is_a_clear_error(tmp_path):
         report.write_report(spec, tmp_path / "smoke", log_to_wandb=False)
 
 
-@pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing", "table3_seeds"])
+@pytest.mark.parametrize(
+    "study_name", ["table3", "table3_label_smoothing", "table3_seeds", "table3_bc"]
+)
 def test_the_docs_ablation_block_is_the_reports_output(study_name):
-    """docs/ablation-results.md's section of each committed study (and README's summary, where
-    README has one) is exactly what `python -m pipeline.report <study> --update-docs` makes of
+    """Each committed study's page, docs/ablation-<study>.md (and README's summary or progress
+    line, where README has one), is exactly what `python -m pipeline.report <study> --update-docs` makes of
     the committed records."""
     spec = sweep.load_spec(REPO_ROOT / f"ablations/{study_name}.yaml")
     study_dir = REPO_ROOT / sweep.RESULTS_ROOT / spec.study
-    page, name = REPO_ROOT / report.PAGE, report.block_name(spec.study)
+    page, name = REPO_ROOT / report.study_page(spec.study), report.block_name(spec.study)
     assert docs_blocks.read(page, name) == report.docs_block(spec, study_dir, page)
     readme = REPO_ROOT / "README.md"
     if docs_blocks.markers(f"{name}:summary")[0] in readme.read_text():
         summary = report.summary_block(spec, study_dir, page)
         assert docs_blocks.read(readme, f"{name}:summary") == summary
+    if docs_blocks.markers(f"{name}:progress")[0] in readme.read_text():
+        progress = report.progress_block(spec, study_dir)
+        assert docs_blocks.read(readme, f"{name}:progress") == progress
+        assert progress.count("\n") == 1 and " trials finished" in progress
 
 
 def test_transfer_table_shows_where_each_finding_holds_per_language_pair(
@@ -579,6 +597,7 @@ def committed_records(study_dir):
             {
                 "seed": run["params"]["seed"],
                 "test": json.loads((folder / "eval.json").read_text())[SPLIT]["bleu_lc"],
+                "val": json.loads((folder / "eval.json").read_text())["val"]["bleu_lc"],
                 "ppl": json.loads((folder / "train.json").read_text())["last"]["val/ppl"],
                 "ran_at": (run["commit"], run["precision"], run["hardware"].split(", ")[0]),
                 "hyps": (folder / f"{SPLIT}.hyp").read_text().splitlines(),
@@ -629,6 +648,15 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
     base_ppl = [r["ppl"] for r in base]
     ppl_p = {v: welch_p([r["ppl"] for r in rs], base_ppl) for v, rs in compared.items()}
     ppl_holm = dict(zip(family, seed_stats.holm([ppl_p.get(v) for v in family])))
+    # the level each comparison's Holm step faces: alpha / (m - its rank by p), no p last
+    ranked = sorted(family, key=lambda v: seed_p.get(v, 1.0))
+    step = {v: alpha / (len(family) - rank) for rank, v in enumerate(ranked)}
+    detectable = {}
+    for v in seed_p:
+        test = [r["test"] for r in compared[v]]
+        spread = ((statistics.variance(test) + statistics.variance(base_test)) / 2) ** 0.5
+        n = min(len(test), len(base_test))
+        detectable[v] = seed_stats.detectable_difference(spread, n, alpha=step[v])
     lines = text.splitlines()
     checked = 0
     for variant, rs in records.items():
@@ -638,6 +666,7 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
         delta = statistics.fmean(r["test"] for r in rs) - base_mean
         paper = spec.paper.get(variant, {})
         allowed = fmt(delta, signed=True) | fmt(paper.get("bleu", 0), digits=(1,), signed=True)
+        allowed |= _unlike_numbers(spec, variant)
         if variant in compared:
             by_seed = {r["seed"]: r for r in base}
             pairs = [(by_seed[r["seed"]]["hyps"], r["hyps"]) for r in rs]
@@ -652,6 +681,9 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
             allowed |= fmt(ppl_p[variant], ppl_holm[variant], digits=(3,))
             word = report.verdict(delta, holm[variant], paper)
             assert f": {word}" in line
+            if word == report.CANNOT_TELL:  # beside it, what the seeds would have detected
+                allowed |= fmt(detectable[variant]) | fmt(step[variant], digits=(4,)) | {"80"}
+                assert f"detects {detectable[variant]:.2f} BLEU with 80% power" in line
             ppl_word = report.direction_verdict(ppl_delta, ppl_holm[variant], paper.get("ppl"))
             assert f": {ppl_word} (Welch p = {ppl_p[variant]:.3f}, Holm p =" in line
         else:
@@ -664,6 +696,34 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
     deltas = [statistics.fmean(r["test"] for r in rs) - base_mean
               for v, rs in records.items() if v != "base"]  # fmt: skip
     assert set(NUMBER.findall(summary)) <= fmt(*deltas, signed=True) | {str(alpha)}
+
+    # the findings in prose: the differences, their Welch intervals (scipy's), the paper's
+    # rows, what is not the same change, and beside each 'cannot tell' what was detectable
+    differs = next(line for line in lines if line.startswith("**What differs"))
+    intervals = [stats.ttest_ind([r["test"] for r in rs], base_test, equal_var=False)
+                 .confidence_interval() for rs in compared.values()]  # fmt: skip
+    allowed = fmt(*deltas, *(end for i in intervals for end in i), signed=True)
+    allowed |= fmt(*detectable.values()) | {str(len(family)), str(alpha), "95", "80"}
+    for variant in compared:
+        allowed |= _unlike_numbers(spec, variant) | set(NUMBER.findall(spec.paper.get(
+            variant, {}).get("rows", ""))) | fmt(spec.paper.get(variant, {}).get("bleu", 0),
+                                                 digits=(1,), signed=True)  # fmt: skip
+    assert set(NUMBER.findall(differs)) <= allowed, differs
+
+    # the label-smoothing write-up against the runs without smoothing, where they were compared
+    write_up = [line for line in lines if line.startswith("**Beside another write-up**")]
+    none = [v for v in compared if spec.variants[v] == {"train.label_smoothing": 0.0}]
+    assert len(write_up) == len(none)
+    for line in write_up:
+        rs = compared[none[0]]
+        allowed = {"0.1", "0.0", "+5.8", "+4.8"}
+        for key in ("val", "test", "ppl"):
+            smoothed, plain = [r[key] for r in base], [r[key] for r in rs]
+            low, high = stats.ttest_ind(smoothed, plain, equal_var=False).confidence_interval()
+            allowed |= fmt(statistics.fmean(smoothed) - statistics.fmean(plain), low, high,
+                           signed=True)  # fmt: skip
+        allowed |= fmt(ppl_holm[none[0]], digits=(3,))
+        assert set(NUMBER.findall(line)) <= allowed, line
 
     aa = next(line for line in lines if line.startswith("A/A check"))
     n = len(base_test)
@@ -693,6 +753,27 @@ def test_committed_report_prose_is_made_from_the_records(study_name):
     ), power
 
 
+def _unlike_numbers(spec, variant: str) -> set[str]:
+    """The numbers a finding may give for how the variant's change differs from the paper's
+    row: the settings of our base, the variant and the paper's base model (conf/model/base.yaml)
+    and, for a count of heads, the head widths and their ratio; the row's own label."""
+    from pipeline import config
+
+    if variant not in spec.paper:
+        return set()
+    ours, changed = sweep.point_config(spec, {}), sweep.point_config(spec, spec.variants[variant])
+    paper = config.compose(["~experiment", "model=base"])
+    numbers = set(NUMBER.findall(spec.paper[variant]["rows"]))
+    for key in spec.variants[variant]:
+        section, name = key.split(".")
+        values = [getattr(getattr(cfg, section), name) for cfg in (ours, changed, paper)]
+        numbers |= {str(v) for v in values}
+        if key == "model.heads":
+            d, wide, h = ours.model.d_model, paper.model.d_model, changed.model.heads
+            numbers |= {str(d), str(wide), f"{d / h:g}", f"{wide / h:g}", f"{wide / d:g}"}
+    return numbers
+
+
 def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
     """The records' sentence bootstrap called heads_1 (-0.95), label_smoothing_0.0 (-0.99) and
     learned_positions (-0.71) significant; two seeds a side (or another commit) cannot tell.
@@ -704,7 +785,11 @@ def test_verdicts_on_the_committed_records_are_the_seed_level_tests():
         "-0.95 BLEU (2 vs 2 seeds; Welch p = 0.468, Holm p = 1.000; exact permutation p = 0.667"
         in (lines["- heads_1"])
     )
-    assert "vs the paper's -0.6: cannot tell;" in lines["- heads_1"]
+    assert (
+        "vs the paper's -0.6 (not the same change: at d_model 128 a head is 128/1 = 128 wide, 4 "
+        "times narrower than the paper's 512/1 = 512 at the same h): cannot tell ("
+        in lines["- heads_1"]
+    )
     for variant, delta in (("label_smoothing_0.0", "-0.99"), ("learned_positions", "-0.71")):
         assert f"{delta} BLEU vs the paper's" in lines[f"- {variant}"]
         assert "cannot tell, not compared" in lines[f"- {variant}"]
@@ -800,6 +885,8 @@ def test_a_pinned_study_still_running_shows_interim_estimates_and_its_progress(
     assert rows["heads_1"].seeds == [1] and rows["base"].seeds == [1, 2]
     assert all(r.interim and r.welch_p is None and r.holm_p is None for r in rows.values())
     assert rows["heads_1"].verdict is None
+    # the charts' titles say so: 3 of the 6 planned trials at the pin
+    assert report.study_state(spec, every_row) == ", interim, 3 of 6"
     text = report.markdown(spec, study_dir, with_states=False)
     assert "3 of 6 planned trials finished at the study's pin (its commit" in text
     assert "| commit abc1234, AMD EPYC, avx512_bf16, bf16-mixed (the pin) | 3 |" in text
@@ -826,10 +913,15 @@ def _run_records(study_name: str) -> list[dict]:
     return [r.run for r in report.load_records(REPO_ROOT / RESULTS_ROOT / study_name)]
 
 
+def _study_page(study_name: str) -> str:
+    """The study's docs page, docs/ablation-<study>.md, its whitespace folded."""
+    return " ".join((REPO_ROOT / report.study_page(study_name)).read_text().split())
+
+
 def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
-    """docs/ablation-results.md on the two-seed pilot (its trials, the commits and CPU classes
-    they ran at, the days its attempts spanned in its Optuna storage) and on the
-    label-smoothing study (its trials, all on one GPU in bf16-mixed)."""
+    """The two-seed pilot's page (its trials, the commits and CPU classes they ran at, the days
+    its attempts spanned in its Optuna storage) and the label-smoothing study's (its trials, all
+    on one GPU in bf16-mixed)."""
     pilot = _run_records("table3")
     commits = {run["commit"] for run in pilot}
     classes = {report.hardware_class(run["hardware"]) for run in pilot}
@@ -839,7 +931,7 @@ def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
             "SELECT min(datetime_start), max(datetime_complete) FROM trials"
         ).fetchone()
     span = datetime.datetime.fromisoformat(last) - datetime.datetime.fromisoformat(first)
-    page = " ".join((REPO_ROOT / "docs" / "ablation-results.md").read_text().split())
+    page = _study_page("table3")
     assert f"with two seeds each ({len(pilot)} trials)" in page
     assert (
         f"Its trials ran at {NUMBER_WORDS[len(commits)]} commits on "
@@ -850,31 +942,37 @@ def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
     smoothing = _run_records("table3_label_smoothing")
     ((hardware, precision),) = {(run["hardware"], run["precision"]) for run in smoothing}
     assert hardware.endswith(" x 1") and "NVIDIA" in hardware
-    assert f"Its {len(smoothing)} trials ran on one GPU ({precision};" in page
+    assert f"Its {len(smoothing)} trials ran on one GPU ({precision};" in _study_page(
+        "table3_label_smoothing"
+    )
 
 
 def test_the_results_pages_reading_of_power_and_budget_is_computed():
-    """docs/ablation-results.md outside its blocks: the seed-level SDs two seeds a side detect
+    """The studies' pages outside their blocks: the seed-level SDs two seeds a side detect
     (the pilot), what five seeds detect at table3_seeds' base spread, per comparison and at
     Holm's strictest step, and the study's peak learning rate, the same as the recipe's."""
     from pipeline import config
     from pipeline.training.module import inverse_sqrt_rate
 
     detect = seed_stats.detectable_difference
-    page = " ".join((REPO_ROOT / "docs" / "ablation-results.md").read_text().split())
     assert (
         f"Welch's test detects only differences of about "
         f"{NUMBER_WORDS[round(detect(1.0, 2))]} seed-level SDs"
-    ) in page
+    ) in _study_page("table3")
     spec = sweep.load_spec(REPO_ROOT / "ablations/table3_seeds.yaml")
     base = committed_records(REPO_ROOT / RESULTS_ROOT / spec.study)["base"]
     assert len(base) == len(spec.seeds), "the base's seeds are all in"
     sd = statistics.stdev(r["test"] for r in base)
     strictest = seed_stats.ALPHA / report.family_size(spec)
+    smoothing = sorted(abs(spec.paper[v]["bleu"]) for v in spec.paper if "smoothing" in v)
     assert (
-        f"enough to detect about {detect(sd, len(spec.seeds)):.1f}-"
-        f"{detect(sd, len(spec.seeds), alpha=strictest):.1f} BLEU"
-    ) in page
+        f"five seeds detect, with {seed_stats.POWER:.0%} power, about "
+        f"{detect(sd, len(spec.seeds)):.1f}-{detect(sd, len(spec.seeds), alpha=strictest):.1f} "
+        f"BLEU (one comparison, Holm's strictest step): the paper's label-smoothing differences, "
+        f"{' and '.join(f'{d:.1f}' for d in smoothing)} BLEU, are far below that, so five seeds "
+        "cannot detect them"
+    ) in _study_page("table3_label_smoothing")
+    assert max(smoothing) < detect(sd, len(spec.seeds))
 
     def peak_rate(overrides: list[str]) -> str:
         cfg = config.compose([f"experiment={spec.base_experiment}", *overrides])
@@ -885,4 +983,272 @@ def test_the_results_pages_reading_of_power_and_budget_is_computed():
 
     study = peak_rate([f"{key}={value}" for key, value in spec.budget.items()])
     assert study == peak_rate([])
-    assert f"(the same {study} peak rate after {spec.budget['train.warmup_steps']} warm-up" in page
+    warmup = spec.budget["train.warmup_steps"]
+    assert f"(the same {study} peak rate after {warmup} warm-up" in _study_page(spec.study)
+
+
+def _hypotheses_hashes(folder) -> tuple[str, str]:
+    """SHA-256 of a trial record's test2016 and val hypotheses."""
+    return tuple(
+        hashlib.sha256((folder / f"{split}.hyp").read_bytes()).hexdigest()
+        for split in (SPLIT, "val")
+    )
+
+
+def test_the_pilots_twins_in_the_five_seed_study_are_named_from_their_hypotheses_hashes():
+    """The pilot's page: its seeds that the five-seed study ran again on the
+    same hardware class at another commit wrote byte-identical hypotheses (computed here from
+    the committed files); those run on another class did not."""
+    pilot = {
+        (r.variant, r.seed): r for r in report.load_records(REPO_ROOT / RESULTS_ROOT / "table3")
+    }
+    seeds = {(r.variant, r.seed): r
+             for r in report.load_records(REPO_ROOT / RESULTS_ROOT / "table3_seeds")}  # fmt: skip
+    named = [(variant, seed) for variant in ("base", "heads_1", "heads_16", "dropout_0.0")
+             for seed in (1, 2)]  # fmt: skip
+    for point in named:
+        before, again = pilot[point], seeds[point]
+        assert before.conditions.hardware == again.conditions.hardware == "AMD EPYC, avx512_bf16"
+        assert before.conditions.commit != again.conditions.commit
+        assert _hypotheses_hashes(before.folder) == _hypotheses_hashes(again.folder), point
+    # the same seed on another hardware class is not the same run
+    for point in set(pilot) & set(seeds):
+        if pilot[point].conditions.hardware != seeds[point].conditions.hardware:
+            assert _hypotheses_hashes(pilot[point].folder) != _hypotheses_hashes(
+                seeds[point].folder
+            )
+    page = _study_page("table3")
+    assert (
+        "Seeds 1 and 2 of base, heads_1, heads_16 and dropout_0.0 ran here on the five-seed "
+        "study's hardware class (AMD EPYC, avx512_bf16) at other commits, and wrote test2016 and "
+        "val hypotheses byte-identical to that study's runs of the same seed"
+    ) in page
+    assert "why the two studies' trials are never pooled" in page
+
+
+# (every, offset) per seed of a complete study: heads_1, dropout_0.0 and no label smoothing
+# damage more sentences than any seed of the base (no label smoothing fewer than the others);
+# heads_16 as many as the base, other ones
+COMPLETE = {
+    "base": [(4, 0), (5, 0), (6, 0), (7, 0), (8, 0)],
+    "heads_1": [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
+    "heads_16": [(4, 1), (5, 1), (6, 1), (7, 1), (8, 1)],
+    "dropout_0.0": [(2, 1), (3, 0), (2, 0), (3, 2), (3, 1)],
+    "label_smoothing_0.0": [(3, 0), (4, 1), (3, 1), (4, 2), (3, 2)],
+}
+
+
+@pytest.fixture
+def complete_study(tmp_path, references):
+    """Every planned trial of a five-seed grid finished; the base's dropout is 0.3 (the
+    paper's 0.1), its label smoothing the paper's 0.1. Without label smoothing val BLEU is
+    lower and val PPL too."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3, 4, 5]
+    spec.budget = {**spec.budget, "model.dropout": 0.3}
+    spec.variants = {
+        "base": {},
+        "heads_1": {"model.heads": 1},
+        "heads_16": {"model.heads": 16},
+        "dropout_0.0": {"model.dropout": 0.0},
+        "label_smoothing_0.0": {"train.label_smoothing": 0.0},
+    }
+    spec.paper = {
+        "heads_1": {"bleu": -0.6, "rows": "(A) h=1 vs h=4"},
+        "heads_16": {"bleu": 0.3, "rows": "(A) h=16 vs h=4"},
+        "dropout_0.0": {"bleu": -1.2, "rows": "(D) P_drop 0.0 vs 0.1"},
+        "label_smoothing_0.0": {"bleu": -0.5, "ppl": -0.25, "rows": "(D) eps_ls 0.0 vs 0.1"},
+    }
+    refs = references
+    study_dir = tmp_path / "results" / spec.study
+    for variant, damage in COMPLETE.items():
+        smoothing_off = variant == "label_smoothing_0.0"
+        for seed, (every, offset) in enumerate(damage, start=1):
+            val = 38.0 + seed / 10 - 2.0 * smoothing_off
+            ppl = 6.0 + seed / 20 - 0.5 * smoothing_off
+            write_trial(study_dir, variant, seed, damaged(refs, every, offset), refs,
+                        val=val, ppl=ppl)  # fmt: skip
+    return spec, study_dir, refs
+
+
+@pytest.mark.slow  # the sentence bootstrap of four comparisons over five seeds of 1000 sentences
+def test_a_complete_study_states_what_differs_against_the_papers_rows_and_a_write_up(
+    complete_study,
+):
+    """Once every planned trial has finished: Welch over seeds, Holm over the spec's
+    comparisons, 'cannot tell' with the difference detectable at its Holm step (computed here
+    from scipy and the seeds' spread), and the findings in prose: what differs and in which
+    direction against the paper's row, naming what is not the same change, and the label-
+    smoothing write-up against our val BLEU, test2016 BLEU and val PPL."""
+    spec, study_dir, refs = complete_study
+    rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir), refs)}
+    base = rows["base"]
+    names = [v for v in spec.variants if v != "base"]
+    welch = {v: welch_p(rows[v].test_bleu, base.test_bleu) for v in names}
+    order = sorted(names, key=welch.get)  # Holm's steps: alpha / 4, / 3, / 2, / 1
+    assert {v: rows[v].verdict for v in names} == {
+        "heads_1": "holds", "dropout_0.0": "holds", "label_smoothing_0.0": "holds",
+        "heads_16": "cannot tell",
+    }  # fmt: skip
+    assert order[-1] == "heads_16"
+    spread = ((statistics.variance(rows["heads_16"].test_bleu)
+               + statistics.variance(base.test_bleu)) / 2) ** 0.5  # fmt: skip
+    detectable = seed_stats.detectable_difference(spread, 5, alpha=0.05 / 1)
+    assert rows["heads_16"].holm_alpha == pytest.approx(0.05)
+    assert rows["heads_16"].detectable == pytest.approx(detectable)
+    table = report.grid_table(list(rows.values()))
+    assert f"| cannot tell (detects {detectable:.2f}) |" in table
+
+    text = report.markdown(spec, study_dir, with_states=False)
+    interval = {v: stats.ttest_ind(rows[v].test_bleu, base.test_bleu, equal_var=False)
+                .confidence_interval() for v in names}  # fmt: skip
+
+    def measured(v: str) -> str:
+        low, high = interval[v]
+        return f"{rows[v].delta:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+    paragraph = next(line for line in text.splitlines() if line.startswith("**What differs"))
+    assert "Holm over the spec's 4 comparisons at α = 0.05" in paragraph
+    assert (
+        f"heads_1 lowers it, {measured('heads_1')} (the paper's row (A) h=1 vs h=4: -0.6, the "
+        "same direction; not the same change: at d_model 64 a head is 64/1 = 64 wide, 8 times "
+        "narrower than the paper's 512/1 = 512 at the same h)"
+    ) in paragraph
+    assert (
+        f"dropout_0.0 lowers it, {measured('dropout_0.0')} (the paper's row (D) P_drop 0.0 vs "
+        "0.1: -1.2, the same direction; not the same change: here model.dropout goes 0.3 → 0.0 "
+        "from our base's 0.3; the paper's base has 0.1, and its row is (D) P_drop 0.0 vs 0.1)"
+    ) in paragraph
+    assert (
+        f"label_smoothing_0.0 lowers it, {measured('label_smoothing_0.0')} (the paper's row "
+        "(D) eps_ls 0.0 vs 0.1: -0.5, the same direction)"
+    ) in paragraph
+    assert f"Cannot tell for heads_16 ({rows['heads_16'].delta:+.2f}; detectable " in paragraph
+    # the table's note says what the paper's column is, naming the rows that are another change
+    assert "for heads_1, heads_16, dropout_0.0 it is not the same change" in text
+
+    # The write-up: smoothing (the base, 0.1) against none, on each measure, with the interval
+    # of the difference Welch's test inverts
+    none = rows["label_smoothing_0.0"]
+
+    def against_none(a: list[float], b: list[float]) -> tuple[float, float, float]:
+        low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval()
+        return statistics.fmean(a) - statistics.fmean(b), low, high
+
+    val = against_none(base.val_bleu, none.val_bleu)
+    test = against_none(base.test_bleu, none.test_bleu)
+    ppl = against_none(base.val_ppl, none.val_ppl)
+    write_up = next(line for line in text.splitlines() if line.startswith("**Beside another"))
+    assert "+5.8 val and +4.8 test BLEU, with worse perplexity" in write_up
+    assert "ted_hrlr_translate" in write_up
+    assert (
+        "Here train.label_smoothing 0.1 against 0.0 (base against label_smoothing_0.0) gives "
+        f"val BLEU {val[0]:+.2f} [{val[1]:+.2f}, {val[2]:+.2f}], test2016 {test[0]:+.2f} "
+        f"[{test[1]:+.2f}, {test[2]:+.2f}] and val PPL {ppl[0]:+.2f} [{ppl[1]:+.2f}, {ppl[2]:+.2f}]"
+    ) in write_up
+    assert val[2] < 5.8 and test[2] < 4.8  # both gains lie above our intervals
+    assert "our runs do not show a gain of that size" in write_up
+    assert ppl[1] > 0 and none.ppl_holm_p <= 0.05  # smoothing's val PPL is higher
+    assert (
+        f"val PPL is higher with train.label_smoothing 0.1 (Welch over seeds, Holm p = "
+        f"{none.ppl_holm_p:.3f}): the write-up's worse perplexity"
+    ) in write_up
+
+
+@pytest.mark.slow  # the same bootstrap, the charts and a W&B run
+def test_the_complete_report_is_logged_to_wandb_as_the_studys_run(complete_study, tmp_path):
+    """write_report logs the study's report run (offline here): its summary says the verdicts
+    are final and gives each, and report.md travels with the charts as a 'report' artifact."""
+    from pipeline import tracking
+
+    spec, study_dir, refs = complete_study
+    report.write_report(spec, study_dir, log_to_wandb=True)
+    (run_dir,) = tracking.offline_run_dirs(tmp_path / "wandb" / spec.study)
+    logged = tracking.read_offline_run(run_dir)
+    assert logged["complete"]
+    assert logged["run"]["name"] == f"{spec.study}-report" and logged["run"]["group"] == spec.study
+    summary = logged["summary"]
+    assert (summary["final"], summary["trials_finished"], summary["trials_planned"]) == (
+        True, 25, 25,
+    )  # fmt: skip
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    assert summary["verdicts"] == {r.variant: report.verdict_cell(r)
+                                   for r in rows if r.delta is not None}  # fmt: skip
+    (artifact,) = [a for a in logged["artifacts"] if a["type"] == "report"]
+    assert {"report.md", *report.CHARTS.values()} <= set(artifact["files"])
+
+
+def test_the_failed_attempts_sentence_says_what_became_of_each_point(study):
+    """The trial states name each failed attempt's point and what the storage and records show
+    of it since: finished (a record), running or queued again, or not run again; and how many
+    the worker marked preempted. A trial that failed before it asked for its params is placed
+    by the point it was queued with."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    spec, study_dir = study
+    space = {"variant": CategoricalDistribution(["base", "heads_1", "heads_8", "heads_16"]),
+             "seed": CategoricalDistribution([1, 2, 3, 4])}  # fmt: skip
+
+    def trial(state, variant, seed, preempted=False, asked=True):
+        point = {"variant": variant, "seed": seed}
+        return create_trial(
+            state=state,
+            params=point if asked else None,
+            distributions=space if asked else None,
+            user_attrs={"preempted": True} if preempted else None,
+            system_attrs={"fixed_params": point},
+            value=1.0 if state == TrialState.COMPLETE else None,
+        )
+
+    trials = [
+        trial(TrialState.FAIL, "heads_1", 1, preempted=True),
+        trial(TrialState.FAIL, "heads_1", 1, asked=False),
+        trial(TrialState.COMPLETE, "heads_1", 1),
+        trial(TrialState.FAIL, "heads_16", 4, preempted=True),
+        trial(TrialState.RUNNING, "heads_16", 4),
+        trial(TrialState.FAIL, "heads_8", 2),
+        trial(TrialState.WAITING, "heads_8", 2),
+        trial(TrialState.FAIL, "heads_16", 3),
+    ]
+    records = report.load_records(study_dir)  # heads_1 seed 1 has its record
+    assert report.failed_attempts(trials, records) == (
+        "; its 5 failed attempts were at 4 points (2 marked preempted by their worker): "
+        "heads_1 seed 1 (2 failed attempts) ran again and finished; heads_16 seed 4 is running "
+        "again; heads_8 seed 2 is queued to run again; heads_16 seed 3 has not run again"
+    )
+    assert report.failed_attempts(trials[2:3], records) == ""
+    # many points finished: counted, not named
+    many = [trial(TrialState.FAIL, "base", 1), trial(TrialState.FAIL, "base", 2),
+            trial(TrialState.FAIL, "heads_1", 1), trial(TrialState.FAIL, "heads_1", 2)]  # fmt: skip
+    assert report.failed_attempts(many, records).endswith(": all 4 ran again and finished")
+    # and in the report's first line, from the study's storage
+    storage = optuna.create_study(study_name=spec.study,
+                                  storage=f"sqlite:///{study_dir / 'study.db'}")  # fmt: skip
+    storage.add_trial(trials[0])
+    assert report.trial_states(spec, study_dir) == (
+        "1 fail in study.db; its 1 failed attempt was at 1 point (1 marked preempted by their "
+        "worker): heads_1 seed 1 ran again and finished"
+    )
+
+
+def test_the_hours_left_of_an_unmeasured_variant_scale_the_bases_by_the_specs_trial_hours():
+    """A variant none of whose trials has finished counts at its `trial_hours` relative to the
+    base's, times the base's measured hours (the spec's hours are relative costs measured on
+    another machine); without `trial_hours`, at the median over the finished trials."""
+    from pipeline.report.progress import hours_left
+
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3]
+    done = [
+        report.TrialRecord(folder=REPO_ROOT / f"base-seed{seed}", variant="base", seed=seed, train={},
+                           eval={}, curve=[], run={"train_wall_time_s": spent * 3600,
+                                                   "eval_wall_time_s": 0.0})
+        for seed, spent in ((1, 0.5), (2, 0.7))
+    ]  # fmt: skip
+    # base seed 3 at the base's median 0.6 h; heads_1's three seeds at 3 x 0.6 h each
+    spec.trial_hours = {"base": 1.0, "heads_1": 3.0}
+    assert hours_left(spec, done) == pytest.approx(0.6 + 3 * 1.8)
+    spec.trial_hours = {}
+    assert hours_left(spec, done) == pytest.approx(4 * 0.6)

@@ -15,9 +15,10 @@ from pipeline.errors import ConfigError
 from pipeline.training.checkpoint_io import AtomicCheckpointIO
 from pipeline.training.checkpoints import (
     LAST_NAME,
+    SOURCE_HASH_KEY,
     checkpoint_dir,
-    code_version,
     read_checkpoint,
+    source_hash,
 )
 from pipeline.training.resume import (
     check_resumable,
@@ -47,7 +48,7 @@ def _fake_run(cfg, global_step: int, code: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {"state_dict": {}, "global_step": global_step,
                   "hyper_parameters": {"config": config_lib.to_dict(cfg), "vocab_size": 9},
-                  "code_version": code or code_version()}  # fmt: skip
+                  SOURCE_HASH_KEY: code or source_hash()}  # fmt: skip
     AtomicCheckpointIO().save_checkpoint(checkpoint, path)
     return path
 
@@ -146,15 +147,15 @@ def test_a_path_the_checkpoint_wrote_portably_is_the_same_value(make_config, tmp
 
     monkeypatch.chdir(tmp_path)
     cfg = make_config("data.source=text")
-    cfg.data.text_files = {"train": {"en": str(tmp_path / "corpus" / "train.en")}}
+    cfg.data.text_files = {"train": {"src": str(tmp_path / "corpus" / "train.en")}}
     saved = portable_checkpoint({"hyper_parameters": {"config": config_lib.to_dict(cfg)}})
-    assert saved["hyper_parameters"]["config"]["data"]["text_files"]["train"]["en"] == (
+    assert saved["hyper_parameters"]["config"]["data"]["text_files"]["train"]["src"] == (
         "corpus/train.en"
     )
     assert config_differences(saved["hyper_parameters"]["config"], cfg)[0] == []
-    cfg.data.text_files = {"train": {"en": str(tmp_path / "other" / "train.en")}}
+    cfg.data.text_files = {"train": {"src": str(tmp_path / "other" / "train.en")}}
     assert config_differences(saved["hyper_parameters"]["config"], cfg)[0] == [
-        "data.text_files.train.en"
+        "data.text_files.train.src"
     ]
 
 

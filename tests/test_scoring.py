@@ -15,7 +15,14 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from pipeline.errors import DataError
-from pipeline.evaluation.scoring import LITERATURE_METRIC, moses_tokenized, paired_bootstrap, score
+from pipeline.evaluation.scoring import (
+    LITERATURE_METRIC,
+    bleu_from_statistics,
+    moses_tokenized,
+    paired_bootstrap,
+    score,
+    sentence_bleu_statistics,
+)
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
 WIDTH = 4  # decimals the CLI prints with `-w 4`
@@ -270,3 +277,25 @@ def test_systems_that_score_zero_on_every_resample_differ_by_nothing(references)
     result = paired_bootstrap(silent, babbling, refs, metrics=["bleu"], n_samples=200)["bleu"]
     assert result.baseline == result.system == 0.0
     assert result.p_value == 1.0
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_summed_sentence_statistics_give_sacrebleus_corpus_bleu(lowercase):
+    """The private statistics API of the installed sacreBLEU, summed over sentences (as the
+    validation BLEU sums them over batches and processes), scores what its public
+    `corpus_score` does: a sacreBLEU release that changes them fails here."""
+    hypotheses = ["A man is riding a red bike .", "Two dogs play in the snow", "a woman",
+                  "Ein Mann fährt Fahrrad .", "x y z"]  # fmt: skip
+    references = ["A man rides a red bicycle .", "Two dogs are playing in the snow .",
+                  "A woman sings on a stage .", "ein Mann fährt ein Fahrrad .", "a b c"]  # fmt: skip
+    bleu = BLEU(lowercase=lowercase)
+    per_sentence = sentence_bleu_statistics(bleu, hypotheses, references)
+    assert len(per_sentence) == len(hypotheses)
+    summed = [sum(column) for column in zip(*per_sentence)]
+    expected = BLEU(lowercase=lowercase).corpus_score(hypotheses, [references]).score
+    assert expected > 0
+    assert bleu_from_statistics(bleu, summed) == pytest.approx(expected, abs=1e-12)
+    # sentence by sentence too: one pair's statistics are that pair's corpus BLEU
+    for hypothesis, reference, statistics in zip(hypotheses, references, per_sentence):
+        alone = BLEU(lowercase=lowercase).corpus_score([hypothesis], [[reference]]).score
+        assert bleu_from_statistics(bleu, statistics) == pytest.approx(alone, abs=1e-12)

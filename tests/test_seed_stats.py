@@ -10,6 +10,8 @@ import statistics
 
 import numpy as np
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from scipy import optimize, stats
 
 from pipeline import report
@@ -179,6 +181,30 @@ def test_a_comparison_without_a_test_stays_in_holms_family():
     assert seed_stats.holm([None]) == [None]
 
 
+def test_holm_step_alphas_are_the_levels_each_comparison_faces():
+    # ranks by p: 0.005 first (alpha / 4), then 0.01 (/ 3), 0.03 (/ 2), 0.04 (/ 1)
+    levels = seed_stats.holm_step_alphas([0.01, 0.04, 0.03, 0.005])
+    assert levels == pytest.approx([0.05 / 3, 0.05, 0.05 / 2, 0.05 / 4])
+    # a comparison without a test ranks last, as p = 1 in `holm`
+    assert seed_stats.holm_step_alphas([None, 0.2]) == pytest.approx([0.05, 0.025])
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
+def test_holm_adjusted_p_is_at_most_alpha_exactly_where_its_step_down_passes(p_values):
+    """Holm's adjusted p at most alpha is the step-down procedure: each p of the passing
+    prefix (in p order) at or below its step's level."""
+    # a p on a level's boundary rounds either way in floating point
+    assume(all(abs(p * k - ALPHA) > 1e-12 for p in p_values for k in range(1, len(p_values) + 1)))
+    levels = seed_stats.holm_step_alphas(p_values)
+    adjusted = seed_stats.holm(p_values)
+    passed, stopped = set(), False
+    for index in sorted(range(len(p_values)), key=lambda i: p_values[i]):
+        stopped = stopped or p_values[index] > levels[index]
+        if not stopped:
+            passed.add(index)
+    assert {i for i, p in enumerate(adjusted) if p <= ALPHA} == passed
+
+
 def test_aa_check_on_two_seeds_is_one_split_without_a_test():
     (split,) = seed_stats.aa_splits([38.40, 37.10])
     assert split.p is None and split.reason == seed_stats.SINGLE_RUN
@@ -271,9 +297,9 @@ def test_more_seeds_detect_less_and_a_single_seed_detects_nothing():
 
 @pytest.mark.slow
 def test_the_simulated_rates_the_docs_quote_come_out_the_same_with_another_seed():
-    """docs/ablations.md quotes the A/A, one-comparison and ten-comparison false-positive rates
+    """docs/study-reports.md quotes the A/A, one-comparison and ten-comparison false-positive rates
     to the digits that two independent simulations of `NULL_SIMULATIONS` each agree on."""
-    page = (REPO_ROOT / "docs" / "ablations.md").read_text(encoding="utf-8")
+    page = (REPO_ROOT / "docs" / "study-reports.md").read_text(encoding="utf-8")
     runs = [seed_stats.null_rates(seed=seed) for seed in (0, 1)]
     # the sentence of each rate, and the decimals it gives
     quoted = {"aa_2_vs_3": ("the rate is {} for five seeds split 2 against 3", 3),
@@ -298,7 +324,7 @@ def test_the_simulated_rates_the_docs_quote_come_out_the_same_with_another_seed(
 
 
 def test_the_docs_detectable_differences_in_bleu_come_from_the_studys_own_base_seeds():
-    """docs/ablations.md turns the detectable differences into BLEU with `table3_seeds`' base
+    """docs/study-reports.md turns the detectable differences into BLEU with `table3_seeds`' base
     spread: the sample SD of its five base seeds' test2016 BLEU (lc), from their records."""
     study = report.load_records(REPO_ROOT / RESULTS_ROOT / "table3_seeds")
     scores = [r.score(report.TEST_SPLIT, "bleu_lc") for r in study if r.variant == "base"]
@@ -309,4 +335,4 @@ def test_the_docs_detectable_differences_in_bleu_come_from_the_studys_own_base_s
     assert (
         f"`table3_seeds`' base spread (SD {sd:.2f} BLEU over its five seeds) "
         f"{per_comparison:.1f} and {strictest:.1f} BLEU"
-    ) in " ".join((REPO_ROOT / "docs" / "ablations.md").read_text(encoding="utf-8").split())
+    ) in " ".join((REPO_ROOT / "docs" / "study-reports.md").read_text(encoding="utf-8").split())

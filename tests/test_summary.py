@@ -20,14 +20,14 @@ def test_summary_names_the_benchmark_split_test_and_keeps_the_rest_out(make_conf
     evaluation["signatures"] = {"bleu": "nrefs:1|case:mixed"}
     (metrics / "eval.json").write_text(json.dumps(evaluation))
     training = {"val/loss": 3.1, "val/ppl": 7.9, "wall_time_s": 60.0,
-                "train/tokens_per_sec": 5000.0, "num_parameters": 10, "steps": 4,
+                "train/mean_tokens_per_sec": 5000.0, "num_parameters": 10, "steps": 4,
                 "last": {"step": 4}}  # fmt: skip
     (metrics / "train.json").write_text(json.dumps(training))
 
     summary = summarize(cfg)
     assert summary["test/bleu_lc"] == 30.0 and summary["eval/test_2017_flickr/bleu_lc"] == 27.0
     assert summary["eval/val/bleu_lc"] == 31.0 and summary["val/ppl"] == 7.9
-    assert summary["train/wall_time_s"] == 60.0 and summary["train/tokens_per_sec"] == 5000.0
+    assert summary["train/wall_time_s"] == 60.0 and summary["train/mean_tokens_per_sec"] == 5000.0
     assert summary["train/steps"] == 4
     assert len(summary) == 3 * 3 + 5  # no signatures, intervals, counts or statistics
 
@@ -49,3 +49,16 @@ def test_the_headline_bleu_has_one_name_in_dvc_and_wandb(make_config):
 def test_a_missing_record_is_named(make_config, tmp_path):
     with pytest.raises(DataError, match=r"eval\.json: cannot be read"):
         summarize(make_config())
+
+
+def test_the_headline_fits_80_columns(make_config):
+    """At its widest numbers (100.0 everywhere) the last line of a run fits 80 columns."""
+    from pipeline.summary import headline
+
+    cfg = make_config()
+    summary = {"test/bleu_lc": 100.0, "test/chrf": 100.0, "test/ter": 100.0,
+               "eval/val/bleu_lc": 100.0}  # fmt: skip
+    line = headline(summary, cfg)
+    assert line == (f"test BLEU (lc) 100.0 on {cfg.data.test_splits[0]} (chrF 100.0, TER 100.0); "
+                    "val 100.0")  # fmt: skip
+    assert len(line) <= 80

@@ -78,7 +78,7 @@ def write_spec(tmp_path: Path, name: str, variants: int = 3, seeds: int = 2) -> 
         "study": name,
         "kind": "grid",
         "base_experiment": "smoke",
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "seeds": list(range(1, seeds + 1)),
         "variants": {f"heads_{h}": {"model.heads": h} for h in [1, 2, 4, 8][:variants]},
         "settings": {"heartbeat_interval": 1, "grace_period": 3, "poll_interval": 0.5},
@@ -617,6 +617,33 @@ def test_a_database_that_does_not_exist_is_not_asked_again(monkeypatch):
     assert waits == []
 
 
+@pytest.mark.parametrize("kind", ["a user's tables", "not a database"])
+def test_a_file_that_is_not_a_studys_storage_is_refused_and_left_as_it_was(tmp_path, kind):
+    """A database of the user's own (or any other file) given as --storage: exit 2 naming it,
+    before Optuna adds its tables; the file unchanged byte for byte."""
+    database = tmp_path / "customers.db"
+    if kind == "not a database":
+        database.write_bytes(b"name,city\nAda,London\n" * 100)
+    else:
+        with sqlite3.connect(database) as connection:
+            connection.execute("CREATE TABLE customers (name TEXT, city TEXT)")
+            connection.execute("INSERT INTO customers VALUES ('Ada', 'London')")
+        connection.close()
+    before = database.read_bytes()
+    spec = write_spec(tmp_path, "foreign", variants=1, seeds=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", "0",
+         "--storage", f"sqlite:///{database}", "--results-dir", str(tmp_path / "results"),
+         "--work-dir", str(tmp_path / "work")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    expected = "not an SQLite database" if kind == "not a database" else "customers): a study"
+    assert f"--storage {database}" in result.stderr and expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert database.read_bytes() == before
+
+
 def test_a_storage_password_is_masked_in_the_workers_closing_line(tmp_path):
     spec = write_spec(tmp_path, f"masked_{uuid.uuid4().hex[:8]}", variants=1, seeds=1)
     url = secret_url(sqlalchemy.engine.make_url(POSTGRES_URL).database)
@@ -639,7 +666,7 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
     spec_path = tmp_path / "dash.yaml"
     spec_path.write_text(yaml.safe_dump({
         "study": "dash", "kind": "grid", "base_experiment": "smoke",
-        "objective": {"metric": "val/bleu", "direction": "maximize"}, "seeds": [1],
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"}, "seeds": [1],
         "variants": {"base": {}, "heads_2": {"model.heads": 2},
                      "learned": {"model.positional": "learned", "model.dropout": 0.3}},
     }))  # fmt: skip
@@ -656,7 +683,7 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
     with warnings.catch_warnings():
         warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
         study = sweep.run_worker(spec, url, tmp_path / "results", trial_fn=trial_fn)
-    assert optuna.load_study(study_name="dash", storage=url).metric_names == ["val/bleu"]
+    assert optuna.load_study(study_name="dash", storage=url).metric_names == ["val/greedy_bleu"]
     params = {t.params["variant"]: t.params for t in study.trials}
     assert params["base"] == {"variant": "base", "seed": 1, "model.heads": 4,
                               "model.positional": "sinusoidal", "model.dropout": 0.1}  # fmt: skip
@@ -669,20 +696,28 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
     assert distributions["model.positional"].choices == ("sinusoidal", "learned")
 
     out = capsys.readouterr().out
-    for k in (1, 2, 3):
-        assert f"trial {k}/3 " in out
-    assert "trial 3/3 learned-seed1: val/bleu 4.00 (complete) in " in out
+    lines = [line for line in out.splitlines() if line.startswith("trial ")]
+    assert [line.endswith(f"; {k} of 3 finished") for k, line in enumerate(lines, 1)] == [True] * 3
+    assert lines[-1].startswith("trial 2 learned-seed1: val/greedy_bleu 4.00 (complete) in ")
     summary = sweep.study_summary(study, spec)
     assert summary.splitlines()[1].split()[:3] == ["1", "heads_2-seed1", "5.00"]
-    assert summary.splitlines()[-1] == "best: trial 1 (heads_2-seed1), val/bleu 5.00"
+    # a trial's line and the summary give it one number
+    assert [line for line in lines if " heads_2-seed1: " in line][0].startswith("trial 1 ")
+    # the dashboard page's note: where the study stands, and no verdict from a worker
+    from optuna_dashboard import get_note
+
+    note = get_note(study)
+    assert note.startswith("**dash**: 3 of 3 planned trials finished."), note
+    assert "the verdicts are the report's" in note and '"Best Trial" is the highest' in note
+    assert summary.splitlines()[-1] == "best: trial 1 (heads_2-seed1), val/greedy_bleu 5.00"
 
 
 def test_studies_of_one_name_in_two_storages_get_work_folders_of_their_own(tmp_path):
     """Two clones of the repository, each with its own `table3` study: their trials' work
     folders differ (keyed by storage and study id), a password in the URL does not count.
-    `pipeline.clean` reads the study's name from the folder's identity file."""
-    from pipeline.clean import study_name
-    from pipeline.sweep.spec import STUDY_FILE, claim_study_work_dir, study_work_dir
+    `pipeline.clean` reads the study from the folder's identity file."""
+    from pipeline.clean import recorded_study
+    from pipeline.sweep.work_dirs import STUDY_FILE, claim_study_work_dir, study_work_dir
 
     work = tmp_path / "work"
     folders = []
@@ -694,7 +729,7 @@ def test_studies_of_one_name_in_two_storages_get_work_folders_of_their_own(tmp_p
         assert study_work_dir(work, "table3", url, study._study_id) == folders[-1]
     assert folders[0] != folders[1]
     assert all(folder.parent == work and folder.name.startswith("table3-") for folder in folders)
-    assert study_name(folders[0]) == "table3" and study_name(work / "legacy") == "legacy"
+    assert recorded_study(folders[0])["study"] == "table3" and recorded_study(work / "x") is None
     identity = json.loads((folders[0] / STUDY_FILE).read_text())
     assert identity == {"study": "table3", "storage": f"sqlite:///{tmp_path / 'clone_a/study.db'}",
                         "study_id": 1}  # fmt: skip

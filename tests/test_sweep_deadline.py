@@ -41,7 +41,7 @@ def test_a_past_or_unreadable_deadline_is_refused(text):
         deadline_lib.parse_deadline(text, now=NOW)
 
 
-def test_the_expected_time_is_the_variants_median_then_the_estimate_then_the_studys():
+def test_the_expected_time_is_the_variants_median_then_the_specs_hours_then_the_estimate():
     study = optuna.create_study()
     for variant, seconds in [("base", 100.0), ("base", 300.0), ("base", 200.0), ("wide", 900.0)]:
         study.add_trial(optuna.create_trial(
@@ -52,6 +52,13 @@ def test_the_expected_time_is_the_variants_median_then_the_estimate_then_the_stu
     assert deadline_lib.expected_seconds(study, "new", 50) == 3000.0
     assert deadline_lib.expected_seconds(study, "new", None) == 250.0
     assert deadline_lib.expected_seconds(optuna.create_study(), "new", None) is None
+    # A variant not yet measured, with the spec's trial_hours: its cost relative to the base's,
+    # times the base's median measured here (200 s); the hours as given without a base time.
+    hours = {"base": 1.0, "new": 2.5}
+    assert deadline_lib.expected_seconds(study, "new", 50, hours) == 500.0
+    assert deadline_lib.expected_seconds(optuna.create_study(), "new", 50, hours) == 2.5 * 3600
+    assert deadline_lib.expected_seconds(study, "wide", 50, {"wide": 9.0}) == 900.0  # measured
+    assert deadline_lib.expected_seconds(study, "new", 50, {"base": 1.0}) == 3000.0
 
 
 def write_spec(folder: Path, study: str, steps: int, estimate_minutes: float | None) -> Path:
@@ -63,7 +70,7 @@ def write_spec(folder: Path, study: str, steps: int, estimate_minutes: float | N
         "kind": "grid",
         "base_experiment": "smoke",
         "budget": {"train.max_steps": steps, "train.val_check_interval": 10, "eval.average": 1},
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "seeds": [1],
         "variants": {"base": {}, "heads_1": {"model.heads": 1}},
         "settings": settings,

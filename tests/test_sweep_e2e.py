@@ -60,11 +60,11 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     # What the worker said, and what optuna-dashboard reads: the objective's name, the key
     # each variant sets, every validation (steps 10 and 20) as an intermediate value.
     for k in range(1, 5):
-        assert f"trial {k}/4 " in out, out
+        assert f"; {k} of 4 finished" in out, out
     best = study.best_trial
     assert f"best: trial {best.number} ({best.params['variant']}-seed{best.params['seed']})" in out
     assert "trial work folders: " in out and "python -m pipeline.clean" in out
-    assert study.metric_names == ["val/bleu"]
+    assert study.metric_names == ["val/greedy_bleu"]
     for trial in study.trials:
         heads = {"base": 4, "heads_1": 1}[trial.params["variant"]]
         assert trial.params["model.heads"] == heads
@@ -72,7 +72,9 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
     for trial in study.trials:
         attrs = trial.user_attrs
-        assert {"val_bleu", "test_bleu", "test_chrf", "parameters", "checkpoint_dir"} <= set(attrs)
+        assert {"val_greedy_bleu", "test_bleu", "test_chrf", "parameters", "checkpoint_dir"} <= set(
+            attrs
+        )
         record = results / "smoke" / "trials" / attrs["record"]
         assert attrs["record"] == f"{trial.params['variant']}-seed{trial.params['seed']}"
         for name in ("train.json", "eval.json", "params.yaml", "curve.json", "run.json",
@@ -136,7 +138,7 @@ def write_smoke_grid(
         "base_experiment": "smoke",
         "budget": {"train.max_steps": steps, "train.val_check_interval": interval,
                    "eval.average": 1},
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "seeds": [1],
         "variants": variants,
         "settings": {"heartbeat_interval": 1, "grace_period": grace_period, "poll_interval": 0.5},
@@ -232,8 +234,11 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     curve_steps = [p["step"] for p in json.loads((record / "curve.json").read_text())]
     assert curve_steps == list(range(interval, steps + 1, interval))  # every validation once
 
-    report = run_cli("pipeline.report", str(spec_path), "--results-dir", str(results),
-                     "--no-wandb")  # fmt: skip
+    written = run_cli("pipeline.report", str(spec_path), "--results-dir", str(results),
+                      "--no-wandb")  # fmt: skip
+    report_file = results / "resume_smoke" / "report.md"
+    assert written == f"report: {report_file}\n"
+    report = report_file.read_text(encoding="utf-8")
     assert "2 of 2 trials finished" in report and "| heads_1 | model.heads=1 |" in report
     assert "†" not in report
     assert (results / "resume_smoke" / "bleu_per_variant.png").exists()
@@ -287,7 +292,7 @@ def test_a_trial_whose_storage_stops_recording_heartbeats_stops_at_a_checkpoint(
 
 
 def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, monkeypatch):
-    """TPE over heads/dropout with a median pruner: every trial reports val/bleu at each
+    """TPE over heads/dropout with a median pruner: every trial reports val/greedy_bleu at each
     validation through optuna-integration's Lightning callback, and ends complete or pruned."""
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     spec = {
@@ -300,7 +305,7 @@ def test_search_study_reports_validation_to_the_pruner(tmp_path, multi30k_dir, m
             "eval.splits": ["test_2016_flickr"],
             "eval.average": 1,
         },
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "n_trials": 3,
         "sampler_seed": 7,
         "space": {
@@ -340,7 +345,7 @@ def test_ddp_trials_report_by_step_and_prune_on_every_rank(tmp_path, multi30k_di
             "eval.splits": ["test_2016_flickr"],
             "eval.average": 1,
         },
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "seeds": [1],
         # Every report after the warm-up is below the threshold: the 30-step trial is pruned
         # at step 20; the 10-step trial reports once, inside the warm-up, and completes.

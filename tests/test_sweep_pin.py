@@ -28,7 +28,7 @@ def write_spec(folder: Path) -> Path:
         "study": f"pinned-{uuid.uuid4().hex[:8]}",
         "kind": "grid",
         "base_experiment": "smoke",
-        "objective": {"metric": "val/bleu", "direction": "maximize"},
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
         "budget": {"train.max_steps": 2, "train.val_check_interval": 2, "eval.average": 1},
         "seeds": [1, 2],
         "variants": {"base": {}, "heads_1": {"model.heads": 1}},

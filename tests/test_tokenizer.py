@@ -16,17 +16,15 @@ from sentencepiece import sentencepiece_model_pb2
 
 from pipeline.config import RAW_DIR_ENV
 from pipeline.data.prepared import prepared_path
-from pipeline.data.tokenizer import (
+from pipeline.data.tokenized import (
     COLUMNS,
-    MODEL_FILE,
     OVER_SPM_LIMIT,
     SPLITS_DIR,
     SPM_MAX_SENTENCE_BYTES,
-    Pretokenizer,
-    Tokenizer,
     load_tokenized,
     tokenize,
 )
+from pipeline.data.tokenizer import MODEL_FILE, Pretokenizer, Tokenizer
 from pipeline.errors import DataError, DiskFullError
 from tests.conftest import run_stage, write_params
 from tests.test_subword_nmt import MERGES, task1_bpe

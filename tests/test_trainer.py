@@ -79,7 +79,7 @@ ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def tokenized_200(tmp_path_factory, multi30k_dir) -> config_schema.Config:
     """The first 200 training pairs (plus the full val/test splits), prepared and tokenized."""
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
 
     root = shared_root(tmp_path_factory) / "tokenized_200"
     cfg = redirect_paths(config_lib.compose([f"data.raw_dir={multi30k_dir}", *DATA]), root)
@@ -127,9 +127,9 @@ def test_callbacks_rank_checkpoints_and_stop_early_by_the_monitored_metric(make_
     assert isinstance(throughput, Throughput)
     assert (last_k.monitor, last_k.mode, last_k.save_top_k, last_k.save_last) == (
         "step", "max", 4, True)  # fmt: skip
-    assert (best_k.monitor, best_k.mode, best_k.save_top_k) == ("val/bleu", "max", 4)
+    assert (best_k.monitor, best_k.mode, best_k.save_top_k) == ("val/greedy_bleu", "max", 4)
     assert isinstance(early, EarlyStopping)
-    assert (early.monitor, early.patience, early.mode) == ("val/bleu", 3, "max")
+    assert (early.monitor, early.patience, early.mode) == ("val/greedy_bleu", 3, "max")
     by_loss = build_callbacks(make_config("train.val_bleu=false"))
     assert [(c.monitor, c.mode) for c in by_loss[1:]] == [("step", "max"), ("val/loss", "min")]
 
@@ -172,12 +172,12 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     # between the two, not at a level measured on one machine.
     assert metrics["last"]["train/loss"] < 0.5
     assert metrics["steps"] == 300
-    assert metrics["num_parameters"] > 0 and metrics["train/tokens_per_sec"] > 0
-    assert metrics["val/bleu"] is not None and metrics["best_step"] in (150, 300)
+    assert metrics["num_parameters"] > 0 and metrics["train/mean_tokens_per_sec"] > 0
+    assert metrics["val/greedy_bleu"] is not None and metrics["best_step"] in (150, 300)
     saved = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert saved == json.loads(json.dumps(metrics))
 
-    # Checkpoints: last + the newest and the best by val/bleu, loadable on their own.
+    # Checkpoints: last + the newest and the best by val/greedy_bleu, loadable on their own.
     names = sorted(p.name for p in checkpoint_dir(cfg.paths.train_dir).glob("*.ckpt"))
     assert LAST_NAME in names and "step-0000150.ckpt" in names and "step-0000300.ckpt" in names
     assert len([n for n in names if n.startswith("best-step-")]) == 2
@@ -187,7 +187,7 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     module = TranslationModule.load_from_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)
     assert module.cfg == cfg
 
-    # val/bleu is sacreBLEU of greedy translations of the first 32 val sentences, here
+    # val/greedy_bleu is sacreBLEU of greedy translations of the first 32 val sentences, here
     # decoded one at a time (no batching, padding or reordering).
     datamodule = TranslationDataModule(cfg)
     datamodule.setup("fit")
@@ -201,13 +201,13 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
             hypotheses.append(datamodule.tokenizer.decode(tokens))
     expected_bleu = sacrebleu.corpus_bleu(hypotheses, [val.tgt_text[:32]]).score
     # sacrebleu's float64 score of the same hypotheses, logged as float32: one rounding.
-    assert metrics["last"]["val/bleu"] == pytest.approx(expected_bleu, rel=FP32_EPS)
+    assert metrics["last"]["val/greedy_bleu"] == pytest.approx(expected_bleu, rel=FP32_EPS)
 
     # DVCLive learning curves (what `dvc plots` reads) and the PNG.
     live = Path(cfg.paths.plots_dir) / "train"
     rows = (live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert rows[0] == "step\tloss" and rows[1].startswith("10\t") and rows[-1].startswith("300\t")
-    assert (live / "plots" / "metrics" / "val" / "bleu.tsv").exists()
+    assert (live / "plots" / "metrics" / "val" / "greedy_bleu.tsv").exists()
     assert (live / "learning_curve.png").stat().st_size > 0
 
     # One offline W&B run with the full config and the training history.
@@ -225,7 +225,14 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
                 row["trainer/global_step"], d_model=64, warmup_steps=40, factor=0.3
             )  # fmt: skip
         )
-    assert wandb_run["summary"]["best/val/bleu"] == pytest.approx(metrics["val/bleu"])
+    assert wandb_run["summary"]["best/val/greedy_bleu"] == pytest.approx(metrics["val/greedy_bleu"])
+    # One name a number: W&B's tokens per second is each logging window's (its summary the last
+    # window's), the run's mean is a name of its own, as in train.json.
+    windows = [row["train/tokens_per_sec"] for row in logged]
+    assert wandb_run["summary"]["train/tokens_per_sec"] == pytest.approx(windows[-1])
+    mean = metrics["train/mean_tokens_per_sec"]
+    assert wandb_run["summary"]["train/mean_tokens_per_sec"] == pytest.approx(mean)
+    assert not {"val/bleu", "best/val/bleu"} & set(wandb_run["summary"])
 
 
 @pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes
@@ -443,7 +450,7 @@ def test_accumulation_bf16_and_a_callers_wandb_run(train_config):
     logged = read_offline_run(run_dir)
     assert logged["run"]["job_type"] == "trial"
     assert {"train/loss", "val/loss", "test/bleu"} <= {k for row in logged["history"] for k in row}
-    assert metrics["precision"] == "bf16-mixed" and metrics["val/bleu"] is not None
+    assert metrics["precision"] == "bf16-mixed" and metrics["val/greedy_bleu"] is not None
     assert metrics["steps"] == 4 and len(recorder.batches) == 8  # 2 batches per step
     history = read_checkpoint(checkpoint_dir(cfg.paths.train_dir) / LAST_NAME)["history"]
     assert [r["step"] for r in history if "val/loss" in r] == [2, 4]
@@ -533,7 +540,7 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     assert any("train/loss" in row for row in wandb_run["history"])
     metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 8
-    assert metrics["val/bleu"] is not None
+    assert metrics["val/greedy_bleu"] is not None
 
 
 # The float32 operations from a gradient to Adam's updated weight (the two moments, the square

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import ConfigError
-from pipeline.kernels import PAPER, SpeedPaths
+from pipeline.kernels import PAPER, SpeedPaths, install_speed_paths
 from pipeline.model.transformer import DecoderCache, Transformer
 from pipeline.rounding import float32_tolerance, reduction_length
 from tests.conftest import sample_std_tolerance
@@ -90,7 +90,8 @@ def model_tolerance(model: Transformer, keys: int, *compared: torch.Tensor) -> f
 
 def make_model(speed_paths: SpeedPaths = PAPER, **overrides) -> Transformer:
     torch.manual_seed(0)
-    model = Transformer(small_config(**overrides), VOCAB, PAD, speed_paths).eval()
+    model = install_speed_paths(Transformer(small_config(**overrides), VOCAB, PAD), speed_paths)
+    model.eval()
     randomize(model)
     return model
 
@@ -322,3 +323,127 @@ def test_cross_attention_weights():
     # Weights (at most 1) after an embedding, a self-attention block and a projection.
     tolerance = model_tolerance(model, src.size(1), x, memory)
     torch.testing.assert_close(weights[0], expected[0], atol=tolerance, rtol=0)
+
+
+def test_num_parameters_counts_head_dim_apart_from_width():
+    """model.head_dim: W^Q, W^K, W^V are (h d_k, d_model) with h d_k biases, W^O (d_model, h d_k)."""
+    d, ff, V, n, heads, d_k = 16, 32, VOCAB, 2, 3, 8  # h d_k = 24: heads need not divide d
+    attention = 3 * heads * d_k * (d + 1) + (heads * d_k + 1) * d
+    ffn = 2 * d * ff + ff + d
+    norm = 2 * d
+    encoder = n * (attention + ffn + 2 * norm)
+    decoder = n * (2 * attention + ffn + 3 * norm)
+    model = Transformer(small_config(heads=heads, head_dim=d_k), V, PAD)
+    assert model.num_parameters() == V * d + encoder + decoder
+
+
+def test_the_default_head_dim_is_d_model_over_heads_bit_for_bit():
+    """head_dim None builds the same parameters from the same seed as head_dim = d_model / h,
+    in the layout of torch's MultiheadAttention, and computes the same logits."""
+    torch.manual_seed(5)
+    default = Transformer(small_config(), VOCAB, PAD).eval()
+    torch.manual_seed(5)
+    explicit = Transformer(small_config(head_dim=4), VOCAB, PAD).eval()
+    state, other = default.state_dict(), explicit.state_dict()
+    assert list(state) == list(other)
+    assert all(torch.equal(state[name], other[name]) for name in state)
+    assert state["encoder_layers.0.self_attn.in_proj.weight"].shape == (3 * 16, 16)
+    src, tgt_in = random_batch([6, 3], [5, 4])
+    assert torch.equal(default(src, tgt_in), explicit(src, tgt_in))
+
+
+@pytest.mark.parametrize("heads,head_dim", [(4, 8), (3, 2)])
+def test_head_dim_apart_from_width_caches_and_shares_memory_as_the_full_pass(
+    heads, head_dim, speed_paths
+):
+    """d_k != d_model / h: cached decoding equals the full pass, and beams sharing one memory
+    row equal per-beam copies."""
+    model = make_model(speed_paths, heads=heads, head_dim=head_dim)
+    src, tgt_in = random_batch([6, 3], [7, 7], seed=1)
+    memory, src_pad = model.encode(src)
+    full = model.decode(tgt_in, memory, src_pad)
+    cache = DecoderCache()
+    steps = [model.decode(tgt_in[:, : t + 1], memory, src_pad, cache) for t in range(7)]
+    tolerance = model_tolerance(model, src.size(1), full)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=tolerance, rtol=0)
+    assert cache.layers[0].self_attn.keys.shape == (2, heads, 7, head_dim)
+    beams = 2
+    prefixes = tgt_in.repeat_interleave(beams, dim=0)
+    copies = memory.repeat_interleave(beams, dim=0), src_pad.repeat_interleave(beams, dim=0)
+    expected = model.decode(prefixes, *copies)
+    tolerance = model_tolerance(model, src.size(1), expected)
+    torch.testing.assert_close(
+        model.decode(prefixes, memory, src_pad), expected, atol=tolerance, rtol=0
+    )
+
+
+def test_beam_search_with_head_dim_apart_from_width_equals_recomputation(speed_paths):
+    from pipeline.model.decoding import beam_search
+    from tests.test_decoding import beam_score_tolerance, decode_kwargs
+
+    torch.manual_seed(0)
+    cfg = small_config(d_model=32, heads=2, head_dim=24, max_positions=40)
+    model = install_speed_paths(Transformer(cfg, VOCAB, PAD), speed_paths).eval()
+    randomize(model)
+    src, _ = random_batch([9, 5, 2, 7], [1, 1, 1, 1], seed=6)
+    kwargs = dict(beam_size=4, length_penalty=0.6, nbest=4, **decode_kwargs(max_len_b=6))
+    cached = beam_search(model, src, **kwargs, use_cache=True)
+    recomputed = beam_search(model, src, **kwargs, use_cache=False)
+    for row, (ours, reference) in enumerate(zip(cached, recomputed)):
+        assert [h.tokens for h in ours] == [h.tokens for h in reference]
+        for a, b in zip(ours, reference):
+            tolerance = beam_score_tolerance(model, src[row : row + 1], b.tokens, 0.6)
+            assert a.score == pytest.approx(b.score, abs=tolerance)
+
+
+def _save_model_checkpoint(path, model: Transformer, config: dict) -> None:
+    from pipeline.training.checkpoint_io import AtomicCheckpointIO
+    from pipeline.training.checkpoints import MODEL_PREFIX
+
+    state = {MODEL_PREFIX + name: value for name, value in model.state_dict().items()}
+    hyper = {"config": config, "vocab_size": model.vocab_size}
+    AtomicCheckpointIO().save_checkpoint(
+        {"global_step": 1, "hyper_parameters": hyper, "state_dict": state}, path
+    )
+
+
+def test_checkpoints_with_and_without_head_dim_load_average_and_resume(make_config, tmp_path):
+    """A checkpoint whose config has no model.head_dim (written before the key) loads as the
+    default model and resumes as the same run; one with head_dim loads, averages and resumes
+    only under the same head_dim."""
+    from pipeline.config import to_dict
+    from pipeline.evaluation.model_loading import load_model
+    from pipeline.model.transformer import build_transformer
+    from pipeline.training.checkpoints import MODEL_PREFIX, average_checkpoints
+    from pipeline.training.resume import config_differences
+
+    cfg = make_config("model.heads=4")
+    older = to_dict(cfg)
+    del older["model"]["head_dim"]
+    torch.manual_seed(0)
+    model = build_transformer(cfg, VOCAB).eval()
+    _save_model_checkpoint(tmp_path / "older.ckpt", model, older)
+    loaded = load_model(tmp_path / "older.ckpt")
+    assert loaded.cfg.head_dim is None
+    src, tgt_in = random_batch([5, 3], [4, 2])
+    assert torch.equal(loaded(src, tgt_in), model(src, tgt_in))
+    assert config_differences(older, cfg) == ([], [])
+
+    wide = make_config("model.heads=4", "+model.head_dim=8")
+    paths = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        paths.append(tmp_path / f"wide-{seed}.ckpt")
+        _save_model_checkpoint(paths[-1], build_transformer(wide, VOCAB), to_dict(wide))
+    first = load_model(paths[0])
+    assert first.encoder_layers[0].self_attn.in_proj.weight.shape == (3 * 4 * 8, wide.model.d_model)
+    averaged = average_checkpoints(paths)
+    second = load_model(paths[1])
+    for name, value in first.state_dict().items():
+        expected = (value.double() + second.state_dict()[name].double()) / 2
+        torch.testing.assert_close(averaged[MODEL_PREFIX + name].double(), expected)
+    build_transformer(wide, VOCAB).load_state_dict(
+        {name.removeprefix(MODEL_PREFIX): value for name, value in averaged.items()}
+    )
+    assert config_differences(to_dict(wide), wide) == ([], [])
+    assert config_differences(older, wide)[0] == ["model.head_dim"]

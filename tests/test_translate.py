@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,28 @@ def test_missing_params_file(tmp_path):
     assert "absent.yaml not found" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_outside_a_repository_without_params_the_error_says_to_pass_a_checkpoint(tmp_path):
+    result = run_translate(cwd=tmp_path, stdin="A dog runs.\n")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: params.yaml not found")
+    assert "--checkpoint" in result.stderr
+    assert "pipeline.config > params.yaml" not in result.stderr
+
+
+def test_a_missing_checkpoint_alone_is_not_found_from_the_command_and_the_api(tmp_path):
+    """`--checkpoint` without `--params` needs no params.yaml: a checkpoint that is not there
+    is named as not found, by the command and by the Python API alike."""
+    from pipeline.errors import DataError
+    from pipeline.translate import Translator
+
+    absent = tmp_path / "absent" / "model.ckpt"
+    result = run_translate("--checkpoint", str(absent), cwd=tmp_path, stdin="A dog runs.\n")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: checkpoint {absent} not found")
+    with pytest.raises(DataError, match=f"checkpoint {re.escape(str(absent))} not found"):
+        Translator.from_checkpoint(absent)
+
+
 def test_invalid_utf8_on_stdin_names_the_line(make_config, tmp_path):
     cfg = make_config()
     params = write_params(cfg, tmp_path / "params.yaml")
@@ -98,7 +121,7 @@ def test_bad_beam_is_a_usage_error(tmp_path):
 @pytest.fixture(scope="module")
 def smoke_model(trained_smoke, tmp_path_factory) -> tuple[Path, Path]:
     """params.yaml of the trained smoke run and the model.ckpt evaluate would write."""
-    from pipeline.evaluation.evaluate import source_checkpoints, write_model_checkpoint
+    from pipeline.evaluation.model_loading import source_checkpoints, write_model_checkpoint
 
     root = tmp_path_factory.mktemp("translate")
     checkpoint = root / "model.ckpt"
@@ -111,13 +134,13 @@ def in_process_translations(cfg, checkpoint: Path, sentences: list[str], beam: i
     import dataclasses
 
     from pipeline.data.corpus import normalize
-    from pipeline.evaluation import evaluate
+    from pipeline.evaluation import beam_decoding, model_loading
 
-    model = evaluate.load_model(checkpoint)
-    tokenizer = evaluate.load_tokenizer(evaluate.tokenizer_path(cfg), model, cfg.data)
+    model = model_loading.load_model(checkpoint)
+    tokenizer = model_loading.load_tokenizer(model_loading.tokenizer_path(cfg), model, cfg.data)
     eval_cfg = dataclasses.replace(cfg.eval, beam_size=beam, nbest=1)
     src_ids = tokenizer.encode_sources([normalize(s) for s in sentences])
-    return [t.best for t in evaluate.translate_ids(model, tokenizer, src_ids, eval_cfg)]
+    return [t.best for t in beam_decoding.translate_ids(model, tokenizer, src_ids, eval_cfg)]
 
 
 @pytest.mark.slow
@@ -148,7 +171,7 @@ def test_translate_stdin_matches_the_evaluate_stage(trained_smoke, smoke_model):
 @pytest.mark.slow
 def test_translate_files_with_beam_one_is_greedy(trained_smoke, smoke_model, tmp_path):
     from pipeline.data.tokenizer import Tokenizer
-    from pipeline.evaluation import evaluate
+    from pipeline.evaluation import model_loading
     from pipeline.model.decoding import greedy_decode
 
     params, checkpoint = smoke_model
@@ -164,8 +187,8 @@ def test_translate_files_with_beam_one_is_greedy(trained_smoke, smoke_model, tmp
     assert result.stdout == ""
     translated = output.read_text(encoding="utf-8").split("\n")[:-1]
 
-    model = evaluate.load_model(checkpoint)
-    tokenizer = Tokenizer.load(evaluate.tokenizer_path(trained_smoke))
+    model = model_loading.load_model(checkpoint)
+    tokenizer = Tokenizer.load(model_loading.tokenizer_path(trained_smoke))
     eval_cfg = trained_smoke.eval
     greedy = []
     for line in source.read_text(encoding="utf-8").split("\n")[:-1]:
@@ -265,6 +288,31 @@ def test_nbest_without_a_beam_raises_the_configured_beam(trained_smoke, smoke_mo
     assert asked.returncode == 0, asked.stderr
     assert [line.split("\t")[0] for line in asked.stdout.splitlines()] == ["0"] * 3 + ["1"] * 3
     assert asked.stdout == run_translate(*common, "--beam", "3", stdin=sentences).stdout
+
+
+@pytest.mark.slow
+def test_a_checkpoint_alone_translates_outside_the_repository_with_its_own_settings(
+    trained_smoke, smoke_model, tmp_path
+):
+    """`--checkpoint <abs path>` from a folder without params.yaml: the smoke model decodes
+    with the smoke recipe's settings (eval.beam_size 2, saved in the checkpoint), as the
+    Python API does and as `--params` of the smoke run does; flags go over them."""
+    from pipeline.translate import Translator
+
+    params, checkpoint = smoke_model
+    assert trained_smoke.eval.beam_size == 2
+    sentences = ["A dog runs on the beach.", "Two men are talking."]
+    stdin = "\n".join(sentences) + "\n"
+    alone = run_translate("--checkpoint", str(checkpoint), cwd=tmp_path, stdin=stdin)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.splitlines() == Translator.from_checkpoint(checkpoint).translate(sentences)
+    with_params = run_translate("--params", str(params), "--checkpoint", str(checkpoint),
+                                cwd=tmp_path, stdin=stdin)  # fmt: skip
+    assert alone.stdout == with_params.stdout
+    nbest = run_translate("--checkpoint", str(checkpoint), "--nbest", "3", cwd=tmp_path,
+                          stdin=stdin)  # fmt: skip
+    assert nbest.returncode == 0, nbest.stderr
+    assert [line.split("\t")[0] for line in nbest.stdout.splitlines()] == ["0"] * 3 + ["1"] * 3
 
 
 API_FROM_ELSEWHERE = """

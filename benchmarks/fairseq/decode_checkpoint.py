@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.fairseq.train_peer import hypotheses_path
+from pipeline.metric_names import FORMER_SUMMARY, MEAN_TOKENS_PER_SEC, current_names
 
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"  # {"state_dict": fairseq names, "positions": (rows, d_model)}
@@ -216,7 +217,7 @@ def worker_main(folder: Path) -> None:
 def probe_batch(src_ids: Sequence[Sequence[int]], bos_id: int, pad_id: int) -> dict:
     """The first PROBE_SENTENCES sources, and as their target prefixes bos + the same ids
     (any real ids serve: the probe checks that two implementations compute one function)."""
-    from pipeline.evaluation.evaluate import pad_batch
+    from pipeline.evaluation.beam_decoding import pad_batch
 
     chosen = [list(ids) for ids in src_ids[:PROBE_SENTENCES]]
     prefixes = [[bos_id, *ids[:-1]] for ids in chosen]
@@ -247,7 +248,7 @@ def model_scores(model, src_ids, hypotheses, eval_cfg, eos_id: int,
     length penalty of `eval_cfg` (what beam search ranks finished hypotheses by), and how far
     float32 rounding may move it (`pipeline.rounding.log_prob_tolerance`, over the same
     normaliser): (score, tolerance) per hypothesis; batched by `eval_cfg.max_tokens`."""
-    from pipeline.evaluation.evaluate import hypothesis_log_probs, summed_log_prob
+    from pipeline.evaluation.beam_decoding import hypothesis_log_probs, summed_log_prob
     from pipeline.model.length_penalty import length_normalizer
     from pipeline.rounding import log_prob_tolerance
 
@@ -273,7 +274,7 @@ def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> lis
     """Hypothesis ids as the text that is scored (see `segmented_by_subword_nmt`)."""
     from pipeline.data.moses import moses_detokenize
     from pipeline.data.subword_nmt import join
-    from pipeline.evaluation.evaluate import one_line
+    from pipeline.evaluation.beam_decoding import one_line
 
     texts = [one_line(tokenizer.decode(ids)) for ids in hypotheses]
     if segmented_by_subword_nmt(cfg):
@@ -363,7 +364,7 @@ def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: 
     import dataclasses
 
     from pipeline.data.prepared import read_prepared
-    from pipeline.evaluation.evaluate import translate_ids
+    from pipeline.evaluation.beam_decoding import translate_ids
     from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
 
     corpus = read_prepared(cfg, [split])[split]
@@ -416,8 +417,8 @@ def training_record(cfg) -> dict | None:
     path = Path(cfg.paths.metrics_dir) / "train.json"
     if not path.exists():
         return None
-    train = json.loads(path.read_text())
-    keys = ("steps", "epochs", "wall_time_s", "train/tokens_per_sec", "train/target_tokens",
+    train = current_names(json.loads(path.read_text()), FORMER_SUMMARY)
+    keys = ("steps", "epochs", "wall_time_s", MEAN_TOKENS_PER_SEC, "train/target_tokens",
             "precision", "val/loss", "best_step")  # fmt: skip
     return {key: train.get(key) for key in keys}
 
@@ -429,7 +430,7 @@ def compare(cfg, checkpoint: Path, splits: Sequence[str], out: Path, *, venv: Pa
     from benchmarks.fairseq import train_peer
     from pipeline.atomic import write_json_atomic
     from pipeline.environment import provenance
-    from pipeline.evaluation.evaluate import load_model, load_tokenizer, tokenizer_path
+    from pipeline.evaluation.model_loading import load_model, load_tokenizer, tokenizer_path
 
     made_with = provenance()  # at the start: commits made while it runs are not its code
     model = load_model(checkpoint)
@@ -482,7 +483,7 @@ def run_model(cfg, given: Path | None, scratch: Path) -> tuple[Path, list[str]]:
     """The model to decode and the checkpoints it averages: `given`; else the evaluate
     stage's `eval/model.ckpt`; else what the evaluate stage would average (`eval.average`
     and `eval.average_by` over the run's checkpoints), written into `scratch`."""
-    from pipeline.evaluation.evaluate import (
+    from pipeline.evaluation.model_loading import (
         model_checkpoint_path,
         source_checkpoints,
         write_model_checkpoint,

@@ -1,7 +1,8 @@
-"""The parity table of docs/parity.md, generated from committed results only.
+"""The parity table of docs/parity.md and its comparisons on docs/parity-comparisons.md,
+generated from committed results only.
 
-    python -m benchmarks.fairseq.parity                # print the block
-    python -m benchmarks.fairseq.parity --update-docs  # write it into docs/parity.md,
+    python -m benchmarks.fairseq.parity                # print both blocks
+    python -m benchmarks.fairseq.parity --update-docs  # write them into their pages,
                                                        # and draw results/parity/parity.png
 
 Rows come from two kinds of committed runs:
@@ -38,12 +39,15 @@ from pipeline import docs_blocks, results
 from pipeline.cli import main
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring, seed_stats
+from pipeline.metric_names import FORMER_SUMMARY, MEAN_TOKENS_PER_SEC, current_names
 
 PARITY_DIR = results.RESULTS_ROOT / "parity"
 WU_RECIPE = "multi30k_wu2021"  # conf/experiment/multi30k_wu2021.yaml
 DEFAULT_RECIPE_COMMAND = "make repro"
-BLOCK = "parity"
+BLOCK = "parity"  # the table, on PAGE
 PAGE = docs_blocks.DOCS / "parity.md"
+COMPARISONS_BLOCK = "parity:comparisons"  # ours - fairseq per budget, on COMPARISONS_PAGE
+COMPARISONS_PAGE = docs_blocks.DOCS / "parity-comparisons.md"
 SPLITS = (results.VAL_SPLIT, results.TEST_SPLIT)
 P_METRIC = "bleu_lc"
 FIGURE = "parity.png"  # in PARITY_DIR
@@ -176,7 +180,7 @@ def our_runs(results_root: Path) -> list[Run]:
             max_updates=params["train"]["max_steps"],
             target_tokens=run.get("target_tokens"),  # pipeline.results.run_totals
             train_wall_s=train["wall_time_s"],
-            tokens_per_s=train["train/tokens_per_sec"],
+            tokens_per_s=train[MEAN_TOKENS_PER_SEC],
             scores={s: row["eval.json"][s] for s in SPLITS},
             hardware=f"{run['hardware']}, {train['precision']}",
             command=results.reproduce_command(run),
@@ -208,6 +212,7 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
     runs, preset = [], None
     for path, payload in decoding_results(parity_dir):
         run, training = payload["run"], payload.get("training")
+        training = training and current_names(training, FORMER_SUMMARY)
         missing = [split for split in SPLITS if split not in payload["splits"]]
         if missing or training is None:
             raise DataError(f"{path}: a row needs both {SPLITS} decoded and a finished "
@@ -231,7 +236,7 @@ def decoded_runs(parity_dir: Path) -> list[Run]:
                 max_updates=run["max_steps"],
                 target_tokens=training["train/target_tokens"],
                 train_wall_s=training["wall_time_s"],
-                tokens_per_s=training["train/tokens_per_sec"],
+                tokens_per_s=training[MEAN_TOKENS_PER_SEC],
                 scores={split: payload["splits"][split]["scores"][search] for split in SPLITS},
                 hardware=f"{payload['provenance']['hardware']}, {training['precision']}",
                 command=command,
@@ -389,13 +394,20 @@ def _pooled_length_ratio(seeds: list[list[str]], references: list[str]) -> float
     return scoring.length_ratio([line for seed in seeds for line in seed], references * len(seeds))
 
 
-def markdown(results_root: Path, parity_dir: Path) -> str:
+def blocks(results_root: Path, parity_dir: Path) -> dict[tuple[Path, str], str]:
+    """Each generated block by its page and name: the table, and the comparisons below it."""
     runs = all_runs(results_root, parity_dir)
-    lines = [*table(runs), ""]
-    compared = comparisons(runs)
-    lines += compared or ["- no budget run by both systems yet"]
-    lines += decoding_lines(parity_dir)
-    return "\n".join(lines) + "\n"
+    compared = comparisons(runs) or ["- no budget run by both systems yet"]
+    return {
+        (PAGE, BLOCK): "\n".join(table(runs)) + "\n",
+        (COMPARISONS_PAGE, COMPARISONS_BLOCK): "\n".join(compared + decoding_lines(parity_dir))
+        + "\n",
+    }
+
+
+def markdown(results_root: Path, parity_dir: Path) -> str:
+    """Both blocks, the table first."""
+    return "\n".join(blocks(results_root, parity_dir).values())
 
 
 def all_runs(results_root: Path, parity_dir: Path) -> list[Run]:
@@ -460,17 +472,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--results", type=Path, default=results.RESULTS_ROOT)
     parser.add_argument("--parity-dir", type=Path, default=PARITY_DIR)
-    docs_blocks.add_update_argument(parser, f"{PAGE} (and draw {FIGURE})")
+    docs_blocks.add_update_argument(parser, f"{PAGE} and {COMPARISONS_PAGE} (and draw {FIGURE})")
     return parser.parse_args(argv)
 
 
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    block = markdown(args.results, args.parity_dir)
+    generated = blocks(args.results, args.parity_dir)
     if args.update_docs:
-        docs_blocks.fill(args.update_docs / PAGE, BLOCK, block)
+        for (page, name), block in generated.items():
+            docs_blocks.fill(args.update_docs / page, name, block)
         figure(all_runs(args.results, args.parity_dir), args.parity_dir / FIGURE)
-    print(block, end="")
+    print("\n".join(generated.values()), end="")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline.config_schema import Config
 from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
 from pipeline.data.prepared import prepared_path
-from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
+from pipeline.data.tokenized import load_tokenized
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import ConfigError, DataError
 
 

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline import console
@@ -129,28 +129,46 @@ def _check_pace(received: int, started: float, limits: LimitsConfig) -> None:
 
 
 @contextlib.contextmanager
-def _wall_clock_deadline(seconds: float, started: float):
-    """Raise `_TooSlow` where the download waits when `seconds` have passed since `started`,
-    whatever it waits on: a server that sends its headers a byte at a time keeps every read in
-    time and never reaches the body's pace checks. A SIGALRM timer, so only on the main
-    thread (elsewhere the per-read timeout and the body's checks remain)."""
+def _alarm(at: float, started: float, message: Callable[[], str]):
+    """Raise `_TooSlow(message())` where the download waits when `at` seconds have passed since
+    `started`, whatever it waits on: a server that sends its headers a byte at a time keeps
+    every read in time and never reaches the body's pace checks. A SIGALRM timer, so only on
+    the main thread (elsewhere the per-read timeout and the body's checks remain); an
+    enclosing alarm goes on afterwards where it was."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expire(signum, frame):
-        raise _TooSlow(
-            f"not done after {time.monotonic() - started:.0f} s, the bound "
-            f"data.limits.download_deadline_s={seconds:g}"
-        )
+        raise _TooSlow(message())
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds - (time.monotonic() - started), 1e-3))
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, max(at - (time.monotonic() - started), 1e-3))
+    set_at = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - set_at), 1e-3))
+
+
+def _wall_clock_deadline(seconds: float, started: float):
+    return _alarm(seconds, started, lambda: (
+        f"not done after {time.monotonic() - started:.0f} s, the bound "
+        f"data.limits.download_deadline_s={seconds:g}"))  # fmt: skip
+
+
+def _headers_pace(limits: LimitsConfig, started: float):
+    """The minimum rate applied to the response's headers: a few hundred bytes, which any
+    server keeping `download_min_rate_kb_s` has sent when `download_grace_s` ends."""
+    if not limits.download_min_rate_kb_s or limits.download_grace_s >= limits.download_deadline_s:
+        return contextlib.nullcontext()
+    return _alarm(limits.download_grace_s, started, lambda: (
+        f"no complete response headers after {time.monotonic() - started:.0f} s "
+        f"(data.limits.download_grace_s={limits.download_grace_s:g}): below "
+        f"data.limits.download_min_rate_kb_s={limits.download_min_rate_kb_s:g}"))  # fmt: skip
 
 
 def download_file(
@@ -166,26 +184,25 @@ def download_file(
     timeout = min(limits.download_read_timeout_s, limits.download_deadline_s)
     try:
         started = time.monotonic()
-        with (
-            _wall_clock_deadline(limits.download_deadline_s, started),
-            os.fdopen(fd, "wb") as out,
-            _OPENER.open(url, timeout=timeout) as response,
-        ):
-            total = response.headers.get("Content-Length")
-            # read1: what has arrived, so a trickling server's pace is seen at each read
-            read = getattr(response, "read1", response.read)
-            with console.Phase(
-                f"download {dest.name}",
-                total=int(total) if total else None,
-                unit="B",
-                unit_scale=True,
-            ) as bar:
-                received = 0
-                while block := read(_READ_BLOCK):
-                    out.write(block)
-                    bar.update(len(block))
-                    received += len(block)
-                    _check_pace(received, started, limits)
+        with _wall_clock_deadline(limits.download_deadline_s, started), os.fdopen(fd, "wb") as out:
+            with _headers_pace(limits, started):
+                response = _OPENER.open(url, timeout=timeout)
+            with response:
+                total = response.headers.get("Content-Length")
+                # read1: what has arrived, so a trickling server's pace is seen at each read
+                read = getattr(response, "read1", response.read)
+                with console.Phase(
+                    f"download {dest.name}",
+                    total=int(total) if total else None,
+                    unit="B",
+                    unit_scale=True,
+                ) as bar:
+                    received = 0
+                    while block := read(_READ_BLOCK):
+                        out.write(block)
+                        bar.update(len(block))
+                        received += len(block)
+                        _check_pace(received, started, limits)
         verify_checksum(Path(part), dest.name, expected_sha256, url)
         os.replace(part, dest)
     except (urllib.error.URLError, OSError) as err:

@@ -20,23 +20,19 @@ import dataclasses
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sacrebleu.metrics import BLEU
 
-from pipeline import config
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
-from pipeline.config_schema import Config
-from pipeline.data.prepared import read_prepared
 from pipeline.errors import PipelineError
-from pipeline.evaluation.evaluate import (
-    load_model,
-    load_tokenizer,
-    tokenizer_path,
-    translate_ids,
-    write_model_checkpoint,
-)
 from pipeline.evaluation.scoring import LITERATURE_METRIC, score
+
+# The model (torch) and the run's config load in the functions that use them: `--help` and a
+# usage error are answered without them.
+if TYPE_CHECKING:
+    from pipeline.config_schema import Config
 
 SEARCH_METRICS_FILE = "decoding_search.json"  # in metrics_dir
 ROW_METRICS = ("bleu", "bleu_lc", "chrf", "ter", LITERATURE_METRIC)
@@ -48,6 +44,7 @@ GIVEN_CHECKPOINT = "given"  # a row's `average` when the model came averaged (--
 def _models(cfg: Config, averages: Sequence[int], checkpoint: Path | None, scratch: str):
     """(average, model checkpoint) per averaging window of the run's checkpoints, or the given
     checkpoint alone."""
+    from pipeline.evaluation.model_loading import write_model_checkpoint
     from pipeline.training.checkpoints import select_checkpoints
 
     if checkpoint is not None:
@@ -71,6 +68,10 @@ def search(
     """Score every (average, beam size, length penalty) on the validation split (with
     `checkpoint`: that model, every beam size and length penalty); returns
     `{"split", "metric", "rows": [...], "best": row}` and writes it to metrics_dir."""
+    from pipeline.data.prepared import read_prepared
+    from pipeline.evaluation.beam_decoding import translate_ids
+    from pipeline.evaluation.model_loading import load_model, load_tokenizer, tokenizer_path
+
     split = cfg.data.val_split
     corpus = read_prepared(cfg, [split])[split]
     rows: list[dict] = []
@@ -118,7 +119,9 @@ def format_table(result: dict) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.evaluation.decoding_search", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--average", type=int, nargs="+", default=[3, 5, 10])
     parser.add_argument("--beam-size", type=int, nargs="+", default=[5])
     parser.add_argument("--length-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4, 2.0])
@@ -133,6 +136,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.checkpoint is not None and not args.checkpoint.is_file():
         raise PipelineError(f"--checkpoint {args.checkpoint}: no such file")
+    from pipeline import config
+
     result = search(config.load(), args.average, args.beam_size, args.length_penalty,
                     args.metric, checkpoint=args.checkpoint)  # fmt: skip
     print(format_table(result))

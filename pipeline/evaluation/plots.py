@@ -18,11 +18,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pipeline.atomic import atomic_write
+from pipeline.metric_names import GREEDY_VAL_BLEU
 
 DPI = 100
 PANEL_INCHES_PER_TOKEN = 0.22  # heatmap panels grow with the sentence, so labels stay legible
 MIN_PANEL_INCHES = 1.6
-CURVE_KEYS = ("train/loss", "val/loss", "val/bleu")
+CURVE_KEYS = ("train/loss", "val/loss", GREEDY_VAL_BLEU)
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:
@@ -144,7 +145,7 @@ def _series(history: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 def learning_curves_figure(
     history: str | Path | Iterable[Mapping], title: str | None = None
 ) -> Figure:
-    """Losses (train/loss, val/loss) and val/bleu against the optimizer step, side by side."""
+    """Losses (train/loss, val/loss) and val/greedy_bleu against the optimizer step, side by side."""
     history = read_history(history)
     series = {key: _series(history, key) for key in CURVE_KEYS}
     if not any(len(steps) for steps, _ in series.values()):
@@ -157,9 +158,9 @@ def learning_curves_figure(
             loss_ax.plot(steps, values, style, label=key, markersize=3)
     loss_ax.set(xlabel="step", ylabel="loss (label-smoothed cross-entropy)", title="loss")
     loss_ax.legend()
-    steps, values = series["val/bleu"]
-    bleu_ax.plot(steps, values, "o-", color="tab:green", label="val/bleu", markersize=3)
-    bleu_ax.set(xlabel="step", ylabel="BLEU", title="val/bleu")
+    steps, values = series[GREEDY_VAL_BLEU]
+    bleu_ax.plot(steps, values, "o-", color="tab:green", label=GREEDY_VAL_BLEU, markersize=3)
+    bleu_ax.set(xlabel="step", ylabel="BLEU", title=GREEDY_VAL_BLEU)
     for ax in (loss_ax, bleu_ax):
         ax.grid(alpha=0.3)
     if title:
@@ -231,6 +232,11 @@ def plot_bar_chart(
 # --------------------------------------------------------------------------- ablation charts
 
 
+# A seed-points chart's y axis spans at least this many units (BLEU): a difference of a point
+# or two then looks like one, not like a cliff, whatever the spread of the scores
+MIN_SPAN = 10.0
+
+
 def seed_points_figure(
     labels: Sequence[str],
     seed_values: Sequence[Sequence[float]],
@@ -239,31 +245,37 @@ def seed_points_figure(
     ylabel: str,
     title: str | None = None,
     baseline: float | None = None,
+    notes: Sequence[str] | None = None,
+    min_span: float = MIN_SPAN,
 ) -> Figure:
-    """One column per variant: every seed's score as a point, their mean as a bar, and the
-    mean's 95% interval (`half_widths`: over seeds, or the test set's bootstrap)."""
+    """One column per variant: every seed's score as a small point, their mean as a larger one
+    with the mean's 95% interval (`half_widths`: over seeds, or the test set's bootstrap). No
+    bars: a bar's length measured from a cut axis exaggerates the differences. The y axis spans
+    at least `min_span`; `notes` (a verdict, say) are written under each label."""
     if not labels or len(labels) != len(seed_values) or len(labels) != len(half_widths):
         raise ValueError("give one list of seed values and one half-width per label")
-    fig = Figure(figsize=(max(4.0, 0.75 * len(labels) + 1.5), 4.2), layout="constrained")
+    if notes is not None and len(notes) != len(labels):
+        raise ValueError(f"give one note per label: {len(labels)} labels, {len(notes)} notes")
+    fig = Figure(figsize=(max(4.0, 0.9 * len(labels) + 1.5), 4.6), layout="constrained")
     ax = fig.subplots()
+    ends = []
     for position, (values, half_width) in enumerate(zip(seed_values, half_widths)):
         mean = float(np.mean(values))
-        ax.bar(position, mean, color="tab:blue", alpha=0.35, width=0.6)
-        if half_width is not None:
-            ax.errorbar(position, mean, yerr=half_width, color="black", capsize=5, linewidth=1)
-        offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else [0.0]
-        ax.plot(position + np.asarray(offsets), values, "o", color="tab:blue", markersize=5)
-    ax.set_xticks(np.arange(len(labels)), labels=labels, rotation=30, ha="right")
-    finite = [v for values in seed_values for v in values]
-    spread = max(finite) - min(finite) if finite else 1.0
-    widest = max((h for h in half_widths if h is not None), default=0.0)
-    ax.set_ylim(
-        min(finite) - widest - 0.2 * spread - 0.5, max(finite) + widest + 0.2 * spread + 0.5
-    )
+        offsets = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
+        ax.plot(position + np.asarray(offsets), values, "o", color="tab:blue", markersize=4,
+                alpha=0.6)  # fmt: skip
+        ax.errorbar(position + 0.3, mean, yerr=half_width, fmt="D", color="black", capsize=4,
+                    markersize=6, linewidth=1.2)  # fmt: skip
+        ends += [*values, mean - (half_width or 0.0), mean + (half_width or 0.0)]
+    ticks = labels if notes is None else [f"{label}\n{note}" for label, note in zip(labels, notes)]
+    ax.set_xticks(np.arange(len(labels)), labels=ticks, rotation=30, ha="right", fontsize=8)
+    low, high = min(ends), max(ends)
+    pad = max(0.1 * (high - low), (min_span - (high - low)) / 2, 0.0)
+    ax.set_ylim(low - pad, high + pad)
     ax.set_ylabel(ylabel)
     if baseline is not None:
         ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="base (mean)")
-        ax.legend(loc="lower left")
+        ax.legend(loc="lower left", fontsize=8)
     if title:
         ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)

@@ -52,6 +52,22 @@ def make_metric(key: str) -> Metric:
     return cls(**kwargs)
 
 
+def sentence_bleu_statistics(
+    bleu: BLEU, hypotheses: Sequence[str], references: Sequence[str]
+) -> list[list[int]]:
+    """sacreBLEU's sufficient statistics of each hypothesis against its one reference (its
+    lengths and n-gram matches and totals), which summed over sentences, batches or processes
+    give the corpus's (`bleu_from_statistics`). sacreBLEU has no public name for them: this
+    and `bleu_from_statistics` are where its private API is reached
+    (`tests/test_scoring.py` checks them against its public `corpus_score`)."""
+    return bleu._extract_corpus_statistics(list(hypotheses), [list(references)])
+
+
+def bleu_from_statistics(bleu: BLEU, statistics: Sequence[int]) -> float:
+    """Corpus BLEU of summed `sentence_bleu_statistics`, as `bleu.corpus_score` computes it."""
+    return bleu._compute_score_from_stats([int(x) for x in statistics]).score
+
+
 def check_aligned(hypotheses: Sequence[str], references: Sequence[str], what: str = "") -> None:
     """One hypothesis per reference, or a DataError that says which input is short."""
     if len(hypotheses) != len(references):

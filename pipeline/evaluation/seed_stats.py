@@ -12,7 +12,8 @@ about training runs, so here the sample is the seed-level score of each run:
   its p can never fall below `smallest_p(n, n)` (2/252 at five), which can lie above Holm's
   strictest step, so it cannot be the verdict of a many-comparison study;
 - `welch_interval`: the t-interval of the difference of seed means that Welch's test inverts;
-- `holm`: Holm's step-down adjustment across a study's comparisons;
+- `holm`: Holm's step-down adjustment across a study's comparisons, and `holm_step_alphas`
+  the level each comparison faces at its step;
 - `aa_splits`: the A/A check, Welch's test applied to every split of one config's seeds in two;
 - `null_rates`: the false-positive rates of the A/A check, one comparison and a Holm study of
   ten, by simulation;
@@ -187,6 +188,19 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * filled[index]))
         adjusted[index] = None if p_values[index] is None else running
     return adjusted
+
+
+def holm_step_alphas(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[float]:
+    """The level each comparison's own p faces in Holm's step-down procedure: the k-th
+    smallest of m (k from 0) is tested at alpha / (m - k), a comparison without a p ranking
+    last (as `holm` counts it, p = 1). A comparison that 'cannot tell' could only have been
+    called at its step's level, so this is the level its detectable difference is sized at."""
+    m = len(p_values)
+    filled = [1.0 if p is None else p for p in p_values]
+    levels = [alpha] * m
+    for rank, index in enumerate(sorted(range(m), key=lambda i: filled[i])):
+        levels[index] = alpha / (m - rank)
+    return levels
 
 
 def aa_splits(scores: Sequence[float]) -> list[WelchResult]:

@@ -3,7 +3,8 @@
 3.2.1 Scaled dot-product attention:  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 3.2.2 Multi-head attention:          MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
                                      head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V),
-                                     d_k = d_v = d_model / h.
+                                     d_k = d_v = d_model / h in the base model; `head_dim`
+                                     sets d_k apart from it, as Table 3's row (B) does.
 
 Masks follow `torch.nn.functional.scaled_dot_product_attention`: a boolean `attn_mask`
 broadcastable to (B, h, T_q, T_k) where True means "may attend". A query row whose keys are all
@@ -22,9 +23,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from pipeline.kernels import PAPER, SpeedPaths
-from pipeline.kernels.cpu_attention import explicit_attention_pays
 
 
 def padding_attention_mask(key_padding_mask: Tensor) -> Tensor:
@@ -49,7 +47,6 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     fused: bool = True,
     need_weights: bool = False,
-    speed_paths: SpeedPaths = PAPER,
 ) -> tuple[Tensor, Tensor | None]:
     """3.2.1: softmax(Q K^T / sqrt(d_k)) V.
 
@@ -57,12 +54,10 @@ def scaled_dot_product_attention(
     when `need_weights`, the attention weights (B, h, T_q, T_k) (before dropout).
     `causal` applies the decoder's mask, aligned so that the last query is the last key (a query
     block appended after cached keys). `fused` uses torch's kernel; the explicit formula is the
-    reference (and the only path that can return the weights), and with
-    `speed_paths.cpu_attention` runs where it is the faster one on a CPU.
+    reference (and the only path that can return the weights).
     """
     query_len, key_len = q.size(-2), k.size(-2)
-    explicit_pays = speed_paths.cpu_attention and explicit_attention_pays(q)
-    if fused and not need_weights and not explicit_pays:
+    if fused and not need_weights:
         if causal and query_len == key_len and attn_mask is None:
             # The kernel's own causal mask: no (T, T) mask tensor is built or read.
             return F.scaled_dot_product_attention(
@@ -156,37 +151,49 @@ def _gather_rows(buffer: Tensor, filled: Tensor, indices: Tensor) -> tuple[Tenso
 
 
 class MultiHeadAttention(nn.Module):
-    """3.2.2: h parallel heads of scaled dot-product attention on d_model/h-dimensional projections.
+    """3.2.2: h parallel heads of scaled dot-product attention on d_k-dimensional projections,
+    d_k = d_v = `head_dim` (d_model / h unless given): W^Q, W^K, W^V map d_model to h d_k, W^O
+    maps h d_k back to d_model.
 
-    The projections W^Q, W^K, W^V of all heads are one (3 d_model, d_model) matrix `in_proj`
+    The projections W^Q, W^K, W^V of all heads are one (3 h d_k, d_model) matrix `in_proj`
     ([W^Q; W^K; W^V], the layout of `torch.nn.MultiheadAttention.in_proj_weight`): self-attention
     projects x once into Q, K, V; cross-attention (encoder-decoder attention, 3.2.3) projects the
     decoder state with the W^Q rows and the encoder output with the [W^K; W^V] rows.
+
+    `attention` is 3.2.1's function; a host may set an equivalent that is faster there on an
+    instance (`pipeline.kernels.install_speed_paths`), leaving the weights as they are.
     """
+
+    attention = staticmethod(scaled_dot_product_attention)
 
     def __init__(
         self,
         d_model: int,
         heads: int,
         *,
+        head_dim: int | None = None,
         dropout: float = 0.0,
         fused: bool = True,
-        speed_paths: SpeedPaths = PAPER,
     ) -> None:
         super().__init__()
-        if heads <= 0 or d_model <= 0 or d_model % heads != 0:
+        if head_dim is None and (heads <= 0 or d_model <= 0 or d_model % heads != 0):
             raise ValueError(
                 f"MultiHeadAttention: heads={heads} must be a positive divisor of "
-                f"d_model={d_model} (d_k = d_model / heads)"
+                f"d_model={d_model} (d_k = d_model / heads), or give head_dim"
+            )
+        if head_dim is not None and (heads <= 0 or d_model <= 0 or head_dim <= 0):
+            raise ValueError(
+                f"MultiHeadAttention: heads={heads}, d_model={d_model} and "
+                f"head_dim={head_dim} must be positive"
             )
         self.d_model = d_model
         self.heads = heads
-        self.d_k = d_model // heads  # = d_v
+        self.d_k = d_model // heads if head_dim is None else head_dim  # = d_v
+        self.inner = heads * self.d_k  # h d_k: width of Q, K, V and of Concat(head_i)
         self.dropout = dropout
         self.fused = fused
-        self.speed_paths = speed_paths
-        self.in_proj = nn.Linear(d_model, 3 * d_model)  # [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(d_model, d_model)  # W^O
+        self.in_proj = nn.Linear(d_model, 3 * self.inner)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(self.inner, d_model)  # W^O
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -198,12 +205,12 @@ class MultiHeadAttention(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
 
     def _split_heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
-        # (B, T, parts * d_model) -> parts x (B, h, T, d_k), all views. Splitting the last dim
+        # (B, T, parts * h d_k) -> parts x (B, h, T, d_k), all views. Splitting the last dim
         # (rather than unbinding a stacked dim) keeps the backward to one concatenation.
         batch, length, _ = x.shape
         return tuple(
             part.view(batch, length, self.heads, self.d_k).transpose(1, 2)
-            for part in x.split(self.d_model, dim=-1)
+            for part in x.split(self.inner, dim=-1)
         )
 
     def forward(
@@ -224,31 +231,12 @@ class MultiHeadAttention(nn.Module):
         With a `cache`, self-attention appends this call's keys/values to the cached ones, and
         cross-attention projects `memory` on the first call only.
         """
-        batch, query_len, d_model = query.shape
-        if memory is None:  # self-attention: Q, K, V from one projection of x
-            q, k, v = self._split_heads(self.in_proj(query), 3)
-            if cache is not None:
-                k, v = cache.append(k, v)
+        if memory is None:  # self-attention: Q, K, V all from the layer's input
+            q, k, v = self._project_self(query, cache)
         else:  # encoder-decoder attention: Q from the decoder, K, V from the encoder output
-            w_q, w_kv = self.in_proj.weight.split([d_model, 2 * d_model])
-            b_q, b_kv = self.in_proj.bias.split([d_model, 2 * d_model])
-            if cache is not None and cache.keys is not None:
-                k, v = cache.keys, cache.values
-            else:
-                k, v = self._split_heads(F.linear(memory, w_kv, b_kv), 2)
-                if cache is not None:
-                    # Copied once into (B_m, h, S, d_k) order: read at every step, and the
-                    # attention kernel reads contiguous heads ~2.5x faster than the strided view.
-                    k, v = k.contiguous(), v.contiguous()
-                    cache.keys, cache.values = k, v
-            # Beam search: memory row b serves the `group` consecutive query rows of its
-            # sentence's beams. Their queries attend together, (B_m, h, group * T_q, d_k), so
-            # the keys/values are read once per sentence rather than once per beam.
-            group = _query_rows_per_memory_row(batch, k.size(0))
-            q_rows = F.linear(query, w_q, b_q).view(k.size(0), group * query_len, d_model)
-            (q,) = self._split_heads(q_rows, 1)
-
-        heads_out, weights = scaled_dot_product_attention(
+            k, v = self._project_memory(memory, cache)
+            q = self._project_queries(query, memory_rows=k.size(0))
+        heads, weights = self.attention(
             q,
             k,
             v,
@@ -257,13 +245,62 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             fused=self.fused,
             need_weights=need_weights,
-            speed_paths=self.speed_paths,
-        )  # (B, h, T_q, d_k); (B_m, h, group * T_q, d_k) for grouped cross-attention
-        # Concat(head_i): (.., h, rows, d_k) -> (.., rows, h * d_k), then back to (B, T_q, d_model)
-        concat = heads_out.transpose(1, 2).reshape(batch, query_len, d_model)
-        if weights is not None and weights.size(0) != batch:  # grouped: weights per query row
-            weights = weights.unflatten(2, (-1, query_len)).transpose(1, 2).flatten(0, 1)
-        return self.out_proj(concat), weights
+        )  # head_i for every i: (B, h, T_q, d_k)
+        concat = self._concat_heads(heads, query)  # Concat(head_1, ..., head_h): (B, T_q, h d_k)
+        return self.out_proj(concat), self._weights_per_query_row(weights, query)
+
+    def _project_self(
+        self, x: Tensor, cache: KeyValueCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x W^Q, x W^K, x W^V per head, in one projection; with a cache, K and V extended by
+        this call's positions."""
+        q, k, v = self._split_heads(self.in_proj(x), 3)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return q, k, v
+
+    def _project_memory(self, memory: Tensor, cache: KeyValueCache | None) -> tuple[Tensor, Tensor]:
+        """memory W^K, memory W^V per head, (B_m, h, S, d_k): projected once per sentence when
+        decoding with a cache, which then holds them for every later step."""
+        if cache is not None and cache.keys is not None:
+            return cache.keys, cache.values
+        _, w_kv = self.in_proj.weight.split([self.inner, 2 * self.inner])
+        _, b_kv = self.in_proj.bias.split([self.inner, 2 * self.inner])
+        k, v = self._split_heads(F.linear(memory, w_kv, b_kv), 2)
+        if cache is not None:
+            # Copied once into (B_m, h, S, d_k) order: read at every step, and the attention
+            # kernel reads contiguous heads ~2.5x faster than the strided view.
+            k, v = k.contiguous(), v.contiguous()
+            cache.keys, cache.values = k, v
+        return k, v
+
+    def _project_queries(self, query: Tensor, memory_rows: int) -> Tensor:
+        """query W^Q per head, grouped by memory row: (B_m, h, group * T_q, d_k).
+
+        Beam search: memory row b serves the `group` consecutive query rows of its sentence's
+        beams. Their queries attend together, so the keys/values are read once per sentence
+        rather than once per beam (group = 1 outside beam search).
+        """
+        batch, query_len, _ = query.shape
+        group = _query_rows_per_memory_row(batch, memory_rows)
+        w_q, _ = self.in_proj.weight.split([self.inner, 2 * self.inner])
+        b_q, _ = self.in_proj.bias.split([self.inner, 2 * self.inner])
+        q_rows = F.linear(query, w_q, b_q).view(memory_rows, group * query_len, self.inner)
+        (q,) = self._split_heads(q_rows, 1)
+        return q
+
+    def _concat_heads(self, heads: Tensor, query: Tensor) -> Tensor:
+        """(.., h, rows, d_k) -> (B, T_q, h d_k), undoing the grouping of `_project_queries`."""
+        batch, query_len, _ = query.shape
+        return heads.transpose(1, 2).reshape(batch, query_len, self.inner)
+
+    @staticmethod
+    def _weights_per_query_row(weights: Tensor | None, query: Tensor) -> Tensor | None:
+        """Grouped attention weights (B_m, h, group * T_q, S) back to (B, h, T_q, S)."""
+        batch, query_len, _ = query.shape
+        if weights is None or weights.size(0) == batch:
+            return weights
+        return weights.unflatten(2, (-1, query_len)).transpose(1, 2).flatten(0, 1)
 
 
 def _query_rows_per_memory_row(query_rows: int, memory_rows: int) -> int:

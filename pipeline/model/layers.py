@@ -5,7 +5,8 @@ normalization. That is, the output of each sub-layer is LayerNorm(x + Sublayer(x
 "We apply dropout to the output of each sub-layer, before it is added to the sub-layer input".
 So a sublayer is wrapped as   post-norm (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
                               pre-norm (norm_first):  x = x + Dropout(Sublayer(LayerNorm(x)))
-(pre-norm stacks then end with one more LayerNorm, see transformer.py).
+(pre-norm stacks then end with one more LayerNorm, see transformer.py). Dropout is inverted
+dropout, y = x * m / (1 - p) with m ~ Bernoulli(1 - p), identity in eval mode: `nn.Dropout`.
 
 Encoder layer: self-attention, FFN.  Decoder layer: masked self-attention, encoder-decoder
 attention over the encoder output ("memory"), FFN.
@@ -19,25 +20,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.config_schema import ModelConfig
-from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import KeyValueCache, MultiHeadAttention
-from pipeline.model.dropout import dropout_module
 
 
 class PositionwiseFeedForward(nn.Module):
     """3.3: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, d_model -> d_ff -> d_model, applied per position."""
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        activation_dropout: float = 0.0,
-        speed_paths: SpeedPaths = PAPER,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)  # W_1, b_1
         self.linear2 = nn.Linear(d_ff, d_model)  # W_2, b_2
-        self.activation_dropout = dropout_module(activation_dropout, speed_paths)
+        self.activation_dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, d_model) -> (B, T, d_model)
         return self.linear2(self.activation_dropout(F.relu(self.linear1(x))))
@@ -51,12 +44,10 @@ class ResidualNorm(nn.Module):
     x + Dropout(y) when pre-norm.
     """
 
-    def __init__(
-        self, d_model: int, dropout: float, norm_first: bool, speed_paths: SpeedPaths = PAPER
-    ) -> None:
+    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = dropout_module(dropout, speed_paths)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def sublayer_input(self, x: Tensor) -> Tensor:
@@ -70,12 +61,12 @@ class ResidualNorm(nn.Module):
 class EncoderLayer(nn.Module):
     """3.1 encoder layer: multi-head self-attention, then the position-wise FFN."""
 
-    def __init__(self, cfg: ModelConfig, speed_paths: SpeedPaths = PAPER) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **_attention(cfg, speed_paths))
-        self.self_attn_residual = _residual(cfg, speed_paths)
-        self.ffn = _feed_forward(cfg, speed_paths)
-        self.ffn_residual = _residual(cfg, speed_paths)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **_attention(cfg))
+        self.self_attn_residual = _residual(cfg)
+        self.ffn = _feed_forward(cfg)
+        self.ffn_residual = _residual(cfg)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         """x (B, S, d_model); src_mask (B, 1, 1, S) True = real token -> (B, S, d_model)."""
@@ -85,16 +76,16 @@ class EncoderLayer(nn.Module):
         return self.ffn_residual(x, y)
 
 
-def _attention(cfg: ModelConfig, speed_paths: SpeedPaths) -> dict:
-    return dict(dropout=cfg.attention_dropout, fused=cfg.fused_attention, speed_paths=speed_paths)
+def _attention(cfg: ModelConfig) -> dict:
+    return dict(head_dim=cfg.head_dim, dropout=cfg.attention_dropout, fused=cfg.fused_attention)
 
 
-def _residual(cfg: ModelConfig, speed_paths: SpeedPaths) -> ResidualNorm:
-    return ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first, speed_paths)
+def _residual(cfg: ModelConfig) -> ResidualNorm:
+    return ResidualNorm(cfg.d_model, cfg.dropout, cfg.norm_first)
 
 
-def _feed_forward(cfg: ModelConfig, speed_paths: SpeedPaths) -> PositionwiseFeedForward:
-    return PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, speed_paths)
+def _feed_forward(cfg: ModelConfig) -> PositionwiseFeedForward:
+    return PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
 
 
 @dataclass
@@ -109,15 +100,15 @@ class DecoderLayerCache:
 class DecoderLayer(nn.Module):
     """3.1 decoder layer: masked self-attention, encoder-decoder attention, position-wise FFN."""
 
-    def __init__(self, cfg: ModelConfig, speed_paths: SpeedPaths = PAPER) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        attention = _attention(cfg, speed_paths)
+        attention = _attention(cfg)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **attention)
-        self.self_attn_residual = _residual(cfg, speed_paths)
+        self.self_attn_residual = _residual(cfg)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, **attention)
-        self.cross_attn_residual = _residual(cfg, speed_paths)
-        self.ffn = _feed_forward(cfg, speed_paths)
-        self.ffn_residual = _residual(cfg, speed_paths)
+        self.cross_attn_residual = _residual(cfg)
+        self.ffn = _feed_forward(cfg)
+        self.ffn_residual = _residual(cfg)
 
     def forward(
         self,

@@ -25,9 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.config_schema import Config, ModelConfig
-from pipeline.kernels import PAPER, SpeedPaths
 from pipeline.model.attention import MultiHeadAttention, padding_attention_mask
-from pipeline.model.dropout import dropout_module
 from pipeline.model.layers import (
     DecoderLayer,
     DecoderLayerCache,
@@ -67,13 +65,11 @@ class DecoderCache:
 class Transformer(nn.Module):
     """The encoder-decoder of section 3 (Figure 1), configured by `ModelConfig`.
 
-    `speed_paths` switches on host-specific paths (`pipeline.kernels`); the default is the
-    paper's path on every device.
+    Built as the paper reads on every device; a host's faster equivalents are switched on in
+    the built model (`pipeline.kernels.install_speed_paths`).
     """
 
-    def __init__(
-        self, cfg: ModelConfig, vocab_size: int, pad_id: int, speed_paths: SpeedPaths = PAPER
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
@@ -86,14 +82,9 @@ class Transformer(nn.Module):
             else nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
         )
         self.positional = build_positional(cfg.positional, cfg.d_model, cfg.max_positions)
-        self.speed_paths = speed_paths
-        self.dropout = dropout_module(cfg.dropout, speed_paths)
-        self.encoder_layers = nn.ModuleList(
-            EncoderLayer(cfg, speed_paths) for _ in range(cfg.encoder_layers)
-        )
-        self.decoder_layers = nn.ModuleList(
-            DecoderLayer(cfg, speed_paths) for _ in range(cfg.decoder_layers)
-        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm sublayers leave the residual stream un-normalised: normalise the stacks' outputs.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
@@ -205,11 +196,10 @@ class Transformer(nn.Module):
 
 
 def build_transformer(cfg: Config, vocab_size: int) -> Transformer:
-    """The Transformer a run's config describes: its model section, the tokenizer's padding
-    id, and the CPU speed paths it chose (`runtime.cpu_speed_paths`, part of the run: it changes
-    dropout's mask stream). Training builds it so, and so does loading a checkpoint."""
-    speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)
-    return Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id, speed_paths)
+    """The Transformer a run's config describes: its model section and the tokenizer's padding
+    id. Training builds it so, and so does loading a checkpoint; each then installs the run's
+    `runtime.cpu_speed_paths` (`pipeline.kernels.install_speed_paths`)."""
+    return Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id)
 
 
 def keep_linear_defaults_as_fairseq(model: nn.Module) -> None:

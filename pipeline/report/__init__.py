@@ -8,25 +8,36 @@ that anyone with a clone re-makes it exactly:
   BLEU (lc) as mean +- std over seeds, test2016 BLEU (lc) as the seed mean and its 95%
   t-interval, the difference to the base, Welch's t-test of that difference over seed-level
   BLEU (the unit is the training run) and its Holm-adjusted p across the study's comparisons,
-  the verdict against the paper's direction (from that test only), the exact permutation test
-  of the same difference (distribution-free) and sacreBLEU's paired bootstrap over test
-  sentences as secondary columns, and the paper's own Table 3
-  difference (the spec's `paper` entries); variants run under other conditions in a block of
-  their own, never judged against the base; the A/A check on the base's seeds, the difference
-  the study can detect at the base's seed spread, one finding per row and a summary, all
-  written from the records; with `--transfer`, whether each finding holds on each language pair;
-- charts (PNG): BLEU per variant (every seed a point, the t-interval over seeds), perplexity
+  the verdict against the paper's direction (from that test only; a 'cannot tell' with the
+  difference detectable at its Holm step), the exact permutation test of the same difference
+  (distribution-free) and sacreBLEU's paired bootstrap over test sentences as secondary
+  columns, and the paper's own Table 3 difference (the spec's `paper` entries, naming where
+  the paper's row is not the same change: `paper`); variants run under other conditions in a
+  block of their own, never judged against the base; the A/A check on the base's seeds, the
+  difference the study can detect at the base's seed spread, one finding per row, a summary
+  and, once every planned trial has finished, what differs in prose and the write-ups of
+  `literature.yaml` against our runs, all written from the records; with `--transfer`,
+  whether each finding holds on each language pair;
+- charts (PNG): BLEU per variant (every seed a point, the mean and its t-interval over seeds,
+  the verdict under each; "interim, k of n" in the titles while trials run on), perplexity
   against BLEU for the label-smoothing rows, learning curves of val BLEU per variant;
-- `--update-docs`: docs/ablation-results.md's block between `<!-- ablation:<study>:begin -->`
-  and `<!-- ablation:<study>:end -->` gets the same table and findings, and README's block
-  `ablation:<study>:summary`, where README has one, the table's main columns (a test checks
-  that the committed pages equal this command's output);
-- one W&B summary run in the study's group with the same table and charts (`--no-wandb` skips).
+- `--update-docs`: the study's page docs/ablation-<study>.md, its block between
+  `<!-- ablation:<study>:begin -->` and `<!-- ablation:<study>:end -->`, gets the same table
+  and findings (a study without a page is an error naming it), README's block
+  `ablation:<study>:summary`, where README has one, the table's main columns (its block
+  `ablation:<study>:progress`: the progress line alone), and the docs'
+  front page's block `ablation:<study>:front`, where it has one, the result in short (a test
+  checks that the committed pages equal this command's output);
+- one W&B report run in the study's group with the same table and charts, the verdicts in its
+  summary and report.md as an artifact (`--no-wandb` skips).
 A search study's report is its trials ranked by the objective.
 
 One job per module: `records` (the finished trials and their run conditions), `rows` (per-variant
-statistics and verdicts), `tables` (the Markdown tables), `prose` (findings, summary, A/A check,
-power), `charts`, `document` (the report's Markdown and report.md), `docs` (the blocks on the docs
+statistics, the spec's contrasts between variants, the one Holm family and the verdicts),
+`tables` (the Markdown tables and their cells), `contrasts` (the contrasts' table and the
+heads x width grid), `prose` (findings,
+summary, A/A check, power, what differs, the write-ups), `paper` (the paper's rows and other write-ups against
+our changes), `charts`, `document` (the report's Markdown and report.md), `docs` (the blocks on the docs
 site and README), `wandb_summary`, `progress` (a pinned study's progress) and `cli`. The names below are the package's public API.
 """
 
@@ -35,18 +46,23 @@ from pipeline.lazy import lazy_exports
 __getattr__, __all__ = lazy_exports(
     __name__,
     {
-        "charts": ["CHARTS"],
+        "charts": ["CHARTS", "study_state"],
         "cli": ["cli", "console"],
-        "docs": ["PAGE", "SUMMARY_COLUMNS", "block_name", "docs_block", "summary_block",
+        "docs": ["SUMMARY_COLUMNS", "block_name", "docs_block", "progress_block", "study_page", "summary_block",
                  "update_docs"],
-        "document": ["markdown", "trial_states", "write_report"],
+        "document": ["failed_attempts", "markdown", "paper_column_note", "trial_states",
+                     "write_report"],
+        "paper": ["WriteUp", "unlike_paper", "write_ups"],
         "progress": ["hours_left", "progress", "study_pin"],
-        "prose": ["aa_check", "findings", "power_statement", "summary"],
+        "prose": ["aa_check", "detectable_text", "differences_paragraph", "findings",
+                  "power_statement", "summary", "write_up_paragraph"],
         "records": ["P_METRIC", "TEST_SPLIT", "VAL_SPLIT", "RunConditions", "TrialRecord",
                     "hardware_class", "load_records", "test_references"],
         "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
-                 "VariantRow", "direction_verdict", "family_size", "pooled_p_value", "variant_rows", "verdict"],
-        "tables": ["INTERIM", "grid_table", "other_conditions_table", "pair_label", "ppl_note",
-                   "ppl_table", "search_table", "transfer_table"],
+                 "Comparison", "ContrastRow", "VariantRow", "contrast_rows", "direction_verdict",
+                 "family_size", "holm_family", "pooled_p_value", "variant_rows", "verdict"],
+        "tables": ["INTERIM", "delta_cell", "grid_table", "other_conditions_table", "pair_label",
+                   "paper_cell", "p_text", "ppl_note", "ppl_table", "search_table",
+                   "transfer_table", "verdict_cell"],
     },
 )  # fmt: skip

@@ -7,9 +7,10 @@ import statistics
 from pathlib import Path
 
 from pipeline.evaluation import plots
+from pipeline.metric_names import GREEDY_VAL_BLEU
 from pipeline.report.records import TrialRecord
 from pipeline.report.rows import BASE_VARIANT, VariantRow
-from pipeline.report.tables import BATCH_MEAN_MARK, all_per_token
+from pipeline.report.tables import BATCH_MEAN_MARK, all_per_token, verdict_cell
 from pipeline.sweep.spec import StudySpec
 
 CHARTS = {
@@ -24,21 +25,40 @@ def _half_width(row: VariantRow) -> float | None:
     return None if low is None else (high - low) / 2
 
 
+def _verdict_note(row: VariantRow) -> str:
+    """What the chart writes under a variant: its verdict (the table's cell), short."""
+    if row.variant == BASE_VARIANT:
+        return "(base)"
+    if row.delta is not None and not row.comparable:
+        return "not compared"
+    return "interim" if row.interim else verdict_cell(row)
+
+
+def study_state(spec: StudySpec, rows: list[VariantRow]) -> str:
+    """', interim, k of n' in a chart's title while the study's planned trials run on."""
+    if not any(r.interim for r in rows):
+        return ""
+    done = sum(len(r.seeds) for r in rows if r.delta is None or r.comparable)
+    return f", interim, {done} of {len(spec.grid())}"
+
+
 def charts(
     spec: StudySpec, rows: list[VariantRow], records: list[TrialRecord], out: Path
 ) -> dict[str, Path]:
     made: dict[str, Path] = {}
     if not rows:
         return made
+    state = study_state(spec, rows)
     base = next((r.test_mean for r in rows if r.variant == BASE_VARIANT), None)
     made["bleu_per_variant"] = plots.save_png(
         plots.seed_points_figure(
             [r.variant for r in rows],
             [r.test_bleu for r in rows],
             [_half_width(r) for r in rows],
-            ylabel="test2016 BLEU (lc): seeds, mean, 95% t-interval",
-            title=f"{spec.study}: one factor at a time",
+            ylabel="test2016 BLEU (lc): seeds, mean and 95% t-interval",
+            title=f"{spec.study}: one factor at a time{state}",
             baseline=base,
+            notes=[_verdict_note(r) for r in rows],
         ),
         out / CHARTS["bleu_per_variant"],
     )
@@ -58,22 +78,26 @@ def charts(
                     else f" ({BATCH_MEAN_MARK.strip()}: mean of val batch means)"
                 ),
                 ylabel="val BLEU (lc), averaged checkpoints, beam",
-                title="label smoothing: val perplexity against BLEU (paper 5.4)",
+                title=f"label smoothing: val perplexity against BLEU (paper 5.4){state}",
             ),
             out / CHARTS["ppl_vs_bleu"],
         )
     curves = {}
     for row in rows:
         runs = [r.curve for r in records if r.variant == row.variant]
-        steps = sorted(set.intersection(*({p["step"] for p in c if "val/bleu" in p} for c in runs)))
+        steps = sorted(
+            set.intersection(*({p["step"] for p in c if GREEDY_VAL_BLEU in p} for c in runs))
+        )
         if steps:
-            by_step = [{p["step"]: p["val/bleu"] for p in c if "val/bleu" in p} for c in runs]
+            by_step = [
+                {p["step"]: p[GREEDY_VAL_BLEU] for p in c if GREEDY_VAL_BLEU in p} for c in runs
+            ]
             curves[row.variant] = (steps, [statistics.fmean(c[s] for c in by_step) for s in steps])
     if curves:
         made["learning_curves"] = plots.save_png(
             plots.curves_figure(
                 curves, xlabel="update", ylabel="val BLEU (greedy, mean over seeds)",
-                title=f"{spec.study}: validation BLEU during training",
+                title=f"{spec.study}: validation BLEU during training{state}",
             ),
             out / CHARTS["learning_curves"],
         )  # fmt: skip

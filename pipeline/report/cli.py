@@ -1,8 +1,9 @@
 """Ablation report: `python -m pipeline.report <study> [--update-docs]`.
 
-Writes the study's `report.md` and charts into its results folder, with `--update-docs` its
-blocks in docs/ablation-results.md and README.md, and one W&B summary run (`--no-wandb` skips);
-`--transfer` adds whether each finding holds on each language pair.
+Writes the study's `report.md` and charts into its results folder and prints where, with
+`--update-docs` its block on its page docs/ablation-<study>.md and those in docs/index.md and
+README.md (where they have one), and one W&B summary run (`--no-wandb` skips); `--transfer` adds whether each finding
+holds on each language pair.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "study", help="study name (its spec is ablations/<study>.yaml) or a spec path"
     )
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
-    docs_blocks.add_update_argument(
-        parser, "the ablation results page of docs/ (and README.md's summary)"
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS_ROOT,
+        help=f"where the studies' folders (records, storage) are (default: {RESULTS_ROOT})",
     )
+    docs_blocks.add_update_argument(parser, "the study's page of docs/ (and README.md's summary)")
     parser.add_argument("--no-wandb", action="store_true", help="do not log the W&B summary run")
     parser.add_argument(
         "--transfer",
@@ -68,9 +72,10 @@ def cli(argv: list[str] | None = None) -> None:
                 f"{args.results_dir / other.study}: run its sweep first"
             )
     report = write_report(spec, study_dir, log_to_wandb=not args.no_wandb, transfer=transfer)
+    print(f"report: {report}")
     if args.update_docs:
-        update_docs(spec, study_dir, args.update_docs, transfer=transfer)
-    print(report.read_text(encoding="utf-8"))
+        for page in update_docs(spec, study_dir, args.update_docs, transfer=transfer):
+            print(f"updated: {page}")
 
 
 def console() -> None:

@@ -1,19 +1,21 @@
-"""The report on the docs site and README: the study's generated block in
-docs/ablation-results.md and README's summary of its main columns."""
+"""The report on the docs site and README: the study's generated block on its own page,
+docs/ablation-<study>.md (docs/ablation-results.md lists the studies' pages), README's summary
+of its main columns and its result on the docs' front page."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pipeline import docs_blocks
+from pipeline.errors import DataError
 from pipeline.report.document import markdown
 from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records, test_references
 from pipeline.report.rows import factor_text, variant_rows
-from pipeline.report.tables import _paper_cell, grid_table
+from pipeline.report.tables import grid_table, paper_cell
 from pipeline.sweep.spec import StudySpec
 
-PAGE = docs_blocks.DOCS / "ablation-results.md"
+FRONT_PAGE = "index.md"  # in docs/: a study's result and chart where its block's markers are
 # README's summary of a study: these columns of the page's table
 SUMMARY_COLUMNS = ["variant", "changed", "seeds", "test2016 BLEU (lc), mean [95% CI]",
                    "Δ test vs base [95% CI]", "p (Holm)", "verdict",
@@ -26,6 +28,12 @@ def block_name(study: str) -> str:
     return f"ablation:{study}"
 
 
+def study_page(study: str) -> Path:
+    """The study's page of docs/, around its generated block: one page a study keeps every
+    page of the site short."""
+    return docs_blocks.DOCS / f"ablation-{study}.md"
+
+
 def docs_block(
     spec: StudySpec,
     study_dir: Path,
@@ -36,7 +44,27 @@ def docs_block(
     # With the committed storage's trial states: its failed attempts are part of the record
     # (regenerate once the workers have stopped: the states change while they run).
     prefix = docs_blocks.link_prefix(study_dir, page)
-    return markdown(spec, study_dir, image_prefix=prefix, transfer=transfer)
+    return lead_with_result(markdown(spec, study_dir, image_prefix=prefix, transfer=transfer))
+
+
+RESULT_FIRST = ("Study ", "**Progress**", "**In short**")  # paragraphs that open the block
+
+
+def lead_with_result(text: str) -> str:
+    """The report's paragraphs in the order a reader of the page wants them: where the study
+    stands and what it found (RESULT_FIRST), then its charts, then the tables and the rest."""
+    paragraphs = text.rstrip("\n").split("\n\n")
+    figures = [line for part in paragraphs for line in part.splitlines() if line.startswith("![")]
+    rest = [
+        "\n".join(line for line in part.splitlines() if not line.startswith("!["))
+        for part in paragraphs
+    ]
+    rest = [part for part in rest if part]
+    first = [part for part in rest if part.startswith(RESULT_FIRST)]
+    ordered = (
+        first + (["\n".join(figures)] if figures else []) + [p for p in rest if p not in first]
+    )
+    return "\n\n".join(ordered) + "\n"
 
 
 def summary_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
@@ -54,19 +82,49 @@ def summary_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
         row = compared.get(variant)
         done = f"{len(row.seeds) if row else 0} of {len(spec.seeds)}"
         if row is None:
-            paper = _paper_cell(spec.paper.get(variant, {}))
+            paper = paper_cell(spec.paper.get(variant, {}))
             lines.append(f"| {variant} | {factor_text(overrides)} | {done} | - | - | - | - | "
                          f"{paper} |")  # fmt: skip
             continue
         first, rest = cells[variant].split(" | ", 2)[:2], cells[variant].split(" | ", 2)[2]
         lines.append(" | ".join([*first, done, rest]))
-    head = ""
-    if pinned is not None:
-        finished = sum(r.conditions == pinned for r in records)
-        head = f"{finished} of {len(spec.grid())} trials finished at the study's pin"
-        head += (": interim estimates, no verdict until all have.\n\n"
-                 if finished < len(spec.grid()) else ".\n\n")  # fmt: skip
-    return head + "\n".join(lines) + "\n"
+    head = _pin_progress(spec, records, pinned)
+    return (f"{head}\n\n" if head else "") + "\n".join(lines) + "\n"
+
+
+def progress_block(spec: StudySpec, study_dir: Path) -> str:
+    """README's one line for a study whose page holds its tables: how many trials have
+    finished (at the pin, for a pinned study) and whether a verdict is drawn."""
+    records = load_records(study_dir)
+    pinned = study_pin(spec, study_dir)
+    head = _pin_progress(spec, records, pinned)
+    return (head or f"{len(records)} of {len(spec.grid())} trials finished.") + "\n"
+
+
+def _pin_progress(spec: StudySpec, records, pinned) -> str:
+    """`25 of 55 trials finished at the study's pin: interim ...`; empty for an unpinned study."""
+    if pinned is None:
+        return ""
+    finished = sum(r.conditions == pinned for r in records)
+    return f"{finished} of {len(spec.grid())} trials finished at the study's pin" + (
+        ": interim estimates, no verdict until all have."
+        if finished < len(spec.grid()) else "."
+    )  # fmt: skip
+
+
+def front_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
+    """The docs' front page's view of the study: where it stands, its result in short, its
+    chart of BLEU per variant, and where the rest is."""
+    text = docs_block(spec, study_dir, page)
+    parts = text.split("\n\n")
+    short = [part for part in parts if part.startswith("**In short**")]
+    chart = [line for line in text.splitlines() if line.startswith("![")][:1]
+    head = _pin_progress(spec, load_records(study_dir), study_pin(spec, study_dir))
+    where = (
+        "The tables, every variant's seeds and the tests: "
+        f"[Table 3 ablations]({study_page(spec.study).name})."
+    )
+    return "\n\n".join([*filter(None, [head]), *short, *chart, where]) + "\n"
 
 
 def update_docs(
@@ -74,11 +132,27 @@ def update_docs(
     study_dir: Path,
     root: Path,
     transfer: tuple[StudySpec, ...] = (),
-) -> None:
-    """The study's block in `root`/docs/ablation-results.md, and its summary in `root`/README.md
-    where README has a block for it."""
-    page = root / PAGE
+) -> list[Path]:
+    """The study's block on its page `root`/docs/ablation-<study>.md, its summary (or its
+    progress line) in `root`/README.md and its result on the docs' front page where they have a
+    block for it; returns the files it filled."""
+    page = root / study_page(spec.study)
+    if not page.is_file():
+        begin, end = docs_blocks.markers(block_name(spec.study))
+        raise DataError(
+            f"{page}: study {spec.study!r} has no page: write it with its '{begin}' ... '{end}' "
+            f"block and list it in mkdocs.yml's nav"
+        )
     docs_blocks.fill(page, block_name(spec.study), docs_block(spec, study_dir, page, transfer))
-    readme, summary = root / docs_blocks.README, f"{block_name(spec.study)}:summary"
-    if docs_blocks.markers(summary)[0] in readme.read_text(encoding="utf-8"):
-        docs_blocks.fill(readme, summary, summary_block(spec, study_dir, page))
+    written = [page]
+    front = root / docs_blocks.DOCS / FRONT_PAGE
+    for target, name, block in (
+        (root / docs_blocks.README, "summary", lambda: summary_block(spec, study_dir, page)),
+        (root / docs_blocks.README, "progress", lambda: progress_block(spec, study_dir)),
+        (front, "front", lambda: front_block(spec, study_dir, front)),
+    ):
+        name = f"{block_name(spec.study)}:{name}"
+        if target.is_file() and docs_blocks.markers(name)[0] in target.read_text(encoding="utf-8"):
+            docs_blocks.fill(target, name, block())
+            written.append(target)
+    return written

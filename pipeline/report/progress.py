@@ -10,7 +10,8 @@ from pathlib import Path
 import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.deadline import spec_seconds
+from pipeline.sweep.spec import BASE_VARIANT, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
 
 SECONDS_PER_HOUR = 3600
@@ -41,7 +42,9 @@ def trial_hours(record: TrialRecord) -> float:
 
 def hours_left(spec: StudySpec, done: list[TrialRecord]) -> float | None:
     """One worker's hours for the planned points without a record in `done`: each at its
-    variant's median, else the median over `done`, else the spec's estimate (None: no figure)."""
+    variant's median, else its `trial_hours` (relative to the base's measured hours where
+    there are some: `spec_seconds`), else the median over `done`, else the spec's estimate
+    (None: no figure)."""
     finished = {(r.variant, r.seed) for r in done}
     by_variant: dict[str, list[float]] = {}
     for record in done:
@@ -54,7 +57,10 @@ def hours_left(spec: StudySpec, done: list[TrialRecord]) -> float | None:
         if (point["variant"], point["seed"]) in finished:
             continue
         measured = by_variant.get(point["variant"])
-        hours = statistics.median(measured) if measured else fallback
+        base = [h * 3600 for h in by_variant.get(BASE_VARIANT, [])]
+        from_spec = spec_seconds(point["variant"], spec.trial_hours, base)
+        hours = (statistics.median(measured) if measured
+                 else from_spec / 3600 if from_spec is not None else fallback)  # fmt: skip
         if hours is None:
             return None
         total += hours

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.environment import hardware_class
-from pipeline.sweep.records import RUN_FILE
+from pipeline.metric_names import FORMER_SUMMARY, current_names
+from pipeline.sweep.records import CURVE_FILE, RUN_FILE, read_curve
 from pipeline.sweep.spec import StudySpec, point_config
 
 TEST_SPLIT = "test_2016_flickr"
@@ -81,9 +82,11 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
                 folder=folder,
                 variant=run["params"]["variant"],
                 seed=int(run["params"]["seed"]),
-                train=json.loads((folder / "train.json").read_text()),
+                train=current_names(
+                    json.loads((folder / "train.json").read_text()), FORMER_SUMMARY
+                ),
                 eval=json.loads((folder / "eval.json").read_text()),
-                curve=json.loads((folder / "curve.json").read_text()),
+                curve=read_curve(folder / CURVE_FILE),
                 run=run,
             )
         )

@@ -1,9 +1,11 @@
 """Per-variant statistics: one row per variant over its seeds, compared with the base by Welch's
 test over seed-level BLEU (Holm-adjusted, the verdict's only source), the exact permutation test
-and sacreBLEU's paired bootstrap over test sentences, and the verdict against the paper."""
+and sacreBLEU's paired bootstrap over test sentences, and the verdict against the paper; the
+spec's contrasts between variants, tested the same way in the one Holm family."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,16 +19,38 @@ from pipeline.report.records import (
     TrialRecord,
 )
 from pipeline.sweep.records import LOSS_AVERAGE
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.spec import BASE_VARIANT, StudySpec
 
-BASE_VARIANT = "base"
 SIGNIFICANCE = seed_stats.ALPHA
 # Verdicts against the paper, from the seed-level test alone
 HOLDS, CONTRADICTS, CANNOT_TELL, DIFFERS = "holds", "contradicts", "cannot tell", "differs"
 
 
+@dataclass(kw_only=True)
+class Comparison:
+    """One planned comparison of the study's Holm family: the difference of two seed means on
+    test2016 BLEU (lc) and val PPL, its Welch interval and test, the Holm-adjusted p (BLEU and
+    val PPL each a family of its own), the level its Holm step faced and the verdict."""
+
+    delta: float | None = None
+    delta_interval: tuple[float | None, float | None] = (None, None)
+    # Welch's test over seed-level test BLEU (the verdict's), its Holm-adjusted p, and why
+    # there is none where it cannot be made
+    welch_p: float | None = None
+    holm_p: float | None = None
+    no_test_reason: str | None = None
+    ppl_delta: float | None = None
+    ppl_welch_p: float | None = None
+    ppl_holm_p: float | None = None
+    # the level the comparison's Holm step faced
+    holm_alpha: float | None = None
+    verdict: str | None = None
+
+
 @dataclass
-class VariantRow:
+class VariantRow(Comparison):
+    """A variant over its seeds, compared with the base."""
+
     variant: str
     factor: str
     parameters: int | None
@@ -43,26 +67,16 @@ class VariantRow:
     conditions: RunConditions | None = None
     # False where the variant and the base ran under different conditions: not compared
     comparable: bool = True
-    delta: float | None = None
     # sacreBLEU's paired bootstrap over test sentences, seeds pooled (secondary)
     p_value: float | None = None
-    # Welch's test over seed-level test BLEU (the verdict's), its Holm-adjusted p, and why
-    # there is none where it cannot be made
-    welch_p: float | None = None
-    holm_p: float | None = None
-    no_test_reason: str | None = None
     # the exact permutation test of the same difference (distribution-free, secondary)
     permutation_p: float | None = None
-    verdict: str | None = None
-    ppl_delta: float | None = None
-    # the Welch intervals of the differences, and val PPL's own Welch and Holm p (a family of
-    # its own: the same comparisons on the other measure)
-    delta_interval: tuple[float | None, float | None] = (None, None)
     ppl_delta_interval: tuple[float | None, float | None] = (None, None)
-    ppl_welch_p: float | None = None
-    ppl_holm_p: float | None = None
     # an estimate from a study whose planned seeds have not all finished: no test, no verdict
     interim: bool = False
+    # Where the test cannot tell: the difference Welch's test detects with seed_stats.POWER
+    # at the level its Holm step faced, at the two groups' seed spread (RMS of the SDs)
+    detectable: float | None = None
 
     @property
     def test_mean(self) -> float:
@@ -126,18 +140,18 @@ def variant_rows(
             row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
             group = [r for r in main if r.variant == row.variant]
             row.p_value = pooled_p_value(base, group, references)
-    # One family: every comparison the spec plans with the base, in the spec's order; one not
-    # made (not run, other conditions, no spread) stays in it as p = 1.
-    by_variant = {r.variant: r for r in rows if r.compared}
-    family = [by_variant.get(name) for name in spec.variants if name != BASE_VARIANT]
-    for measure, adjusted_name in (("welch_p", "holm_p"), ("ppl_welch_p", "ppl_holm_p")):
-        adjusted = seed_stats.holm([getattr(r, measure) if r else None for r in family])
-        for row, value in zip(family, adjusted):
-            if row is not None:
-                setattr(row, adjusted_name, value)
+    # One family: every comparison the spec plans with the base, in the spec's order, then its
+    # contrasts; one not made (not run, other conditions, no spread) stays in it as p = 1.
+    family = holm_family(spec, rows)
+    levels = seed_stats.holm_step_alphas([r.welch_p if r else None for r in family])
+    for row, level in zip(family, levels):
+        if row is not None and row.welch_p is not None:
+            row.holm_alpha = level
     for row in rows:
         if row.compared and not interim:
             row.verdict = verdict(row.delta, row.holm_p, row.paper)
+            if row.verdict == CANNOT_TELL and row.welch_p is not None:
+                row.detectable = _detectable(row, base_row)
         elif row.delta is not None and not row.comparable:
             row.verdict = CANNOT_TELL
     for row in _rows(spec, elsewhere):
@@ -149,9 +163,19 @@ def variant_rows(
     return rows
 
 
+def _detectable(row: VariantRow, base_row: VariantRow) -> float:
+    """The difference Welch's test of these seed counts detects with seed_stats.POWER at the
+    level the row's Holm step faced, at the two groups' seed spread."""
+    spread = math.sqrt((statistics.variance(row.test_bleu)
+                        + statistics.variance(base_row.test_bleu)) / 2)  # fmt: skip
+    n = min(len(row.test_bleu), len(base_row.test_bleu))
+    return seed_stats.detectable_difference(spread, n, alpha=row.holm_alpha)
+
+
 def family_size(spec: StudySpec) -> int:
-    """The comparisons Holm's correction counts: every variant of the spec against the base."""
-    return sum(name != BASE_VARIANT for name in spec.variants)
+    """The comparisons Holm's correction counts: every variant of the spec against the base,
+    and the spec's contrasts."""
+    return sum(name != BASE_VARIANT for name in spec.variants) + len(spec.contrasts)
 
 
 def _rows(spec: StudySpec, records: list[TrialRecord]) -> list[VariantRow]:
@@ -233,3 +257,66 @@ def pooled_p_value(
         return None
     translations = [(b.hypotheses(TEST_SPLIT), r.hypotheses(TEST_SPLIT)) for b, r in pairs]
     return scoring.pooled_paired_bootstrap(translations, references, P_METRIC)
+
+
+@dataclass
+class ContrastRow(Comparison):
+    """Variant `variant` against variant `other`, a contrast the spec asks for: a verdict says
+    only whether the two differ."""
+
+    variant: str
+    other: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} vs {self.other}"
+
+
+def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
+    """The spec's contrasts, tested where both variants ran under one set of conditions (and
+    every planned seed has finished: no test on interim estimates)."""
+    by_variant: dict[str, VariantRow] = {}
+    for row in rows:  # a pinned study's own rows first, those run elsewhere after them
+        by_variant.setdefault(row.variant, row)
+    contrasts = []
+    for name, other_name in spec.contrasts:
+        contrast = ContrastRow(name, other_name)
+        row, other = by_variant.get(name), by_variant.get(other_name)
+        if row is not None and other is not None:
+            contrast.delta = row.test_mean - other.test_mean
+            contrast.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(other.val_ppl)
+            same = row.conditions is not None and row.conditions == other.conditions
+            if same and not (row.interim or other.interim):
+                welch = seed_stats.welch_test(row.test_bleu, other.test_bleu)
+                contrast.welch_p, contrast.no_test_reason = welch.p, welch.reason
+                contrast.delta_interval = seed_stats.welch_interval(row.test_bleu, other.test_bleu)
+                contrast.ppl_welch_p = seed_stats.welch_test(row.val_ppl, other.val_ppl).p
+            elif not same:
+                contrast.no_test_reason = "the two ran under different conditions"
+        contrasts.append(contrast)
+    return contrasts
+
+
+def holm_family(spec: StudySpec, rows: list[VariantRow]) -> list[VariantRow | ContrastRow | None]:
+    """Every comparison the spec plans, adjusted together by Holm's correction (BLEU and val PPL
+    each a family of its own): each variant with the base in the spec's order (None where not
+    made), then the spec's contrasts. Sets each member's Holm p; a contrast's verdict says only
+    whether it differs."""
+    by_variant = {r.variant: r for r in rows if r.compared}
+    family: list[VariantRow | ContrastRow | None] = [
+        by_variant.get(name) for name in spec.variants if name != BASE_VARIANT
+    ]
+    contrasts = contrast_rows(spec, rows)
+    family += contrasts
+    for measure, adjusted_name in (("welch_p", "holm_p"), ("ppl_welch_p", "ppl_holm_p")):
+        adjusted = seed_stats.holm([getattr(r, measure) if r else None for r in family])
+        for member, value in zip(family, adjusted):
+            if member is not None:
+                setattr(member, adjusted_name, value)
+    for contrast in contrasts:
+        if contrast.delta is not None:
+            tested = contrast.welch_p is not None
+            contrast.verdict = (
+                direction_verdict(contrast.delta, contrast.holm_p, None) if tested else CANNOT_TELL
+            )
+    return family

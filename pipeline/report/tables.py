@@ -31,7 +31,7 @@ def p_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _paper_cell(paper: dict[str, Any]) -> str:
+def paper_cell(paper: dict[str, Any]) -> str:
     if not paper:
         return "-"
     ppl = f" (PPL {paper['ppl']:+.2f})" if paper.get("ppl") is not None else ""
@@ -41,16 +41,18 @@ def _paper_cell(paper: dict[str, Any]) -> str:
 INTERIM = "interim: no test yet"  # the verdict cell of a study whose planned seeds run on
 
 
-def _delta_interval(delta: float | None, interval: tuple[float | None, float | None]) -> str:
+def delta_cell(delta: float | None, interval: tuple[float | None, float | None]) -> str:
     if delta is None:
         return "-"
     low, high = interval
     return f"{delta:+.2f}" + ("" if low is None else f" [{low:+.2f}, {high:+.2f}]")
 
 
-def _verdict_cell(row: VariantRow) -> str:
+def verdict_cell(row: VariantRow) -> str:
     if row.interim and row.delta is not None:
         return INTERIM
+    if row.verdict == CANNOT_TELL and row.detectable is not None:
+        return f"{CANNOT_TELL} (detects {row.detectable:.2f})"
     return row.verdict or "-"
 
 
@@ -73,10 +75,10 @@ def grid_table(rows: list[VariantRow]) -> str:
         params = f"{r.parameters / 1e6:.2f} M" if r.parameters else "-"
         lines.append(
             f"| {r.variant} | {r.factor} | {params} | {_mean_std(r.val_bleu)} | "
-            f"{_mean_interval(r)} | {_delta_interval(r.delta, r.delta_interval)} | "
-            f"{p_text(r.welch_p)} | {p_text(r.holm_p)} | {_verdict_cell(r)} | "
+            f"{_mean_interval(r)} | {delta_cell(r.delta, r.delta_interval)} | "
+            f"{p_text(r.welch_p)} | {p_text(r.holm_p)} | {verdict_cell(r)} | "
             f"{p_text(r.permutation_p)} | {p_text(r.p_value)} | "
-            f"{', '.join(map(str, r.seeds))} | {_paper_cell(r.paper)} |"
+            f"{', '.join(map(str, r.seeds))} | {paper_cell(r.paper)} |"
         )
     return "\n".join(lines)
 
@@ -96,7 +98,7 @@ def ppl_table(rows: list[VariantRow]) -> str:
         paper = r.paper.get("ppl")
         lines.append(
             f"| {r.variant} | {cell}{ppl_mark(r)} | "
-            f"{_delta_interval(r.ppl_delta, r.ppl_delta_interval)} | {p_text(r.ppl_welch_p)} | "
+            f"{delta_cell(r.ppl_delta, r.ppl_delta_interval)} | {p_text(r.ppl_welch_p)} | "
             f"{p_text(r.ppl_holm_p)} | {'-' if paper is None else f'{paper:+.2f}'} |"
         )
     return "\n".join(lines)

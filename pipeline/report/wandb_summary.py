@@ -7,12 +7,21 @@ from pathlib import Path
 
 from pipeline.report.records import conditions_text
 from pipeline.report.rows import VariantRow
+from pipeline.report.tables import verdict_cell
 from pipeline.sweep.spec import StudySpec, TrialPaths, trial_config
 
 
 def log_summary(
-    spec: StudySpec, study_dir: Path, rows: list[VariantRow], figures: dict[str, Path]
+    spec: StudySpec,
+    study_dir: Path,
+    rows: list[VariantRow],
+    figures: dict[str, Path],
+    report: Path | None = None,
+    finished: int | None = None,
 ) -> None:
+    """The study's report run: the table and charts logged, its summary the trials finished of
+    those planned, whether the verdicts are final and each variant's verdict, and `report`
+    (report.md) with the charts as an artifact of type 'report'."""
     import wandb
 
     from pipeline.tracking import start_wandb_run
@@ -31,5 +40,16 @@ def log_summary(
                            r.holm_p, r.verdict, r.permutation_p, r.p_value,
                            conditions_text(r.conditions))  # fmt: skip
         run.log({"ablation_table": table, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
+        run.summary.update({
+            "trials_planned": len(spec.grid()),
+            "trials_finished": finished,
+            "final": not any(r.interim for r in rows),
+            "verdicts": {r.variant: verdict_cell(r) for r in rows if r.delta is not None},
+        })  # fmt: skip
+        if report is not None:
+            artifact = wandb.Artifact(f"{spec.study}-report", type="report")
+            for path in (report, *figures.values()):
+                artifact.add_file(str(path))
+            run.log_artifact(artifact)
     finally:
         run.finish()

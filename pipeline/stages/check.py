@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import config, params, preflight
+from pipeline import checked_params, config, preflight
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main, stage_args
-from pipeline.errors import ConfigError
+from pipeline.errors import PipelineError
+from pipeline.training import kept_runs
 
 
 def run() -> dict:
@@ -19,11 +20,14 @@ def run() -> dict:
         cfg = config.load()
         print(f"experiment '{cfg.experiment_name}' (params.yaml): config valid", flush=True)
         record = preflight.check(cfg)
-    except ConfigError as err:
-        # `dvc exp run -S key=bad` wrote the value into params.yaml before this stage ran
-        if note := params.put_back(err.key):
-            raise ConfigError(f"{err}. {note}", key=err.key) from None
+    except PipelineError as err:
+        # `dvc exp run -S key=bad` recomposed params.yaml before this stage ran
+        if note := checked_params.put_back(getattr(err, "key", None)):
+            err.args = (f"{err}. {note}",)
         raise
+    checked_params.keep()
+    if kept := kept_runs.review(cfg.paths.train_dir):  # forgotten once DVC recorded it
+        print(kept, flush=True)
     path = Path(cfg.paths.corpus_record)
     write_json_atomic(path, record)  # unchanged bytes for an unchanged corpus: no re-run
     print(f"corpus: {len(record['files'])} files of {cfg.data.source}, recorded in {path}")

@@ -1,13 +1,13 @@
 """DVC stage `tokenize`: prepared text -> joint sentencepiece model + Arrow splits of ids.
 
-python -m pipeline.stages.tokenize     (reads params.yaml; see pipeline.data.tokenizer)
+python -m pipeline.stages.tokenize     (reads params.yaml; see pipeline.data.tokenized)
 """
 
 from __future__ import annotations
 
 from pipeline import config
 from pipeline.cli import main, stage_args
-from pipeline.data.tokenizer import tokenize
+from pipeline.data.tokenized import tokenize
 
 
 def run() -> dict:

@@ -32,11 +32,14 @@ Many workers, on one machine or many, run the same command against one storage U
   validation to the study and decides on pruning; the decision is broadcast so every rank stops
   at the same step. The ranks share the trial through the RDB storage (SQLite or a server).
 
-One job per module: `spec` (study specs and each trial's config), `storage` (the shared database
-and the study in it), `claims` (which trial runs next, retries), `heartbeat`, `params` (a trial's
-values and folders), `trial` (train + evaluate + record one trial), `pruning`, `ddp`, `records`,
-`worker` (the loop), `summary` (what a worker prints), `cli` and `launch` (N workers on one
-machine). The names below are the package's public API (`cli` and `heartbeat` are also modules:
+One job per module: `spec` (study specs and each trial's config; `spec_files` reads a spec's
+YAML, `spec_schema` declares its keys with their domains, `spec_checks` holds the checks beyond
+one key's type), `work_dirs` (a study's work folder),
+`storage` (the shared database and the study in it), `pin` (what a study's trials run at),
+`claims` (which trial runs next, retries; Optuna's private API behind a few functions),
+`heartbeat`, `trial_params` (a trial's values and folders), `trial` (train + evaluate + record
+one trial), `pruning`, `ddp`, `records`, `worker` (the loop), `summary` (what a worker prints),
+`cli` and `launch` (N workers on one machine). The names below are the package's public API (`cli` and `heartbeat` are also modules:
 import those functions from them).
 """
 
@@ -47,7 +50,7 @@ __getattr__, __all__ = lazy_exports(
     {
         "claims": ["FINISHED", "RetryInterruptedTrial", "claim_waiting_trial", "retry_failed"],
         "cli": ["console"],
-        "params": ["grid_values", "point_name", "suggest_params"],
+        "trial_params": ["grid_values", "point_name", "suggest_params"],
         "records": ["RUN_FILE", "read_attempts"],
         "spec": ["RESULTS_ROOT", "WORK_ROOT", "StudySpec", "SweepSettings", "TrialPaths",
                  "load_spec", "point_config", "trial_config"],

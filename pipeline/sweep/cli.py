@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.cli import main
+from pipeline.cli import PIPELINE_FILE, main
+from pipeline.config import CONF_DIR
 from pipeline.errors import ConfigError
 from pipeline.redaction import hide_password
 from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT
@@ -28,7 +29,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("spec", help="study spec, e.g. ablations/table3.yaml")
     parser.add_argument("--storage", help="SQLAlchemy URL (default: SQLite under the results dir)")
     parser.add_argument("--n-trials", type=int, help="run at most this many trials in this worker")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS_ROOT)
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS_ROOT,
+        help="where the study's folder (its records and SQLite storage) is kept "
+        f"(default: {RESULTS_ROOT})",
+    )
     parser.add_argument(
         "--git-add",
         action="store_true",
@@ -87,19 +94,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def repository_root(folder: Path) -> Path | None:
+    """The checkout that `folder` is in (itself or the nearest folder above it holding
+    dvc.yaml and conf/), or None."""
+    folder = folder.resolve()
+    for candidate in (folder, *folder.parents):
+        if (candidate / PIPELINE_FILE).is_file() and (candidate / CONF_DIR.name).is_dir():
+            return candidate
+    return None
+
+
+def check_working_folder(spec: str) -> None:
+    """A study's relative paths are its repository's: the results folder (`ablations/results`)
+    and the corpus (`data.raw_dir`, `../shared/data/multi30k`). Run from anywhere else they
+    would name other places (a second study under ablations/ablations/results, a corpus not
+    found and downloaded), so the command runs only from the root of the repository that
+    holds the spec (any repository's root for a spec kept outside one)."""
+    here = Path.cwd().resolve()
+    root = repository_root(Path(spec).resolve().parent) or repository_root(here)
+    if root == here:
+        return
+    if root is None:
+        raise ConfigError(
+            f"{spec}: neither the spec nor the current folder {here} is in a repository "
+            f"checkout (a folder with {PIPELINE_FILE} and {CONF_DIR.name}/): run the sweep "
+            "from the repository's root"
+        )
+    shown = Path(os.path.relpath(Path(spec).resolve(), root))
+    shown = shown if shown.parts[:1] != (os.pardir,) else Path(spec).resolve()
+    raise ConfigError(
+        f"{spec}: run the sweep from the root of the repository {root}, not {here}: the "
+        f"study's results ({RESULTS_ROOT}/) and its corpus (data.raw_dir) are found from "
+        f"there. cd {root} && python -m pipeline.sweep {shown}"
+    )
+
+
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_working_folder(args.spec)
     # The spec is checked first, and Optuna, torch and Lightning load only after it: `--help`
     # and a bad spec are answered at once.
-    from pipeline.sweep.spec import _overrides_text, load_spec, study_work_dir
+    from pipeline.sweep.spec import load_spec, overrides_text
 
     spec = load_spec(args.spec, allow_large_grid=args.allow_large_grid)
     from pipeline.sweep import launch
-    from pipeline.sweep.claims import FINISHED, _count, retry_failed
+    from pipeline.sweep.claims import retry_failed
     from pipeline.sweep.ddp import TRIAL_ENV
     from pipeline.sweep.deadline import parse_deadline
     from pipeline.sweep.storage import default_storage, git_add_study, open_storage, open_study
-    from pipeline.sweep.summary import study_summary
     from pipeline.sweep.trial import run_trial_rank
     from pipeline.sweep.worker import run_worker
 
@@ -115,7 +157,7 @@ def cli(argv: list[str] | None = None) -> None:
         study = open_study(spec, open_storage(storage, spec.settings))
         queued = retry_failed(study)
         for point in queued:
-            print(f"queued again: {_overrides_text(point)}")
+            print(f"queued again: {overrides_text(point)}")
         print(f"{len(queued)} failed point(s) of study '{spec.study}' queued again")
         return
     if TRIAL_ENV in os.environ:  # a DDP rank of a trial, launched by Lightning (see above)
@@ -125,17 +167,34 @@ def cli(argv: list[str] | None = None) -> None:
     if args.workers > 1:
         command = launch.worker_command(args.spec, storage, args.results_dir, args.work_dir,
                                         args.n_trials, worker_flags(args, deadline))  # fmt: skip
-        raise SystemExit(launch.launch_workers(command, args.workers))
+        code = launch.launch_workers(command, args.workers)
+        if code == 0:  # the study once, not once per worker
+            study = open_study(spec, open_storage(storage, spec.settings))
+            print(closing(study, spec, args, storage))
+        raise SystemExit(code)
     study = run_worker(spec, storage, args.results_dir, args.n_trials, work_root=args.work_dir,
                        deadline=deadline, allow_mixed=args.allow_mixed,
                        commit=args.commit)  # fmt: skip
-    finished = _count(study, FINISHED)
-    print(study_summary(study, spec))
-    print(f"study '{spec.study}': {finished} finished trials in {hide_password(storage)}")
-    from pipeline.disk_usage import leftovers_message
+    if os.environ.get(launch.WORKER_ENV) is None:  # the launcher of several workers says it
+        print(closing(study, spec, args, storage))
 
-    study_dir = study_work_dir(args.work_dir, spec.study, storage, study._study_id)
-    print(f"trial work folders: {leftovers_message([study_dir])}")
+
+def closing(study, spec, args: argparse.Namespace, storage: str) -> str:
+    """What a sweep ends with: the finished trials, where the study and its trials' folders
+    are, and the commands that show it."""
+    from pipeline.disk_usage import leftovers_message
+    from pipeline.sweep.claims import FINISHED, count_trials, study_id
+    from pipeline.sweep.summary import study_summary, where_to_look
+    from pipeline.sweep.work_dirs import study_work_dir
+
+    shown = hide_password(storage)
+    study_dir = study_work_dir(args.work_dir, spec.study, storage, study_id(study))
+    return "\n".join((
+        study_summary(study, spec),
+        f"study '{spec.study}': {count_trials(study, FINISHED)} finished trials in {shown}",
+        f"trial work folders: {leftovers_message([study_dir])}",
+        where_to_look(args.spec, shown, args.results_dir),
+    ))  # fmt: skip
 
 
 def worker_flags(args: argparse.Namespace, deadline: Deadline | None) -> list[str]:

@@ -12,7 +12,7 @@ TRIAL_ENV = "PIPELINE_SWEEP_TRIAL"  # set for the DDP ranks Lightning launches: 
 
 
 @contextlib.contextmanager
-def _one_ddp_launch(trial_number: int):
+def trial_ddp_world(trial_number: int):
     """One trial's DDP world, torn down after it. Lightning's launcher marks the process as
     launched (LOCAL_RANK, MASTER_PORT, ... in os.environ) and keeps the process group: a
     worker's next trial would then wait for ranks that have exited instead of launching its

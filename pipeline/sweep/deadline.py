@@ -3,10 +3,11 @@ instance, a machine held for some hours) starts only trials it can finish by the
 deadline stops its running trial at a checkpoint, as a preemption does, and exits 0.
 
 A trial fits when the study's measured time for its variant (the median of its finished trials'
-training and evaluation time, every attempt summed) is no more than the time left; before any
-of the variant has finished, the spec's `settings.trial_minutes_estimate`, and with neither, the
-median over the study's finished trials. With no figure at all a trial is started (the deadline
-still stops it at a checkpoint).
+training and evaluation time, every attempt summed) is no more than the time left. Before any
+of the variant has finished: its `trial_hours` in the spec, scaled by the base's measured time
+here where the base has one (the spec's hours are relative costs measured elsewhere), then the
+spec's `settings.trial_minutes_estimate`, and with neither, the median over the study's finished
+trials. With no figure at all a trial is started (the deadline still stops it at a checkpoint).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import datetime
 import re
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import optuna
@@ -23,6 +25,7 @@ from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
 from pipeline.sweep.claims import grid_point
+from pipeline.sweep.spec import BASE_VARIANT
 
 WALL_TIME_ATTR = "wall_time_s"  # a finished trial's training (all attempts) + evaluation time
 # The deadline of the worker running this trial, for the trial's training (`DeadlineCallback`).
@@ -86,7 +89,24 @@ def trial_variant(trial: optuna.trial.FrozenTrial) -> str | None:
     return grid_point(trial).get("variant")
 
 
-def expected_seconds(study: optuna.Study, variant: str | None, estimate_minutes: float | None):
+def spec_seconds(
+    variant: str | None, trial_hours: Mapping[str, float], base_seconds: list[float]
+) -> float | None:
+    """A trial of `variant` by the spec's `trial_hours`: relative to the base's, times the base's
+    measured `base_seconds` where there are some, else the hours as given (None: no figure)."""
+    if variant not in trial_hours:
+        return None
+    if base_seconds and trial_hours.get(BASE_VARIANT):
+        return statistics.median(base_seconds) * trial_hours[variant] / trial_hours[BASE_VARIANT]
+    return trial_hours[variant] * 3600
+
+
+def expected_seconds(
+    study: optuna.Study,
+    variant: str | None,
+    estimate_minutes: float | None,
+    trial_hours: Mapping[str, float] | None = None,
+):
     """How long a trial of `variant` is expected to take here (None: no figure at all)."""
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     timed = [(trial_variant(t), t.user_attrs[WALL_TIME_ATTR]) for t in finished
@@ -94,6 +114,9 @@ def expected_seconds(study: optuna.Study, variant: str | None, estimate_minutes:
     of_variant = [seconds for name, seconds in timed if name == variant]
     if of_variant:
         return statistics.median(of_variant)
+    base = [seconds for name, seconds in timed if name == BASE_VARIANT]
+    if (from_spec := spec_seconds(variant, trial_hours or {}, base)) is not None:
+        return from_spec
     if estimate_minutes is not None:
         return estimate_minutes * 60
     if timed:
@@ -101,13 +124,18 @@ def expected_seconds(study: optuna.Study, variant: str | None, estimate_minutes:
     return None
 
 
-def fits(study: optuna.Study, deadline: Deadline | None, estimate_minutes: float | None):
+def fits(
+    study: optuna.Study,
+    deadline: Deadline | None,
+    estimate_minutes: float | None,
+    trial_hours: Mapping[str, float] | None = None,
+):
     """A filter of WAITING trials: those expected to finish before the deadline."""
 
     def trial_fits(trial: optuna.trial.FrozenTrial) -> bool:
         if deadline is None:
             return True
-        expected = expected_seconds(study, trial_variant(trial), estimate_minutes)
+        expected = expected_seconds(study, trial_variant(trial), estimate_minutes, trial_hours)
         return expected is None or expected <= deadline.left()
 
     return trial_fits

@@ -30,9 +30,9 @@ import optuna
 from pipeline.environment import code_commit, hardware, hardware_class
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
-from pipeline.sweep.storage import PIN_ATTR
 
 AUTO = "auto"
+PIN_ATTR = "pin"  # the study's user attribute that holds its pin
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Pin:
         return cls(**{key: str(value.get(key)) for key in ("commit", "hardware", "precision")})
 
 
-def code_version(repo: Path | None = None) -> str:
+def git_commit(repo: Path | None = None) -> str:
     """The checkout's commit, `+dirty.<8 hex>` when its code has uncommitted changes (the
     commit every record of a trial names, `environment.code_commit`)."""
     return code_commit(repo) or "unknown"
@@ -91,7 +91,7 @@ def this_worker(spec: StudySpec, pinned: Pin | None = None) -> Pin:
         precision = pinned.precision
     else:
         precision = resolved_precision(spec)
-    return Pin(code_version(), machine, precision)
+    return Pin(git_commit(), machine, precision)
 
 
 def differences(pinned: Pin, worker: Pin) -> list[str]:

@@ -18,6 +18,7 @@ from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.atomic import write_json_atomic, write_text_atomic
 from pipeline.errors import Preempted
+from pipeline.metric_names import GREEDY_VAL_BLEU, current_names
 from pipeline.portable_paths import copy_relativized, relativize
 from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.spec import TrialPaths
@@ -34,7 +35,7 @@ RUN_FILE = "run.json"  # written last: a record folder with it is a finished tri
 ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
 
 
-CURVE_METRICS = ("val/bleu", "val/loss", "val/ppl")
+CURVE_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
 CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
 
 
@@ -61,7 +62,7 @@ class _Attempt:
 
 
 @contextlib.contextmanager
-def _attempt_logged(work: Path, trial: optuna.Trial):
+def logged_attempt(work: Path, trial: optuna.Trial):
     """Log each attempt at the point (trial, steps, training's wall time, machine) in its work
     dir, also for an attempt that was preempted or killed: the record sums them. The block
     trains and evaluates, calling `trained()` in between; an attempt is finished only once
@@ -137,7 +138,7 @@ def _close_killed_attempts(work: Path) -> None:
         _append_attempt(work, {**attempt, **killed})
 
 
-def _record(
+def record_trial(
     trial, cfg, paths: TrialPaths, train_metrics, eval_metrics, eval_seconds
 ) -> list[dict[str, float]]:
     """Copy what the report needs into the point's record folder (committed with the study) and
@@ -178,7 +179,7 @@ def _record(
     test_split = cfg.data.test_splits[0] if cfg.data.test_splits else None
     test = eval_metrics.get(test_split, {}) if test_split else {}
     attrs = {
-        "val_bleu": train_metrics.get("val/bleu"),
+        "val_greedy_bleu": train_metrics.get(GREEDY_VAL_BLEU),
         "val_ppl": train_metrics.get("val/ppl"),
         "test_bleu": test.get("bleu"),
         TEST_ATTR: test.get("bleu_lc"),
@@ -196,8 +197,13 @@ def _record(
     return curve
 
 
+def read_curve(path: Path) -> list[dict[str, float]]:
+    """A record's validation curve (`CURVE_FILE`), its metrics under today's names."""
+    return [current_names(point) for point in json.loads(path.read_text(encoding="utf-8"))]
+
+
 def validation_curve(cfg: config_schema.Config) -> list[dict[str, float]]:
-    """Every validation of the run by step ({"step", "val/bleu", "val/loss", "val/ppl"}), from
+    """Every validation of the run by step ({"step", "val/greedy_bleu", "val/loss", "val/ppl"}), from
     DVCLive's files, which a resumed run appends to (a step logged twice keeps its last row)."""
     from pipeline.training.trainer import DVCLIVE_SUBDIR
 

@@ -12,26 +12,24 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.storages import RDBStorage
 from sqlalchemy import event
 from sqlalchemy.pool import NullPool
 
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.redaction import hide_password, hide_passwords
-from pipeline.sweep.claims import RetryInterruptedTrial
-from pipeline.sweep.pruning import _pruner
+from pipeline.sweep.claims import RETRY_OF_ATTR, RetryInterruptedTrial, optuna_table_names
+from pipeline.sweep.pin import PIN_ATTR, Pin
+from pipeline.sweep.pruning import build_pruner
 from pipeline.sweep.spec import StudySpec, SweepSettings
-
-if TYPE_CHECKING:
-    from pipeline.sweep.pin import Pin
 
 log = logging.getLogger(__name__)
 
 GRID_READY_ATTR = "grid_enqueued"
-PIN_ATTR = "pin"  # the study's commit, hardware class and precision (pipeline.sweep.pin)
 
 
 def default_storage(spec: StudySpec, results_root: Path) -> str:
@@ -58,6 +56,7 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
                 "read the study. Use a file, sqlite:///path/study.db."
             )
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        refuse_a_foreign_sqlite_file(Path(path))
         # Wait on SQLite's write lock instead of failing with "database is locked". No pool:
         # each session opens the file anew, so that a study.db replaced under running workers
         # (`git pull` or `git checkout` of the committed storage writes a new file) is the one
@@ -65,11 +64,15 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
         # refuses every write ("attempt to write a readonly database").
         engine_kwargs = {"connect_args": {"timeout": 120}, "poolclass": NullPool}
     else:
-        engine_kwargs = {"pool_pre_ping": True}
+        # No pool: a worker holds a server connection only while it reads or writes the study
+        # (at most two at once: its loop and its trial's heartbeat), none while a trial trains,
+        # so the server's connection limit bounds the workers reading at one moment, not the
+        # workers of the study.
+        engine_kwargs = {"poolclass": NullPool}
     retry = RetryInterruptedTrial(max_retries=settings.max_retries)
     for attempt in range(attempts):
         try:
-            with _experimental_ok():
+            with experimental_warnings_silenced():
                 storage = RDBStorage(
                     url,
                     engine_kwargs=engine_kwargs,
@@ -79,14 +82,49 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
                 )
             if url.startswith("sqlite"):
                 _begin_sqlite_transactions_immediately(storage.engine)
+            elif storage.engine.dialect.name == "postgresql":
+                _index_claims(storage.engine)
             return storage
         except Exception as err:  # concurrent CREATE TABLE / version row races
             if attempt == attempts - 1 or _lasting(err):
                 raise PipelineError(
                     f"cannot open Optuna storage {hide_password(url)}: {hide_passwords(str(err))}"
+                    + (TOO_MANY_CONNECTIONS_ADVICE if too_many_connections(err) else "")
                 ) from err
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+SQLITE_HEADER = b"SQLite format 3\0"  # the first bytes of every SQLite database file
+
+
+def refuse_a_foreign_sqlite_file(path: Path) -> None:
+    """Refuse, before Optuna writes to it, a file that is not an SQLite database or that holds
+    tables other than Optuna's (a database of the user's own named by mistake: Optuna would add
+    its tables to it). Read-only: the file is left byte for byte."""
+    import sqlite3
+
+    if not path.is_file() or path.stat().st_size == 0:  # an empty file: a new database
+        return
+    with open(path, "rb") as file:
+        header = file.read(len(SQLITE_HEADER))
+    if header != SQLITE_HEADER:  # SQLite takes a file shorter than its header for a new one
+        raise ConfigError(f"--storage {path}: not an SQLite database (no SQLite header)")
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=120)) as database:
+            rows = database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            tables = {name for (name,) in rows}
+    except sqlite3.DatabaseError as err:
+        raise ConfigError(f"--storage {path}: not an SQLite database ({err})") from None
+    ours = {*optuna_table_names(), "alembic_version"}
+    foreign = sorted(name for name in tables - ours if not name.startswith("sqlite_"))
+    if foreign:
+        raise ConfigError(
+            f"--storage {path} holds tables that are not Optuna's ({', '.join(foreign)}): a "
+            "study's storage is a database of its own. Name a new file, or the study.db of a "
+            "study, and leave this one as it is"
+        )
 
 
 # What the server or driver says when asking again cannot help: the database or user is not
@@ -94,12 +132,77 @@ def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBSt
 LASTING_ERRORS = ("does not exist", "authentication failed", "no password supplied",
                   "could not translate host name", "unable to open database file",
                   "No module named")  # fmt: skip
+# What a server says when it admits no more connections (PostgreSQL: its max_connections,
+# reserved slots, a role's or database's CONNECTION LIMIT; MySQL: max_connections). Its
+# clients do not go away within a retry's wait: they are other workers, for the whole study.
+TOO_MANY_CONNECTIONS = ("too many clients", "too many connections", "connection slots are reserved")
+TOO_MANY_CONNECTIONS_ADVICE = (
+    ". The server admits no more connections: a sweep worker holds at most two at once (its "
+    "loop and its trial's heartbeat) and none while a trial trains. Raise the server's "
+    "max_connections (or the role's CONNECTION LIMIT), put a connection pooler such as "
+    "PgBouncer in front of it, or start fewer workers."
+)
+
+
+def too_many_connections(err: BaseException) -> bool:
+    """Whether `err` (or the database error under it) is the server refusing a connection."""
+    while err is not None:
+        if any(marker in str(err).lower() for marker in TOO_MANY_CONNECTIONS):
+            return True
+        err = err.__cause__
+    return False
 
 
 def _lasting(err: Exception) -> bool:
     """Whether opening the storage failed for a reason a retry cannot remove (the retries are
     for workers racing to create the schema): the user hears it at once, not ~50 s later."""
-    return any(marker in str(err) for marker in LASTING_ERRORS)
+    return any(marker in str(err) for marker in LASTING_ERRORS) or too_many_connections(err)
+
+
+# Indexes for the claims' queries on a server (`claims`): a worker's questions then cost the
+# same in a study of 100 trials and of 100,000. Optuna's schema indexes trials by study only.
+# SQLite files are left as Optuna made them (a committed study.db changes only by its trials).
+CLAIM_INDEXES = {
+    "ix_trials_study_id_state_number": "trials (study_id, state, number)",
+    "ix_trial_system_attributes_retry": (
+        f"trial_system_attributes (trial_id) WHERE key = '{RETRY_OF_ATTR}'"
+    ),
+}
+
+
+def _index_claims(engine) -> None:
+    """Create the CLAIM_INDEXES a PostgreSQL storage lacks. Workers starting together may race
+    to create one: whichever loses finds it there."""
+    for name, definition in CLAIM_INDEXES.items():
+        with engine.connect() as connection:
+            if connection.exec_driver_sql(f"SELECT to_regclass('{name}')").scalar() is not None:
+                continue
+        try:
+            with engine.begin() as connection:
+                connection.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}")
+        except sqlalchemy.exc.DBAPIError as err:
+            with engine.connect() as connection:
+                if connection.exec_driver_sql(f"SELECT to_regclass('{name}')").scalar() is None:
+                    # A role without CREATE on the schema: claims stay right, only slower.
+                    log.warning("cannot create index %s (claims read more): %s", name, err.orig)
+
+
+@contextlib.contextmanager
+def refused_connections_named(url: str):
+    """A worker whose server refuses it a connection mid-study stops saying why and what to
+    do, instead of with a traceback (retrying would not help: see TOO_MANY_CONNECTIONS)."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as err:
+        if not too_many_connections(err):
+            raise
+        cause = err.__cause__ or err
+        raise PipelineError(
+            f"Optuna storage {hide_password(url)} refused a connection: "
+            f"{hide_passwords(str(cause))}{TOO_MANY_CONNECTIONS_ADVICE}"
+        ) from err
 
 
 def _begin_sqlite_transactions_immediately(engine) -> None:
@@ -139,19 +242,22 @@ def open_study(
     new study is pinned to (`pipeline.sweep.pin`), recorded before its grid is ready, so that
     every worker that waits for the grid finds the pin."""
     kwargs = dict(
-        study_name=spec.study, storage=storage, sampler=_sampler(spec), pruner=_pruner(spec)
+        study_name=spec.study,
+        storage=storage,
+        sampler=_sampler(spec),
+        pruner=build_pruner(spec.pruner),
     )
     try:
         study = optuna.create_study(direction=spec.direction, **kwargs)
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(**kwargs)
         if study.metric_names is None:  # a study created before its objective was named
-            with _experimental_ok():
+            with experimental_warnings_silenced():
                 study.set_metric_names([spec.metric])
         if spec.kind == "grid":
             _wait_for_grid(study, spec)
         return study
-    with _experimental_ok():
+    with experimental_warnings_silenced():
         study.set_metric_names([spec.metric])  # the dashboard's name for the objective
     if pin is not None:
         study.set_user_attr(PIN_ATTR, asdict(pin()))
@@ -180,7 +286,7 @@ def _wait_for_grid(study: optuna.Study, spec: StudySpec) -> None:
 
 
 @contextlib.contextmanager
-def _experimental_ok():
+def experimental_warnings_silenced():
     """The heartbeat, stale-trial and metric-name APIs a sweep relies on are marked
     experimental; the warning on each use tells a sweep's user nothing they can act on."""
     with warnings.catch_warnings():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 from optuna.trial import TrialState
 
-from pipeline.sweep.claims import FINISHED, _count
-from pipeline.sweep.params import point_name
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.claims import FINISHED, count_trials
+from pipeline.sweep.spec import RESULTS_ROOT, StudySpec
+from pipeline.sweep.trial_params import point_name
 
 TEST_ATTR = "test_bleu_lc"  # a trial's test BLEU (lc), the headline metric (DVC: test/bleu_lc)
 
@@ -29,13 +31,14 @@ def trial_line(
     target: int | None,
     seconds: float,
 ) -> str:
-    """`trial 3/22 heads_2-seed1: val/bleu 35.21 (complete) in 14 min 03 s`: k counts the
-    study's finished trials, this one included (other workers' too), of the study's N."""
-    finished = _count(study, FINISHED)
-    of = f"{finished}/{target}" if target else str(finished)
+    """`trial 2 heads_2-seed1: val/bleu 35.21 (complete) in 14 min 03 s; 3 of 22 finished`:
+    the trial's number (as the summary and the dashboard give it), then how many of the
+    study's N trials have finished, this one and other workers' included."""
+    finished = count_trials(study, FINISHED)
+    of = f"{finished} of {target}" if target else str(finished)
     state = trial.state.name.lower()
-    return (f"trial {of} {point_name(spec, trial)}: {spec.metric} {_value_text(trial)} "
-            f"({state}) in {_duration(seconds)}")  # fmt: skip
+    return (f"trial {trial.number} {point_name(spec, trial)}: {spec.metric} {_value_text(trial)} "
+            f"({state}) in {_duration(seconds)}; {of} finished")  # fmt: skip
 
 
 def study_summary(study: optuna.Study, spec: StudySpec) -> str:
@@ -60,3 +63,11 @@ def study_summary(study: optuna.Study, spec: StudySpec) -> str:
         lines.append(f"best: trial {best.number} ({point_name(spec, best)}), {spec.metric} "
                      f"{_value_text(best)}")  # fmt: skip
     return "\n".join(lines)
+
+
+def where_to_look(spec_path: str, storage: str, results_dir: Path) -> str:
+    """The commands that show a study: its dashboard and its report."""
+    report = f"python -m pipeline.report {spec_path}"
+    if Path(results_dir) != RESULTS_ROOT:
+        report += f" --results-dir {results_dir}"
+    return f"dashboard: optuna-dashboard {storage}\nreport: {report}"

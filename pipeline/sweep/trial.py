@@ -15,14 +15,16 @@ from optuna.trial import TrialState
 
 from pipeline import config_schema
 from pipeline.errors import PipelineError, Preempted
-from pipeline.sweep.ddp import _one_ddp_launch
+from pipeline.sweep.claims import study_id, study_storage, trial_id
+from pipeline.sweep.ddp import trial_ddp_world
 from pipeline.sweep.deadline import CURRENT_DEADLINE
 from pipeline.sweep.heartbeat import CURRENT_HEARTBEAT
-from pipeline.sweep.params import suggest_params, trial_paths
-from pipeline.sweep.pruning import _pruner
-from pipeline.sweep.records import _attempt_logged, _record
-from pipeline.sweep.spec import WORK_ROOT, StudySpec, study_work_dir, trial_config
+from pipeline.sweep.pruning import build_pruner
+from pipeline.sweep.records import logged_attempt, record_trial
+from pipeline.sweep.spec import WORK_ROOT, StudySpec, TrialPaths, trial_config
 from pipeline.sweep.storage import open_storage
+from pipeline.sweep.trial_params import suggest_params, trial_paths
+from pipeline.sweep.work_dirs import study_work_dir
 
 PRECISION_ATTR = "train_precision"  # what the trial trains at: its DDP ranks read it
 
@@ -42,16 +44,13 @@ def run_trial(
     from pipeline.evaluation import evaluate
     from pipeline.tracking import finish_run, start_wandb_run
 
-    params = suggest_params(spec, trial)
-    paths = trial_paths(results_root, study_dir, spec, trial)
-    cfg = _with_precision(trial_config(spec, params, paths), precision)
+    paths, cfg = trial_setup(spec, trial, results_root, study_dir, precision)
     trial.set_user_attr(PRECISION_ATTR, cfg.train.precision)
-    ensure_data(cfg, study_dir / "data")
     run = start_wandb_run(
         cfg, job_type="trial", name=f"{spec.study}-{paths.record.name}", group=spec.study
     )
     try:
-        with _attempt_logged(paths.work, trial) as attempt:  # finished once evaluated too
+        with logged_attempt(paths.work, trial) as attempt:  # finished once evaluated too
             with owned_folder(paths.work, trial.number):  # no second writer of its checkpoints
                 train_metrics = _train(spec, trial, cfg, wandb_run=run)
             attempt.trained()
@@ -61,21 +60,30 @@ def run_trial(
     finally:
         finish_run(run)
     _ensure_still_running(trial)
-    curve = _record(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
+    curve = record_trial(trial, cfg, paths, train_metrics, eval_metrics, eval_seconds)
     report_curve(trial, spec.metric, curve)
     return train_metrics.get(spec.metric)
 
 
-def _with_precision(cfg: config_schema.Config, precision: str | None) -> config_schema.Config:
+def trial_setup(
+    spec: StudySpec, trial: optuna.Trial, results_root: Path, study_dir: Path, precision: str | None
+) -> tuple[TrialPaths, config_schema.Config]:
+    """What every rank of a trial trains from: its folders and its config (the params drawn
+    for it, or already drawn: a DDP rank > 0 reads them back), `train.precision: auto` as
+    `precision` where given, and the study's data prepared and tokenized."""
+    params = suggest_params(spec, trial)
+    paths = trial_paths(results_root, study_dir, spec, trial)
+    cfg = trial_config(spec, params, paths)
     if precision is not None and cfg.train.precision == "auto":
         cfg.train.precision = precision
-    return cfg
+    ensure_data(cfg, study_dir / "data")
+    return paths, cfg
 
 
 def report_curve(trial: optuna.Trial, metric: str, curve: list[dict[str, float]]) -> None:
     """Every validation of the finished point as the trial's intermediate values (the
     dashboard's learning curves), those a pruner has not had reported live already."""
-    reported = trial.study._storage.get_trial(trial._trial_id).intermediate_values
+    reported = study_storage(trial.study).get_trial(trial_id(trial)).intermediate_values
     for point in curve:
         if metric in point and point["step"] not in reported:
             trial.report(point[metric], step=int(point["step"]))
@@ -86,7 +94,7 @@ def _ensure_still_running(trial: optuna.Trial) -> None:
     watches training only: a worker whose heartbeat went stale during evaluation (suspended,
     cut off from the storage) has been counted dead by another, which runs the point again
     from its finished checkpoint and records it; this worker then leaves it to that one."""
-    state = trial.study._storage.get_trial(trial._trial_id).state
+    state = study_storage(trial.study).get_trial(trial_id(trial)).state
     if state == TrialState.RUNNING:
         return
     beat = CURRENT_HEARTBEAT.get()
@@ -118,7 +126,7 @@ def _train(spec: StudySpec, trial: optuna.Trial, cfg: config_schema.Config, wand
     deadline = CURRENT_DEADLINE.get()
     at_deadline = DeadlineCallback(deadline) if deadline is not None else None
     callbacks = [cb for cb in (pruning, watchdog, at_deadline) if cb is not None]
-    with _one_ddp_launch(trial.number):
+    with trial_ddp_world(trial.number):
         # A point whose training finished before its worker stopped is not trained again.
         metrics = trainer.run(cfg, wandb_run=wandb_run, callbacks=callbacks, keep_finished=True)
     if pruning is not None and pruning.pruned_at_step is not None:
@@ -133,15 +141,14 @@ def run_trial_rank(
     the same config, the same pruning decisions (broadcast from rank 0), no W&B run of its own
     (the logger is rank zero's), no evaluation."""
     storage = open_storage(storage_url, spec.settings)
-    study = optuna.load_study(study_name=spec.study, storage=storage, pruner=_pruner(spec))
+    study = optuna.load_study(
+        study_name=spec.study, storage=storage, pruner=build_pruner(spec.pruner)
+    )
     (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-    trial = optuna.Trial(study, frozen._trial_id)
-    params = suggest_params(spec, trial)  # the values already drawn for this trial
-    study_dir = study_work_dir(work_root, spec.study, storage_url, study._study_id)
-    paths = trial_paths(results_root, study_dir, spec, trial)
-    cfg = _with_precision(trial_config(spec, params, paths), frozen.user_attrs.get(PRECISION_ATTR))
-    # done by rank 0: sets the paths
-    ensure_data(cfg, study_dir / "data")
+    trial = optuna.Trial(study, trial_id(frozen))
+    study_dir = study_work_dir(work_root, spec.study, storage_url, study_id(study))
+    precision = frozen.user_attrs.get(PRECISION_ATTR)  # what rank 0 trains at
+    _, cfg = trial_setup(spec, trial, results_root, study_dir, precision)
     with contextlib.suppress(optuna.TrialPruned):
         _train(spec, trial, cfg, wandb_run=None)
 
@@ -173,9 +180,10 @@ def owned_folder(work: Path, number: int):
 
 
 def ensure_data(cfg: config_schema.Config, data_root: Path) -> None:
-    """Prepare + tokenize once per machine for the study (a file lock serialises workers)."""
+    """Prepare + tokenize once per machine for the study (a file lock serialises workers; the
+    ranks > 0 of a DDP trial find it done by rank 0, and only take its paths)."""
     from pipeline.data.prepared import prepare
-    from pipeline.data.tokenizer import tokenize
+    from pipeline.data.tokenized import tokenize
 
     cfg.paths.prepared = str(data_root / "prepared")
     cfg.paths.tokenized = str(data_root / "tokenized")

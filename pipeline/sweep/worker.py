@@ -3,6 +3,7 @@ tells the storage how it ended (a preempted trial's point is queued again at onc
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -18,9 +19,12 @@ from pipeline.sweep import pin
 from pipeline.sweep.claims import (
     FINISHED,
     RetryInterruptedTrial,
-    _count,
     claim_waiting_trial,
+    count_trials,
     fail_trials_without_heartbeat,
+    study_id,
+    study_storage,
+    trial_id,
 )
 from pipeline.sweep.deadline import (
     CURRENT_DEADLINE,
@@ -31,11 +35,18 @@ from pipeline.sweep.deadline import (
     trial_variant,
 )
 from pipeline.sweep.heartbeat import heartbeat
-from pipeline.sweep.params import point_name
-from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, StudySpec, claim_study_work_dir
-from pipeline.sweep.storage import _experimental_ok, commit_study, open_storage, open_study
+from pipeline.sweep.spec import RESULTS_ROOT, WORK_ROOT, StudySpec
+from pipeline.sweep.storage import (
+    commit_study,
+    experimental_warnings_silenced,
+    open_storage,
+    open_study,
+    refused_connections_named,
+)
 from pipeline.sweep.summary import trial_line
 from pipeline.sweep.trial import run_trial
+from pipeline.sweep.trial_params import point_name
+from pipeline.sweep.work_dirs import claim_study_work_dir
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,18 @@ log = logging.getLogger(__name__)
 TrialFn = Callable[["StudySpec", optuna.Trial, Path], float]
 
 
+def _refused_connections_named(run: Callable[..., optuna.Study]) -> Callable[..., optuna.Study]:
+    """`run_worker` stopping with what to do when its server admits no more connections."""
+
+    @functools.wraps(run)
+    def worker(spec: StudySpec, storage_url: str, *args, **kwargs) -> optuna.Study:
+        with refused_connections_named(storage_url):
+            return run(spec, storage_url, *args, **kwargs)
+
+    return worker
+
+
+@_refused_connections_named
 def run_worker(
     spec: StudySpec,
     storage_url: str,
@@ -68,33 +91,35 @@ def run_worker(
     worker = pin.this_worker(spec, pinned)
     pin.check_pin(study, spec, worker, allow_mixed)
     if trial_fn is None:
-        study_dir = claim_study_work_dir(work_root, spec.study, storage_url, study._study_id)
+        study_dir = claim_study_work_dir(work_root, spec.study, storage_url, study_id(study))
 
         def trial_fn(spec: StudySpec, trial: optuna.Trial, results_root: Path) -> float:
             return run_trial(spec, trial, results_root, study_dir, precision=worker.precision)
 
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
     estimate = spec.settings.trial_minutes_estimate
-    accept = fits(study, deadline, estimate)
+    accept = fits(study, deadline, estimate, spec.trial_hours)
     ran = 0
     while n_trials is None or ran < n_trials:
-        with _experimental_ok():
+        with experimental_warnings_silenced():
             optuna.storages.fail_stale_trials(study)  # re-enqueues the trials of dead workers
-        fail_trials_without_heartbeat(study, storage, spec.settings.grace_period)
-        if _count(study, FINISHED) >= target:
+        fail_trials_without_heartbeat(study, spec.settings.grace_period)
+        if count_trials(study, FINISHED) >= target:
             break
         if spec.kind == "grid":
             trial = claim_waiting_trial(study, accept)
             if trial is None:
-                if deadline is not None and _count(study, (TrialState.WAITING,)):
+                if deadline is not None and count_trials(study, (TrialState.WAITING,)):
                     print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
                     break  # what waits does not fit in the time left
-                if _count(study, (TrialState.RUNNING,)) == 0:
+                # A server may answer none while others hold the waiting rows a moment
+                # (SKIP LOCKED): exhausted only when none waits and none runs.
+                if count_trials(study, (TrialState.RUNNING, TrialState.WAITING)) == 0:
                     break  # nothing waiting, nothing running: exhausted (failed trials remain)
                 time.sleep(spec.settings.poll_interval)  # others are finishing; a retry may come
                 continue
         else:
-            expected = expected_seconds(study, None, estimate)
+            expected = expected_seconds(study, None, estimate, spec.trial_hours)
             if deadline is not None and expected is not None and expected > deadline.left():
                 print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
                 break
@@ -111,11 +136,15 @@ def run_worker(
         finally:
             CURRENT_DEADLINE.reset(token)
         ran += 1
-        frozen = storage.get_trial(trial._trial_id)
+        frozen = storage.get_trial(trial_id(trial))
         print(trial_line(study, spec, frozen, target, time.perf_counter() - started), flush=True)
+        if spec.kind == "grid":  # the dashboard page says where the study stands
+            from pipeline.sweep.upgrade import save_status_note
+
+            save_status_note(study, spec, results_root / spec.study)
         if commit and frozen.state == TrialState.COMPLETE:
             commit_study(results_root / spec.study, f"{spec.study}: {point_name(spec, frozen)} "
-                         f"finished ({_count(study, FINISHED)}/{target})")  # fmt: skip
+                         f"finished ({count_trials(study, FINISHED)}/{target})")  # fmt: skip
     return study
 
 
@@ -123,8 +152,8 @@ def _stopping_at_deadline(study: optuna.Study, spec: StudySpec, deadline: Deadli
                           target: int | None, stopped: optuna.Trial | None = None) -> str:  # fmt: skip
     """What a worker says as its deadline stops it: the trial it stopped, and what is left."""
     left = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    expected = [expected_seconds(study, trial_variant(t), spec.settings.trial_minutes_estimate)
-                for t in left]  # fmt: skip
+    expected = [expected_seconds(study, trial_variant(t), spec.settings.trial_minutes_estimate,
+                                 spec.trial_hours) for t in left]  # fmt: skip
     known = [seconds for seconds in expected if seconds is not None]
     head = f"deadline {deadline.clock()}: "
     if stopped is not None:
@@ -132,7 +161,7 @@ def _stopping_at_deadline(study: optuna.Study, spec: StudySpec, deadline: Deadli
                  "(it resumes from there); ")  # fmt: skip
     else:
         head += f"no waiting trial fits in the {deadline.left() / 60:.0f} min left; "
-    finished = _count(study, FINISHED)
+    finished = count_trials(study, FINISHED)
     of = f" of {target}" if target else ""
     tail = f"{finished}{of} trials finished, {len(left)} waiting"
     if known:
@@ -148,7 +177,7 @@ def _run_and_tell(
     results_root: Path,
     trial_fn: TrialFn,
 ) -> None:
-    with heartbeat(storage, trial._trial_id, spec.settings.heartbeat_interval) as beat:
+    with heartbeat(storage, trial_id(trial), spec.settings.heartbeat_interval) as beat:
         try:
             value = trial_fn(spec, trial, results_root)
         except optuna.TrialPruned:
@@ -159,9 +188,9 @@ def _run_and_tell(
                 raise  # the storage is out of reach; its stale heartbeat queues the point again
             # The checkpoint is saved: queue the point again first (so that no worker sees the
             # study as exhausted in between), then close this attempt.
-            frozen = storage.get_trial(trial._trial_id)
+            frozen = storage.get_trial(trial_id(trial))
             RetryInterruptedTrial(spec.settings.max_retries)(study, frozen, preempted=True)
-            study._storage.set_trial_user_attr(trial._trial_id, "preempted", True)
+            study_storage(study).set_trial_user_attr(trial_id(trial), "preempted", True)
             study.tell(trial, state=TrialState.FAIL)
             raise
         except Exception:

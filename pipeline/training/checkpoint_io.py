@@ -27,7 +27,13 @@ class PortableModelCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, its state naming its files relative to its folder: the
     folder is saved as "." and each file by its name. Loaded, the names resolve against the
     folder the callback writes to now, so a run moved aside and back, or copied to another
-    machine, keeps its best-k bookkeeping (Lightning drops it when the saved folder differs)."""
+    machine, keeps its best-k bookkeeping (Lightning drops it when the saved folder differs).
+    A file of the same name is replaced, never versioned: a resumed run whose `last.ckpt` the
+    callback did not write itself (a stop before its first save) would otherwise go on in
+    `last-v1.ckpt` and leave `last.ckpt` at the stop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"enable_version_counter": False, **kwargs})
 
     @property
     def state_key(self) -> str:

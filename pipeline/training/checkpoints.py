@@ -4,7 +4,7 @@ Layout of `<train_dir>/checkpoints/`:
 
     last.ckpt                                the newest state (what a resumed run continues from)
     step-0000500.ckpt ...                    the last `train.save_top_k` validations, by step
-    best-step-0000500-bleu-12.3456.ckpt ...  the best `train.save_top_k` by val/bleu
+    best-step-0000500-bleu-12.3456.ckpt ...  the best `train.save_top_k` by val/greedy_bleu
                                              (`best-step-...-loss-2.3456` when val_bleu is off)
     progress.json                            the step and file of the newest save
 
@@ -41,23 +41,28 @@ from typing import Any
 import torch
 
 from pipeline.errors import DataError
+from pipeline.metric_names import GREEDY_VAL_BLEU
 from pipeline.portable_paths import WORK_ROOT, relativize_tree
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_NAME = "last.ckpt"
 PROGRESS_NAME = "progress.json"
 PRECISION_KEY = "precision"  # the entry naming the precision the run trained in
+# The entry holding `source_hash()` of the code that wrote the checkpoint (its name in files)
+SOURCE_HASH_KEY = "code_version"
 MODEL_PREFIX = "model."  # the Transformer's weights in the training module's state_dict
+ZIP_MAGIC = b"PK\x03\x04"  # the first bytes of every archive torch.save writes
 CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint set aside by resume
 STEP_TEMPLATE = "step-{step:07d}"  # ModelCheckpoint filename templates (".ckpt" is appended)
 BEST_TEMPLATES = {
-    "val/bleu": "best-step-{step:07d}-bleu-{val/bleu:.4f}",
+    GREEDY_VAL_BLEU: "best-step-{step:07d}-bleu-{val/greedy_bleu:.4f}",
     "val/loss": "best-step-{step:07d}-loss-{val/loss:.4f}",
 }
 _STEP_FILE = re.compile(r"^step-(?P<step>\d+)\.ckpt$")
 _BEST_FILE = re.compile(
     r"^best-step-(?P<step>\d+)-(?P<metric>bleu|loss)-(?P<score>-?[\d.]+)\.ckpt$"
 )
+_VERSIONED_LAST = re.compile(r"^last-v\d+\.ckpt$")  # Lightning's name for a second last.ckpt
 _REQUIRED_KEYS = ("state_dict", "global_step", "hyper_parameters")
 HERE = "."  # a checkpoint callback's saved folder: the one its checkpoint lies in
 CALLBACK_FILE_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
@@ -108,6 +113,16 @@ def verify_archive(path: str | os.PathLike) -> None:
     that flipped bytes in tensor data are an error instead of silently wrong weights."""
     path = Path(path)
     try:
+        with open(path, "rb") as file:
+            head = file.read(len(ZIP_MAGIC))
+        if head != ZIP_MAGIC:
+            what = (
+                "an empty file"
+                if not head
+                else "torch.save writes a zip archive; this file is not one"
+            )
+            raise DataError(f"{path}: not a checkpoint ({what}): give a checkpoint the train "
+                            "stage wrote")  # fmt: skip
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError) as err:
@@ -199,6 +214,33 @@ def _set_aside(paths: Sequence[Path]) -> list[Path]:
     return moved
 
 
+def fold_versioned_last(directory: Path) -> Path | None:
+    """Make `last.ckpt` the newest of itself and the `last-v<N>.ckpt` files a resumed run of
+    older code wrote beside it (Lightning versions a name it finds taken): the newest readable
+    one by step is renamed `last.ckpt`, the older ones removed (earlier states of the same run,
+    which its step checkpoints keep), unreadable ones set aside. Returns the file renamed."""
+    versions = sorted(p for p in directory.glob("last-v*.ckpt") if _VERSIONED_LAST.match(p.name))
+    if not versions:
+        return None
+    last, readable, unreadable = directory / LAST_NAME, [], []
+    for path in [last, *versions] if last.exists() else versions:
+        try:
+            readable.append((int(read_checkpoint(path)["global_step"]), path != last, path))
+        except DataError:
+            unreadable.append(path)
+    _set_aside([path for path in unreadable if path != last])
+    newest = max(readable, default=None)
+    for _, _, path in readable:
+        if path not in (last, newest[2]):
+            path.unlink()
+    if newest is None or newest[2] == last:
+        return None
+    os.replace(newest[2], last)
+    warnings.warn(f"{last}: the newest state (step {newest[0]}) was in {newest[2].name}; "
+                  "renamed to last.ckpt", stacklevel=2)  # fmt: skip
+    return newest[2]
+
+
 def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
     """The checkpoint a resumed run continues from, or None for a fresh directory.
 
@@ -209,6 +251,8 @@ def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
     DataError: resuming would silently start over.
     """
     directory = checkpoint_dir(train_dir)
+    if directory.is_dir():
+        fold_versioned_last(directory)
     files = _checkpoint_files(directory) if directory.is_dir() else []
     progress_file = directory / PROGRESS_NAME
     last = directory / LAST_NAME
@@ -258,7 +302,7 @@ def find_resume_checkpoint(train_dir: str | os.PathLike) -> Path | None:
     return None
 
 
-def code_version() -> str:
+def source_hash() -> str:
     """A hash of the package's source: a finished run is only reused by the code that made it."""
     import pipeline
 

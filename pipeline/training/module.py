@@ -31,9 +31,12 @@ from pipeline.config import from_dict, to_dict
 from pipeline.config_schema import Config
 from pipeline.data.batching import eval_batches
 from pipeline.errors import PipelineError
+from pipeline.evaluation.scoring import bleu_from_statistics, sentence_bleu_statistics
+from pipeline.kernels import SpeedPaths, install_speed_paths
+from pipeline.metric_names import GREEDY_VAL_BLEU, current_names
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import build_transformer
-from pipeline.training.checkpoints import PRECISION_KEY
+from pipeline.training.checkpoints import PRECISION_KEY, SOURCE_HASH_KEY
 from pipeline.training.loss import output_layer_loss
 from pipeline.training.preemption import PreemptionCallback
 
@@ -101,12 +104,11 @@ class CorpusBleu(Metric):
             raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
         if not hypotheses:
             return
-        per_sentence = self._bleu._extract_corpus_statistics(list(hypotheses), [list(references)])
+        per_sentence = sentence_bleu_statistics(self._bleu, hypotheses, references)
         self.stats += torch.tensor(per_sentence, dtype=torch.float64).sum(0).to(self.stats.device)
 
     def compute(self) -> Tensor:
-        stats = [int(x) for x in self.stats.tolist()]
-        score = self._bleu._compute_score_from_stats(stats).score
+        score = bleu_from_statistics(self._bleu, self.stats.tolist())
         return torch.tensor(score, dtype=torch.float32)
 
 
@@ -153,7 +155,8 @@ class TranslationModule(L.LightningModule):
         self.pad_id, self.bos_id, self.eos_id = special.pad_id, special.bos_id, special.eos_id
         # runtime.cpu_speed_paths: a host choice that changes dropout's mask stream, so it is
         # part of the saved config and a resumed run keeps it.
-        self.model = build_transformer(cfg, vocab_size)
+        model = build_transformer(cfg, vocab_size)
+        self.model = install_speed_paths(model, SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths))
         # train.compile: a compiled forward function (not a module, so the state_dict keys
         # stay `model.*`); the plain module otherwise.
         compiled = torch.compile(self.model.teacher_forced_states) if cfg.train.compile else None
@@ -164,7 +167,7 @@ class TranslationModule(L.LightningModule):
         self.train_nll = TokenMean()
         self.val_loss = TokenMean()
         self.val_nll = TokenMean()
-        # A case-folded model writes lowercase: its val/bleu (checkpoint ranking, early
+        # A case-folded model writes lowercase: its val/greedy_bleu (checkpoint ranking, early
         # stopping, sweeps) ignores case, or every capital in the references would count.
         self.val_bleu = CorpusBleu(lowercase=special.case_fold)
 
@@ -183,12 +186,12 @@ class TranslationModule(L.LightningModule):
         self.preemption: PreemptionCallback | None = None
         self._last_step = 0
         self._step_lr = 0.0
-        self.code_version: str | None = None  # set by trainer.run; saved in checkpoints
+        self.source_hash: str | None = None  # set by trainer.run; saved in checkpoints
 
     # ------------------------------------------------------------------ set-up
 
     def attach_references(self, tokenizer, val_references: Sequence[str]) -> None:
-        """What val/bleu needs: a tokenizer to detokenize hypotheses, and the validation
+        """What val/greedy_bleu needs: a tokenizer to detokenize hypotheses, and the validation
         split's reference sentences indexed by the batches' `ids`."""
         self.tokenizer = tokenizer
         self.val_references = val_references
@@ -356,7 +359,9 @@ class TranslationModule(L.LightningModule):
 
     def _update_bleu(self) -> None:
         if self.tokenizer is None or self.val_references is None:
-            raise RuntimeError("val/bleu needs attach_references(tokenizer, references) first")
+            raise RuntimeError(
+                f"{GREEDY_VAL_BLEU} needs attach_references(tokenizer, references) first"
+            )
         sources, e = self._bleu_sources, self.cfg.eval
         for indices in eval_batches([len(src) for _, src in sources], e.max_tokens):
             src = pad_sequence([sources[i][1] for i in indices], batch_first=True,
@@ -380,7 +385,7 @@ class TranslationModule(L.LightningModule):
         metrics = {"val/loss": val_loss, "val/nll_loss": val_nll, "val/ppl": val_nll.exp()}
         if self.cfg.train.val_bleu:
             self._update_bleu()
-            metrics["val/bleu"] = self.val_bleu.compute().to(self.device)
+            metrics[GREEDY_VAL_BLEU] = self.val_bleu.compute().to(self.device)
         step = torch.tensor(float(self.trainer.global_step), device=self.device)
         self.log_dict({**metrics, "step": step}, on_step=False, on_epoch=True)
         for metric in (self.val_loss, self.val_nll, self.val_bleu):
@@ -416,12 +421,12 @@ class TranslationModule(L.LightningModule):
         self.check_finite()  # raising here keeps the previous (good) checkpoint on disk
         checkpoint["history"] = self.history
         checkpoint["rng_states"] = _rng_states()
-        checkpoint["code_version"] = self.code_version
+        checkpoint[SOURCE_HASH_KEY] = self.source_hash
         checkpoint["logging_window"] = self._logging_window()
         checkpoint[PRECISION_KEY] = self.trainer.precision  # what `auto` resolved to
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.history = list(checkpoint.get("history", []))
+        self.history = [current_names(r) for r in checkpoint.get("history", [])]
         self._rng_to_restore = checkpoint.get("rng_states")
         self._window_to_restore = checkpoint.get("logging_window")
 
@@ -431,10 +436,10 @@ class TranslationModule(L.LightningModule):
         return [r for r in self.history if "val/loss" in r]
 
     def best_val(self) -> dict | None:
-        """The validation with the best val/bleu (or lowest val/loss without BLEU)."""
+        """The validation with the best val/greedy_bleu (or lowest val/loss without BLEU)."""
         records = self.val_records()
         if not records:
             return None
         if self.cfg.train.val_bleu:
-            return max(records, key=lambda r: (r["val/bleu"], -r["step"]))
+            return max(records, key=lambda r: (r[GREEDY_VAL_BLEU], -r["step"]))
         return min(records, key=lambda r: (r["val/loss"], r["step"]))

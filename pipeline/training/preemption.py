@@ -26,7 +26,6 @@ rank. A SIGKILL cannot be caught: the run resumes from its newest checkpoint ins
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from pathlib import Path
@@ -158,7 +157,9 @@ class PreemptionCallback(Callback):
             # hooks, where this raises: a logging step's row would be lost, and the checkpoint
             # would not hold it (`pipeline.training.live`).
             trainer._logger_connector.update_train_step_metrics()
-        trainer.save_checkpoint(self.checkpoint_path)  # rank zero writes, all ranks wait
+        # The whole state (optimizer, loops, callbacks) to resume from; rank zero writes, all
+        # ranks wait.
+        trainer.save_checkpoint(self.checkpoint_path, weights_only=False)
         if self.received:
             got = signal.Signals(self.received).name
         else:
@@ -167,14 +168,3 @@ class PreemptionCallback(Callback):
             f"training stopped by {got} at step {trainer.global_step}: saved "
             f"{self.checkpoint_path}; run the same command again to resume from it"
         )
-
-
-# Set by `dvc exp run` in its stages' environment (dvc.env.DVC_EXP_NAME).
-DVC_EXP_NAME = "DVC_EXP_NAME"
-
-
-def under_dvc_exp_run() -> bool:
-    """Whether this stage runs under `dvc exp run`, whose next run checks the workspace out
-    before it runs anything and so deletes the outputs of a stage DVC never recorded (persist
-    ones included): the trainer keeps a stopped run's checkpoints beside the workspace's."""
-    return bool(os.environ.get(DVC_EXP_NAME))

@@ -4,16 +4,17 @@ A resumed run must compute what an uninterrupted one would, so a checkpoint is o
 config that differs from its own in keys that cannot change the weights (`RESUME_FREE_KEYS`);
 an interrupted run that another config finds is refused, naming the key, because its checkpoints
 exist nowhere else. Runs that are not continued are moved aside (`<train_dir>.replaced/`), never
-deleted; a run under `dvc exp run` is kept beside the stage's output (`<train_dir>.preempted/`:
-hard links at every save, the files themselves when it stops), out of reach of the next
-checkout, and put back before it resumes: a SIGKILL costs the steps since the last checkpoint,
-never the run.
+deleted; a run DVC runs is kept beside the stage's output until DVC records it
+(`<train_dir>.preempted/`: hard links at every save, the files themselves when it stops; see
+`pipeline.training.kept_runs`), out of reach of the next checkout, and put back before the next
+run: a SIGKILL costs the steps since the last checkpoint, never the run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import filecmp
 import json
 import logging
 import os
@@ -32,13 +33,24 @@ from pipeline.training.checkpoints import (
     LAST_NAME,
     PRECISION_KEY,
     PROGRESS_NAME,
+    SOURCE_HASH_KEY,
     checkpoint_dir,
-    code_version,
     find_resume_checkpoint,
+    link_checkpoints,
     move_checkpoints,
     portable_config,
     read_checkpoint,
     remove_checkpoints,
+    source_hash,
+)
+from pipeline.training.kept_runs import (
+    PREEMPTED_SUFFIX,
+    REPLACED_SUFFIX,
+    is_finished,
+    kept_checkpoints,
+    kept_state,
+    note_run,
+    under_dvc,
 )
 
 log = logging.getLogger(__name__)
@@ -78,10 +90,7 @@ RESUME_FREE_KEYS = (
     "runtime.cpu_mmap_threshold_mb",
     "runtime.onednn_primitive_cache",
 )
-REPLACED_SUFFIX = ".replaced"  # <train_dir>.replaced/<time>/: runs a fresh run moved aside
 REPLACED_RECORD = "replaced.json"  # in each of them: its fingerprint, why it moved, its step
-# <train_dir>.preempted/: a run stopped under `dvc exp run`, out of reach of its next checkout
-PREEMPTED_SUFFIX = ".preempted"
 LOCK_SUFFIX = ".lock"  # <train_dir>.lock: held by the process training there
 
 
@@ -209,7 +218,7 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
         check_resumable(path, cfg, saved)
         return path, trained_in
     fixed, _ = config_differences(saved, cfg)
-    same_code = keep_finished or checkpoint.get("code_version") == code_version()
+    same_code = keep_finished or checkpoint.get(SOURCE_HASH_KEY) == source_hash()
     if fixed and fixed != ["train.max_steps"] or not same_code:
         why = "its code differs" if not fixed else f"its config differs in {', '.join(fixed)}"
         _move_aside(train_dir, f"the finished run there is another experiment ({why})")
@@ -300,20 +309,24 @@ def _beside(train_dir: str | Path, suffix: str) -> Path:
 
 
 def preempted_checkpoints(cfg: Config) -> Path:
-    """Where a run under `dvc exp run` keeps its checkpoints out of the next checkout's reach:
-    mirrored there by hard links at every save (a SIGKILL leaves them there), moved there
-    when it stops."""
-    return checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
+    """Where a run DVC runs keeps its checkpoints out of the next checkout's reach until DVC
+    records them: mirrored there by hard links at every save (a SIGKILL, or `dvc` itself
+    ending first, leaves them there), moved there when it stops."""
+    return kept_checkpoints(cfg.paths.train_dir)
 
 
-def discard_mirror(cfg: Config) -> None:
-    """Remove the mirror of a run that finished (its checkpoints stay in the stage's output,
-    which DVC records)."""
-    mirror = preempted_checkpoints(cfg)
-    if _rank() == 0 and mirror.is_dir():
-        for path in mirror.iterdir():
-            if path.is_file():
-                path.unlink()
+def keep_until_recorded(cfg: Config) -> None:
+    """Under DVC, a finished run's checkpoints stay linked out of the next checkout's reach
+    (also those of a run recorded without training, which saved nothing) until DVC has
+    recorded them: DVC may end before it does."""
+    if _rank() == 0 and under_dvc():
+        link_checkpoints(checkpoint_dir(cfg.paths.train_dir), preempted_checkpoints(cfg))
+
+
+def note_kept_run(cfg: Config) -> None:
+    """Under DVC, record which run the kept checkpoints are (once the run is settled on)."""
+    if _rank() == 0 and under_dvc():
+        note_run(cfg.paths.train_dir, cfg.experiment_name, cfg.train.max_steps)
 
 
 @contextlib.contextmanager
@@ -352,39 +365,47 @@ def stash_preempted_run(cfg: Config) -> Path | None:
     """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
     exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
     Returns where they went (None: there were none, or another rank moves them)."""
-    kept = checkpoint_dir(_beside(cfg.paths.train_dir, PREEMPTED_SUFFIX))
+    kept = preempted_checkpoints(cfg)
     if _rank() == 0 and move_checkpoints(cfg.paths.train_dir, kept):
         return kept
     return None
 
 
 def restore_preempted_run(cfg: Config) -> bool:
-    """Put a run stopped under `dvc exp run` back in place (a run found there instead, which
-    that checkout restored from DVC's cache, is moved aside: nothing is deleted). Returns
-    whether there was one."""
+    """Put a run DVC has not recorded (stopped, or finished while DVC was gone) back in place
+    (a run found there instead, which the checkout of `dvc exp run` restored from DVC's
+    cache, is moved aside: nothing is deleted). Returns whether there was one."""
     kept = _beside(cfg.paths.train_dir, PREEMPTED_SUFFIX)
     stash = checkpoint_dir(kept)
     if _rank() != 0 or not stash.is_dir() or not any(stash.iterdir()):
         return False
+    step, record = kept_state(cfg.paths.train_dir)
     here = checkpoint_dir(cfg.paths.train_dir)
-    for path in stash.iterdir():  # links of a mirror to files still in place: nothing to move
+    # Links of a mirror to files still in place, or to copies of them (DVC copies a persist
+    # output's files before it runs the stage again): nothing to move aside.
+    for path in stash.iterdir():
         twin = here / path.name
-        if twin.exists() and os.path.samefile(path, twin):
+        if twin.is_file() and (
+            os.path.samefile(path, twin) or filecmp.cmp(path, twin, shallow=False)
+        ):
             twin.unlink()
+    finished = is_finished(step, record)
     _move_aside(
         Path(cfg.paths.train_dir),
         "the run found there is the one `dvc exp run` checked out",
-        then=f"resuming the stopped run from {stash}",
+        then=f"{'recording the finished' if finished else 'resuming the stopped'} run from {stash}",
     )
-    try:
-        step = json.loads((stash / PROGRESS_NAME).read_text(encoding="utf-8"))["step"]
-    except (OSError, ValueError, KeyError):
-        step = "its newest checkpoint"
+    at = f"step {step}" if step is not None and step >= 0 else "its newest checkpoint"
     moved = move_checkpoints(kept, here)
     if moved:
+        what = (
+            f"the finished run DVC has not recorded ({at}) is put back (recorded without "
+            "training where this config and code made it)"
+            if finished
+            else f"the stopped run goes on from {at}"
+        )
         print(
-            f"the run stopped under `dvc exp run` goes on from step {step}: moved its "
-            f"{len(moved)} checkpoint files back from {stash}",
+            f"{what}: moved its {len(moved)} checkpoint files back from {stash}",
             file=sys.stderr,
             flush=True,
         )

@@ -4,7 +4,7 @@
                                       precision, steps, clipping, accumulation, validation
                                       cadence)
               --> callbacks: throughput and wall time (`pipeline.training.throughput`),
-                             checkpoints (last + last-k by step + best-k by val/bleu),
+                             checkpoints (last + last-k by step + best-k by val/greedy_bleu),
                              optional early stopping, the caller's own (e.g. Optuna pruning)
               --> loggers:   W&B (`pipeline.tracking`, rank zero) and DVCLive (dvc plots)
     outputs:  <train_dir>/checkpoints/ (see `pipeline.training.checkpoints`),
@@ -37,6 +37,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.config_schema import Config
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import PipelineError, Preempted
+from pipeline.metric_names import GREEDY_VAL_BLEU, MEAN_TOKENS_PER_SEC
 from pipeline.training import early_signals
 from pipeline.training.checkpoint_io import AtomicCheckpointIO, PortableModelCheckpoint
 from pipeline.training.checkpoints import (
@@ -44,7 +45,7 @@ from pipeline.training.checkpoints import (
     LAST_NAME,
     STEP_TEMPLATE,
     checkpoint_dir,
-    code_version,
+    source_hash,
 )
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.hardware import (
@@ -54,13 +55,15 @@ from pipeline.training.hardware import (
     device_count,
     resolve_accelerator,
 )
+from pipeline.training.kept_runs import under_dvc
 from pipeline.training.live import LiveHistory, SafeDVCLiveLogger
 from pipeline.training.module import TranslationModule
 from pipeline.training.precision import resolve_precision
-from pipeline.training.preemption import PreemptionCallback, under_dvc_exp_run
+from pipeline.training.preemption import PreemptionCallback
 from pipeline.training.progress import StepProgress, silence_lightning_noise
 from pipeline.training.resume import (
-    discard_mirror,
+    keep_until_recorded,
+    note_kept_run,
     preempted_checkpoints,
     restore_preempted_run,
     resume_point,
@@ -81,8 +84,8 @@ LEARNING_CURVE_FILE = "learning_curve.png"
 
 
 def monitored_metric(cfg: Config) -> tuple[str, str]:
-    """The metric that ranks checkpoints (and stops early): val/bleu, or val/loss without it."""
-    return ("val/bleu", "max") if cfg.train.val_bleu else ("val/loss", "min")
+    """The metric that ranks checkpoints (and stops early): val/greedy_bleu, or val/loss without it."""
+    return (GREEDY_VAL_BLEU, "max") if cfg.train.val_bleu else ("val/loss", "min")
 
 
 def build_callbacks(cfg: Config, process_started: float | None = None) -> list[Callback]:
@@ -174,10 +177,9 @@ def build_trainer(
         use_distributed_sampler=False,
         logger=list(loggers),
         callbacks=[*build_callbacks(cfg, process_started), *callbacks, *progress],
-        # Under `dvc exp run` every checkpoint is also linked out of the next checkout's reach.
-        plugins=[
-            AtomicCheckpointIO(mirror=preempted_checkpoints(cfg) if under_dvc_exp_run() else None)
-        ],
+        # Under DVC every checkpoint is also linked out of the next checkout's reach, and stays
+        # there until DVC has recorded it (`pipeline.training.kept_runs`).
+        plugins=[AtomicCheckpointIO(mirror=preempted_checkpoints(cfg) if under_dvc() else None)],
         default_root_dir=cfg.paths.train_dir,
     )
     return trainer, precision
@@ -214,11 +216,11 @@ def _run_locked(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finis
     try:
         summary = _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished)
     except BaseException as failed:
-        # Under `dvc exp run`, a stopped run's checkpoints left in the stage's output are
-        # deleted by the next run's checkout: any failure after they were put back (a
+        # Under DVC, a stopped run's checkpoints left in the stage's output are deleted by
+        # the checkout of the next `dvc exp run`: any failure after they were put back (a
         # refused config, say) keeps them out of its reach again.
         stopped = isinstance(failed, Preempted)
-        if not under_dvc_exp_run() or not (stopped or restored):
+        if not under_dvc() or not (stopped or restored):
             raise
         if not (kept := stash_preempted_run(cfg)):
             raise
@@ -233,8 +235,7 @@ def _run_locked(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finis
         else:
             log.warning("the stopped run is not lost: %s", where)
         raise
-    if under_dvc_exp_run():
-        discard_mirror(cfg)  # finished: DVC records the stage's output itself
+    keep_until_recorded(cfg)  # finished: DVC may end before it records the run
     return summary
 
 
@@ -249,13 +250,14 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
         torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path, trained_in = resume_point(cfg, keep_finished=keep_finished)
+    note_kept_run(cfg)
     _stop_if_signalled(ckpt_path)
 
     datamodule = TranslationDataModule(cfg, pin_memory=on_gpu)
     datamodule.setup("fit")
     datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
     module = TranslationModule(cfg, datamodule.vocab_size)
-    module.code_version = code_version()
+    module.source_hash = source_hash()
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
 
     # A finished run of this config and code (`dvc exp run -f`, a lock never written) is
@@ -342,7 +344,7 @@ def summarize(
     best = module.best_val() or {}
     records = module.val_records()
     last_train = [r for r in module.history if "train/loss" in r]
-    metrics_of = ("val/bleu", "val/loss", "val/ppl")
+    metrics_of = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
     return {
         **{key: best.get(key) for key in metrics_of},
         "best_step": best.get("step"),
@@ -352,7 +354,7 @@ def summarize(
             "step": trainer.global_step,
         },
         "num_parameters": module.model.num_parameters(),
-        "train/tokens_per_sec": throughput.tokens_per_sec,
+        MEAN_TOKENS_PER_SEC: throughput.tokens_per_sec,
         "train/target_tokens": int(throughput.target_tokens),
         "steps": trainer.global_step,
         # Epochs training went into: the last, cut by max_steps, counts. Not current_epoch,

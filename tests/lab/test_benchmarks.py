@@ -19,8 +19,9 @@ from benchmarks import batching, decode_throughput, train_throughput
 from benchmarks.common import marian_model, tokenized_corpus
 from pipeline import environment
 from pipeline.config_schema import ModelConfig
-from pipeline.data.tokenizer import MODEL_FILE, Tokenizer, load_tokenized
-from pipeline.evaluation.evaluate import pad_batch
+from pipeline.data.tokenized import load_tokenized
+from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
+from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.evaluation.seed_stats import ALPHA
 from pipeline.model.decoding import beam_search
 from pipeline.model.transformer import Transformer
@@ -228,14 +229,14 @@ def test_fairseq_flags_name_the_device_and_precision(make_config, device, precis
     assert flags[flags.index("--encoder-embed-dim") + 1] == "128"
 
 
-def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the_seam():
-    """The decoding ratios docs/performance.md quotes for the speed-path move are the means of
+def test_benchmark_figures_page_states_the_recorded_decode_ratios_before_and_after_the_seam():
+    """The decoding ratios docs/lab-benchmarks.md quotes for the speed-path move are the means of
     the committed runs' ratios, and each side holds the same number of runs."""
     root = Path(__file__).resolve().parents[2]
     record = json.loads(
         (root / "benchmarks/results/decode_throughput_speed_path_seam.json").read_text()
     )
-    page = " ".join((root / "docs/performance.md").read_text().split())
+    page = " ".join((root / "docs/lab-benchmarks.md").read_text().split())
     runs = record["runs"]
     assert len(runs["before"]) == len(runs["after"]) >= 3
     assert f"{NUMBER_WORDS[len(runs['before'])]} interleaved runs a side" in page
@@ -257,14 +258,14 @@ def test_performance_page_states_the_recorded_decode_ratios_before_and_after_the
     ) in page
 
 
-def test_performance_page_states_the_recorded_ctranslate2_figures():
-    """The CTranslate2 table and sentence of docs/performance.md are the committed decode and
+def test_benchmark_figures_page_states_the_recorded_ctranslate2_figures():
+    """The CTranslate2 table and sentence of docs/lab-benchmarks.md are the committed decode and
     export records: sentences per second of every system and ours' ratio to each."""
     root = Path(__file__).resolve().parents[2]
     record = json.loads(
         (root / "benchmarks/results/decode_throughput_ctranslate2.json").read_text()
     )
-    page = " ".join((root / "docs/performance.md").read_text().split())
+    page = " ".join((root / "docs/lab-benchmarks.md").read_text().split())
     speed, ratio = (record["results"]["float32"][key] for key in ("sentences_per_s", "ratio"))
     assert f"| ours | {speed['cached']:.1f} | - |" in page
     rows = {"ctranslate2": "CTranslate2 float32", "ctranslate2_int8": "CTranslate2 int8",

@@ -1,7 +1,7 @@
-"""benchmarks/gpu_figures.sh, the one run behind docs/performance.md's GPU tables, run end to end
+"""benchmarks/gpu_figures.sh, the one run behind docs/lab-benchmarks.md's GPU tables, run end to end
 on this CPU with small settings: the suite and the sweep-worker study both write their JSON with
 the commit given, what cannot run here is named, and benchmarks/gpu_report.py renders every
-figure from those files. docs/performance.md's block is the report of the committed run."""
+figure from those files. docs/lab-benchmarks.md's block is the report of the committed run."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_gpu_run_writes_both_records_and_the_report_renders_them(
     spec.write_text(yaml.safe_dump({
         "study": "workers", "kind": "grid", "base_experiment": "smoke",
         "budget": {"train.max_steps": 2, "train.val_check_interval": 2, "eval.average": 1},
-        "objective": {"metric": "val/bleu", "direction": "maximize"}, "seeds": [1, 2],
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"}, "seeds": [1, 2],
         "variants": {"base": {}},
     }))  # fmt: skip
     out = tmp_path / "out"

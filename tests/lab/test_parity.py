@@ -214,13 +214,16 @@ def test_the_parity_pages_lead_bounds_the_point_estimates_at_both_budgets():
         f"point estimates lie within {at_parity:.1f} BLEU at {PARITY_BUDGET} updates over "
         f"{pairs} seed pairs, and within {at_wu:.1f} at Wu et al.'s budget over {wu_pairs}; "
         "neither can show them equal"
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def test_the_parity_pages_block_is_the_commands_output(references):
-    """docs/parity.md's table is exactly `python -m benchmarks.fairseq.parity --update-docs`."""
-    expected = parity.markdown(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
-    assert docs_blocks.read(REPO_ROOT / parity.PAGE, parity.BLOCK) == expected
+    """docs/parity.md's table and docs/parity-comparisons.md's comparisons are exactly
+    `python -m benchmarks.fairseq.parity --update-docs`."""
+    expected = parity.blocks(REPO_ROOT / "results", REPO_ROOT / parity.PARITY_DIR)
+    assert [page.name for page, _ in expected] == ["parity.md", "parity-comparisons.md"]
+    for (page, name), block in expected.items():
+        assert docs_blocks.read(REPO_ROOT / page, name) == block, page
 
 
 def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLITS,
@@ -350,6 +353,11 @@ def _flat(path) -> str:
     return " ".join(path.read_text(encoding="utf-8").split())
 
 
+def _parity_pages() -> str:
+    """docs/parity.md (the table) and docs/parity-comparisons.md (what it shows), as one text."""
+    return " ".join(_flat(REPO_ROOT / page) for page in (parity.PAGE, parity.COMPARISONS_PAGE))
+
+
 PARITY_BUDGET = 3000  # the budget at which both systems ran two seeds (the page's first line)
 
 
@@ -370,7 +378,7 @@ def _ours_minus_fairseq(mine: list, other: list) -> dict[str, float]:
 
 
 def test_the_parity_prose_states_the_seed_level_intervals_and_each_sides_machine():
-    """README and docs/parity.md give ours - fairseq at the equal budget with its seed-level 90%
+    """README and the parity pages of docs/ give ours - fairseq at the equal budget with its seed-level 90%
     intervals as the records make them, say whether those lie within the margin, and name the
     machine and precision of each side from its records."""
     mine, other = _equal_budget_groups()[parity.WU_RECIPE]
@@ -395,7 +403,7 @@ def test_the_parity_prose_states_the_seed_level_intervals_and_each_sides_machine
         f"intervals, [{val_low:.2f}, {val_high:.2f}] and [{test_low:.2f}, {test_high:.2f}], "
         f"are wider than ±{margin}"
     ) in readme
-    page = _flat(REPO_ROOT / parity.PAGE)
+    page = _parity_pages()
     assert f"at {PARITY_BUDGET} updates {ours} and {fairseq}" in page
     assert f"seeds 1 and 2 ({ours}, {fairseq})" in page
     assert (
@@ -426,7 +434,7 @@ def test_the_parity_page_quotes_the_subword_counts_of_the_tokenize_records():
     assert (
         f"On the training split (the tokenize stage's counts) sentencepiece cut the target side "
         f"into {sentencepiece:.2f} subwords per sentence against subword-nmt's {subword_nmt:.2f}"
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def _seed_welch_p(a: list, b: list, split: str) -> float:
@@ -445,7 +453,7 @@ def test_the_presets_settings_table_states_measurements_with_their_seed_level_te
         groups[recipe] for recipe in (parity.WU_RECIPE, bpe, xavier_init)
     )
     assert [r.seed for r in preset] == [r.seed for r in xavier] == [1, 2]
-    page = _flat(REPO_ROOT / parity.PAGE)
+    page = _parity_pages()
     segmentation_p = [_seed_welch_p(sentencepiece, preset, split) for split in SPLITS]
     init_p = _seed_welch_p(xavier, preset, "val")
     assert all(p > seed_stats.ALPHA for p in [*segmentation_p, init_p]), "a tested difference"
@@ -547,7 +555,7 @@ def test_the_parity_prose_gives_each_seed_and_the_bootstrap_at_the_equal_budget(
         f": val {_seed_scores(mine, 'val')}, test2016 {_seed_scores(mine, 'test_2016_flickr')} "
         f"lowercased. Against fairseq's {NUMBER_WORDS[len(other)]} seeds: ours - fairseq "
         f"{_difference_with_p(mine, other, references)}, both point estimates within {margin}."
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
@@ -599,7 +607,7 @@ def test_the_parity_prose_gives_wu_et_al_s_budget_runs_as_recorded(references):
         f"{literature} as a point estimate; the 95% interval of ours' "
         f"{NUMBER_WORDS[len(seeds)]}-seed mean, "
         f"{low:.1f}-{high:.1f}, does not show the preset reaching it."
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def _updates_per_epoch(records: list[tuple[int, int]]) -> int:
@@ -638,7 +646,7 @@ def test_the_settings_table_states_the_earlier_batch_budgets_epochs_and_tokens_p
         f"B * (source + target + 1) <= {max_tokens}, made {ours_per_epoch} updates per epoch "
         f"against fairseq's {fairseq_per_epoch} and trained on {more:.0%} more target tokens "
         "per update"
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def test_the_settings_table_states_test2016_lengths_under_each_length_normalization(references):
@@ -658,7 +666,7 @@ def test_the_settings_table_states_test2016_lengths_under_each_length_normalizat
     assert (
         f"ours wrote test2016 at {ratio(mine):.3f} of the reference length against fairseq's "
         f"{ratio(other):.3f}; with fairseq's, {ratio(preset):.3f}"
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()
 
 
 def test_the_decoding_paragraph_quotes_one_model_decoded_by_both_searches():
@@ -689,4 +697,4 @@ def test_the_decoding_paragraph_quotes_one_model_decoded_by_both_searches():
         "translation the model ranks higher: on each split one is an output caught in a "
         f"repeating loop that our length cap ({ours['max_len_a']} |x| + {ours['max_len_b']}) "
         f"stops earlier than fairseq's ({fairseq['max_len_b']}), the other {others} near ties"
-    ) in _flat(REPO_ROOT / parity.PAGE)
+    ) in _parity_pages()

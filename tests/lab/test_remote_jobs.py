@@ -29,7 +29,7 @@ def test_a_study_and_a_dvc_run_come_back_packed_with_their_records(tmp_path, mul
     spec.write_text(yaml.safe_dump({
         "study": study, "kind": "grid", "base_experiment": "smoke",
         "budget": {"train.max_steps": 10, "train.val_check_interval": 5, "eval.average": 1},
-        "objective": {"metric": "val/bleu", "direction": "maximize"}, "seeds": [1],
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"}, "seeds": [1],
         "variants": {"base": {}, "heads_1": {"model.heads": 1}},
     }))  # fmt: skip
     out = tmp_path / "out"

@@ -1,5 +1,5 @@
 """benchmarks/startup.py: each entry timed in fresh interpreters and recorded with the machine,
-and docs/index.md's table of the committed records."""
+and docs/test-suite.md's table of the committed records."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks import train_throughput
 from benchmarks.fairseq import step_speed, train_peer
-from pipeline.evaluation.evaluate import pad_batch
+from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.portable_paths import relativize
 from tests.conftest import REPO_ROOT
 from tests.test_moses import OFFICIAL_TOK_DE

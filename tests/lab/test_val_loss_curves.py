@@ -87,7 +87,7 @@ def test_readme_table_is_the_commands_output():
 
 
 def test_the_parity_pages_reading_of_the_curves_is_the_tables():
-    """docs/parity.md's paragraph on the validation loss quotes the committed table: the span of
+    """docs/parity-comparisons.md's paragraph on the validation loss quotes the committed table: the span of
     ours - fairseq's mean over the first updates and from a later update on, how far fairseq's
     own seeds lie apart from then on, and the late updates where every one of ours lies above
     that mean."""
@@ -115,7 +115,7 @@ def test_the_parity_pages_reading_of_the_curves_is_the_tables():
     )
     seed_gap = max(max(fairseq) - min(fairseq) for u, (fairseq, _) in rows.items() if u >= 372)
     assert late[0] > 0
-    page = " ".join((REPO_ROOT / "docs/parity.md").read_text(encoding="utf-8").split())
+    page = " ".join((REPO_ROOT / "docs/parity-comparisons.md").read_text(encoding="utf-8").split())
     assert (
         f"our curves lie {first[0]:.2f} to {first[1]:+.2f} nats from fairseq's two-seed mean over "
         f"the first 560 updates and {later[0]:.2f} to {later[1]:+.2f} from update 372 on, where "

@@ -6,7 +6,8 @@ import argparse
 
 from benchmarks.fairseq import train_peer, wu2021_segmentation
 from pipeline.data.prepared import prepare
-from pipeline.data.tokenizer import Tokenizer, load_tokenized, tokenize
+from pipeline.data.tokenized import load_tokenized, tokenize
+from pipeline.data.tokenizer import Tokenizer
 
 
 def _segment(line: str) -> str:

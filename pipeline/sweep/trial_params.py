@@ -11,8 +11,8 @@ import optuna
 from pipeline import config as config_lib
 from pipeline.config_schema import SEED_LIMIT
 from pipeline.errors import ConfigError
-from pipeline.sweep.claims import grid_point
-from pipeline.sweep.spec import StudySpec, TrialPaths, _as_override, point_config
+from pipeline.sweep.claims import grid_point, study_storage, trial_id
+from pipeline.sweep.spec import StudySpec, TrialPaths, override_value, point_config
 
 
 def suggest_params(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def _choice(value: Any) -> Any:
     """A categorical choice: Optuna keeps None, bool, int, float and str."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return _as_override("", value)[1:]
+    return override_value(value)
 
 
 def _record_grid_params(spec: StudySpec, trial: optuna.Trial) -> None:
@@ -82,8 +82,8 @@ def _record_grid_params(spec: StudySpec, trial: optuna.Trial) -> None:
     beside `variant` and `seed`, so that the dashboard's parameter views (slice, parallel
     coordinates, importance) speak of settings rather than variant names. Written to the
     storage directly: a claimed trial's sampler must not draw them."""
-    storage = trial.study._storage
-    recorded = storage.get_trial(trial._trial_id).params
+    storage = study_storage(trial.study)
+    recorded = storage.get_trial(trial_id(trial)).params
     variant = list(spec.variants).index(trial.params["variant"])
     for key, values in grid_values(spec).items():
         if key in recorded:  # a DDP rank > 0, or a retry enqueued with them
@@ -93,7 +93,7 @@ def _record_grid_params(spec: StudySpec, trial: optuna.Trial) -> None:
         if isinstance(distribution, optuna.distributions.CategoricalDistribution):
             value = _choice(value)
         storage.set_trial_param(
-            trial._trial_id, key, distribution.to_internal_repr(value), distribution
+            trial_id(trial), key, distribution.to_internal_repr(value), distribution
         )
 
 
@@ -109,7 +109,7 @@ def point_name(spec: StudySpec, trial: optuna.Trial) -> str:
 def trial_paths(
     results_root: Path, study_dir: Path, spec: StudySpec, trial: optuna.Trial
 ) -> TrialPaths:
-    """`study_dir`: the study's work folder (`pipeline.sweep.spec.study_work_dir`)."""
+    """`study_dir`: the study's work folder (`pipeline.sweep.work_dirs.study_work_dir`)."""
     name = point_name(spec, trial)
     return TrialPaths(
         work=study_dir / name,

@@ -1,0 +1,98 @@
+"""The tables of the comparisons a spec asks for beside those with the base, and the heads x
+width grid.
+
+`contrasts: [[a, b], ...]` in a spec compares variant a with variant b by the same Welch test
+over seed-level test BLEU (and val PPL) as every variant's comparison with the base, in the
+same Holm family (`rows.holm_family`: every planned comparison, the base's first in the spec's
+order, then the contrasts). A contrast is made where both variants ran under one set of run
+conditions; one not made stays in the family as p = 1.
+
+Where variants set `model.head_dim`, the report adds a grid of mean test BLEU by number of
+heads (rows) and d_k (columns) over the variants that change nothing else.
+"""
+
+from __future__ import annotations
+
+from pipeline.report.rows import ContrastRow, VariantRow, holm_family
+from pipeline.report.tables import delta_cell, p_text
+from pipeline.sweep.spec import StudySpec, point_config
+
+# The settings the heads x width grid is drawn over: a variant changing any other is left out
+HEAD_KEYS = ("model.heads", "model.head_dim")
+
+
+def extra_tables(spec: StudySpec, rows: list[VariantRow]) -> list[str]:
+    """The report's tables beside the comparisons with the base, where the spec has them: its
+    contrasts (adjusted in the one family) and the heads x width grid."""
+    family = holm_family(spec, rows)
+    contrasts = [member for member in family if isinstance(member, ContrastRow)]
+    return [table for table in (contrasts_table(contrasts), heads_width_table(spec, rows)) if table]
+
+
+def contrasts_table(contrasts: list[ContrastRow]) -> str:
+    """The spec's contrasts: test2016 BLEU (lc) and val PPL differences, Welch and Holm."""
+    if not contrasts:
+        return ""
+    lines = [
+        "Contrasts the spec asks for beside the comparisons with the base, in the same Holm "
+        "family:",
+        "",
+        "| contrast | Δ test2016 BLEU (lc) [95% CI] | p (seeds, Welch) | p (Holm) | verdict | "
+        "Δ val PPL | p (Holm, PPL) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in contrasts:
+        ppl = "-" if c.ppl_delta is None else f"{c.ppl_delta:+.2f}"
+        lines.append(
+            f"| {c.label} | {delta_cell(c.delta, c.delta_interval)} | "
+            f"{p_text(c.welch_p)} | {p_text(c.holm_p)} | {c.verdict or '-'} | {ppl} | "
+            f"{p_text(c.ppl_holm_p)} |"
+        )
+    return "\n".join(lines)
+
+
+def head_shapes(spec: StudySpec) -> dict[str, tuple[int, int]]:
+    """(h, d_k) of the base and of each variant that changes only HEAD_KEYS; empty unless some
+    variant sets `model.head_dim` (a study of heads alone keeps d_k = d_model / h)."""
+    if not any(_setting(key) == "model.head_dim" for v in spec.variants.values() for key in v):
+        return {}
+    shapes = {}
+    for name, overrides in spec.variants.items():
+        if all(_setting(key) in HEAD_KEYS for key in overrides):
+            model = point_config(spec, overrides).model
+            d_k = model.d_model // model.heads if model.head_dim is None else model.head_dim
+            shapes[name] = (model.heads, d_k)
+    return shapes
+
+
+def _setting(key: str) -> str:
+    return key.lstrip("+~")
+
+
+def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
+    """Mean test2016 BLEU (lc) over seeds by heads h (rows) and d_k (columns), one cell per
+    variant that changes only the heads or their width, run under the base's conditions."""
+    shapes = head_shapes(spec)
+    means = {
+        shapes[r.variant]: (r.test_mean, len(r.test_bleu), r.variant)
+        for r in rows
+        if r.variant in shapes and (r.delta is None or r.comparable)
+    }
+    if not means:
+        return ""
+    heads = sorted({h for h, _ in shapes.values()})
+    widths = sorted({d_k for _, d_k in shapes.values()})
+    lines = [
+        "Heads against their width: mean test2016 BLEU (lc) over seeds (their number), by heads "
+        "h and d_k = d_v (the base's width d_model is fixed; h x d_k is the attention's width).",
+        "",
+        "| h \\ d_k | " + " | ".join(str(d_k) for d_k in widths) + " |",
+        "|---|" + "---|" * len(widths),
+    ]
+    for h in heads:
+        cells = []
+        for d_k in widths:
+            cell = means.get((h, d_k))
+            cells.append("-" if cell is None else f"{cell[0]:.2f} ({cell[1]}, {cell[2]})")
+        lines.append(f"| {h} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
