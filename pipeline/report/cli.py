@@ -58,13 +58,17 @@ def _spec(study: str) -> StudySpec:
 def cli(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # The statistics, charts and W&B load after the command line is read: `--help` is instant.
-    from pipeline.report.docs import update_docs
+    from pipeline.report.docs import not_started, update_docs
     from pipeline.report.document import write_report
     from pipeline.report.records import load_records
 
     spec = _spec(args.study)
     transfer = tuple(_spec(name) for name in args.transfer)
     study_dir = args.results_dir / spec.study
+    if args.update_docs and not_started(spec, study_dir):  # its pages say so; no report yet
+        for page in update_docs(spec, study_dir, args.update_docs):
+            print(f"updated: {page} (study '{spec.study}' not started)")
+        return
     for other in transfer:
         if not load_records(args.results_dir / other.study):
             raise PipelineError(

@@ -13,7 +13,7 @@ from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records, test_references
 from pipeline.report.rows import factor_text, variant_rows
 from pipeline.report.tables import grid_table, paper_cell
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.spec import STUDY_DB, StudySpec
 
 FRONT_PAGE = "index.md"  # in docs/: a study's result and chart where its block's markers are
 # README's summary of a study: these columns of the page's table
@@ -34,6 +34,20 @@ def study_page(study: str) -> Path:
     return docs_blocks.DOCS / f"ablation-{study}.md"
 
 
+def not_started(spec: StudySpec, study_dir: Path) -> bool:
+    """Whether no worker has begun the study: no finished trial and no storage (so no pin)."""
+    return not load_records(study_dir) and not (study_dir / STUDY_DB).exists()
+
+
+def not_started_text(spec: StudySpec) -> str:
+    """Where a study no worker has begun stands: what its first worker does."""
+    return (
+        f"Study `{spec.study}`: not started, 0 of {len(spec.grid())} trials finished. Its first "
+        "worker creates the study and pins it to that worker's commit, hardware class and "
+        f"precision, which every later trial must share; budget {factor_text(spec.budget)}.\n"
+    )
+
+
 def docs_block(
     spec: StudySpec,
     study_dir: Path,
@@ -41,6 +55,8 @@ def docs_block(
     transfer: tuple[StudySpec, ...] = (),
 ) -> str:
     """The generated text between the page's markers for this study (charts linked from it)."""
+    if not_started(spec, study_dir):
+        return not_started_text(spec)
     # With the committed storage's trial states: its failed attempts are part of the record
     # (regenerate once the workers have stopped: the states change while they run).
     prefix = docs_blocks.link_prefix(study_dir, page)
@@ -96,6 +112,8 @@ def progress_block(spec: StudySpec, study_dir: Path) -> str:
     """README's one line for a study whose page holds its tables: how many trials have
     finished (at the pin, for a pinned study) and whether a verdict is drawn."""
     records = load_records(study_dir)
+    if not_started(spec, study_dir):
+        return f"0 of {len(spec.grid())} trials finished: not started; its first worker pins it.\n"
     pinned = study_pin(spec, study_dir)
     head = _pin_progress(spec, records, pinned)
     return (head or f"{len(records)} of {len(spec.grid())} trials finished.") + "\n"

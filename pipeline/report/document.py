@@ -40,7 +40,7 @@ from pipeline.report.tables import (
     transfer_table,
 )
 from pipeline.report.wandb_summary import log_summary
-from pipeline.sweep.spec import StudySpec
+from pipeline.sweep.spec import STUDY_DB, StudySpec
 
 
 def markdown(
@@ -148,7 +148,7 @@ def paper_column_note(spec: StudySpec) -> str:
 
 
 def trial_states(spec: StudySpec, study_dir: Path) -> str:
-    database = study_dir / "study.db"
+    database = study_dir / STUDY_DB
     if not database.exists():
         return ""
     study = optuna.load_study(study_name=spec.study, storage=f"sqlite:///{database.resolve()}")
@@ -156,7 +156,7 @@ def trial_states(spec: StudySpec, study_dir: Path) -> str:
     for trial in study.get_trials(deepcopy=False):
         counts[trial.state.name.lower()] += 1
     note = failed_attempts(study.get_trials(deepcopy=False), load_records(study_dir))
-    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" in study.db{note}"
+    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) + f" in {STUDY_DB}{note}"
 
 
 # Listed by name up to this many points; counted above it
@@ -245,7 +245,7 @@ def write_report(
 
 
 def _write_search_report(spec: StudySpec, study_dir: Path) -> Path:
-    storage = f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    storage = f"sqlite:///{(study_dir / STUDY_DB).resolve()}"
     trials = optuna.load_study(study_name=spec.study, storage=storage).get_trials()
     if not trials:
         raise PipelineError(f"study '{spec.study}' has no trials yet: run the sweep first")

@@ -11,7 +11,7 @@ import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
 from pipeline.sweep.deadline import spec_seconds
-from pipeline.sweep.spec import BASE_VARIANT, StudySpec
+from pipeline.sweep.spec import BASE_VARIANT, STUDY_DB, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
 
 SECONDS_PER_HOUR = 3600
@@ -19,7 +19,7 @@ SECONDS_PER_HOUR = 3600
 
 def study_pin(spec: StudySpec, study_dir: Path) -> RunConditions | None:
     """The conditions the study is pinned to (its storage's `pin`; None: not pinned)."""
-    database = study_dir / "study.db"
+    database = study_dir / STUDY_DB
     if not database.exists():
         return None
     storage = f"sqlite:///{database.resolve()}"

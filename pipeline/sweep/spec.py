@@ -26,6 +26,7 @@ from pipeline.sweep.spec_schema import (
 )
 
 RESULTS_ROOT = Path("ablations/results")
+STUDY_DB = "study.db"  # a study's default storage, in its results folder
 
 
 def load_spec(path: str | Path, allow_large_grid: bool = False) -> StudySpec:

@@ -25,7 +25,7 @@ from pipeline.redaction import hide_password, hide_passwords
 from pipeline.sweep.claims import RETRY_OF_ATTR, RetryInterruptedTrial, optuna_table_names
 from pipeline.sweep.pin import PIN_ATTR, Pin
 from pipeline.sweep.pruning import build_pruner
-from pipeline.sweep.spec import StudySpec, SweepSettings
+from pipeline.sweep.spec import STUDY_DB, StudySpec, SweepSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ GRID_READY_ATTR = "grid_enqueued"
 
 
 def default_storage(spec: StudySpec, results_root: Path) -> str:
-    return f"sqlite:///{(results_root / spec.study / 'study.db').resolve()}"
+    return f"sqlite:///{(results_root / spec.study / STUDY_DB).resolve()}"
 
 
 def open_storage(url: str, settings: SweepSettings, attempts: int = 10) -> RDBStorage:
@@ -327,7 +327,7 @@ def _storage_locked(study_results: Path):
     mid-transaction, and the database file is a consistent snapshot."""
     import sqlite3
 
-    database = study_results / "study.db"
+    database = study_results / STUDY_DB
     if not database.exists():
         yield
         return

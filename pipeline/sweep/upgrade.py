@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.cli import main
 from pipeline.cli import parser as cli_parser
 from pipeline.errors import ConfigError
-from pipeline.sweep.spec import BASE_VARIANT, RESULTS_ROOT, StudySpec, load_spec
+from pipeline.sweep.spec import BASE_VARIANT, RESULTS_ROOT, STUDY_DB, StudySpec, load_spec
 
 # Optuna, and torch through the study's records, load in the functions that use them: `--help`
 # and a bad spec are answered without them.
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     import optuna
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
-
-DATABASE = "study.db"  # in the study's results folder
 
 
 def upgraded_trial(
@@ -96,7 +94,7 @@ def upgrade(spec: StudySpec, study_dir: Path) -> int:
 
     if spec.kind != "grid":
         raise ConfigError(f"study '{spec.study}': only a grid study has variants to upgrade")
-    database = study_dir / DATABASE
+    database = study_dir / STUDY_DB
     if not database.is_file():
         raise ConfigError(f"{database}: no such study storage; run the sweep first")
     old = _load(spec, database)
@@ -252,7 +250,7 @@ def cli(argv: list[str] | None = None) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created"
     count = upgrade(spec, study_dir)
-    print(f"{study_dir / DATABASE}: study '{spec.study}' upgraded ({count} trials)")
+    print(f"{study_dir / STUDY_DB}: study '{spec.study}' upgraded ({count} trials)")
 
 
 if __name__ == "__main__":
