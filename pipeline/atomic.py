@@ -26,6 +26,7 @@ from typing import IO
 from pipeline.errors import DataError, DiskFullError, WriteError, what_was_kept, write_error
 
 _TEMP_NAME = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")
+WRITE_ATTEMPTS = 2  # a write whose temporary file vanished is made once more
 
 # tempfile creates private (0700/0600) entries; outputs get the usual umask-based modes.
 _UMASK = os.umask(0)
@@ -55,8 +56,20 @@ def _fsync_dir(directory: Path) -> None:
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> None:
     """Call `write(file)` on a temporary binary file beside `path`, fsync it, rename it over
     `path`. A full disk raises DiskFullError naming `path`, a read-only or forbidden place a
-    WriteError; the previous file is left as it was."""
+    WriteError; the previous file is left as it was. A temporary file or folder another
+    process removed meanwhile (DVC checks a stage's output folder out under a running stage)
+    is written once more before that is an error."""
     path = Path(path)
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            _write_and_rename(path, write)
+            return
+        except FileNotFoundError:
+            if attempt + 1 == WRITE_ATTEMPTS:
+                raise
+
+
+def _write_and_rename(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     tmp = temp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 import pytest
 
-from pipeline.atomic import atomic_directory
+from pipeline.atomic import atomic_directory, atomic_write
 from pipeline.errors import DiskFullError
 
 
@@ -60,3 +61,28 @@ def test_a_read_only_mount_is_named_as_the_folder_to_make_writable(read_only_mou
         atomic_write("eval/plots/bleu.png", lambda f: f.write(b"png"))
     assert sorted(p.name for p in read_only_mount.parent.iterdir()) == ["eval"]
     assert (read_only_mount / "metrics.json").read_text() == "{}"
+
+
+def test_a_write_whose_folder_another_process_removed_midway_is_made_again(tmp_path):
+    """The output folder is deleted while the temporary file is written (as DVC's checkout
+    does under a running stage): the file is written again and lands whole; a folder that
+    keeps vanishing is an error naming the file, not a loop."""
+    folder = tmp_path / "checkpoints"
+    calls = []
+
+    def write_once_removed(f):
+        calls.append(1)
+        f.write(b"weights")
+        if len(calls) == 1:
+            shutil.rmtree(folder)
+
+    atomic_write(folder / "last.ckpt", write_once_removed)
+    assert len(calls) == 2 and (folder / "last.ckpt").read_bytes() == b"weights"
+    assert [p.name for p in folder.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+    def write_always_removed(f):
+        f.write(b"weights")
+        shutil.rmtree(folder)
+
+    with pytest.raises(FileNotFoundError, match="last.ckpt"):
+        atomic_write(folder / "last.ckpt", write_always_removed)

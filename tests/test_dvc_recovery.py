@@ -159,16 +159,27 @@ def test_a_stopped_dvc_repro_survives_the_next_dvc_exp_run_and_resumes(smoke, st
 
 
 def test_a_second_dvc_exp_run_refused_as_busy_costs_the_first_nothing(smoke, start):
-    """A second `dvc exp run` while the first trains: DVC refuses it, but only after it
-    rewrote params.yaml, so the first run, trained to the end, refuses to report success. It
-    says where its run is kept and that its own values record it: the first command again
-    records it without training."""
+    """A second `dvc exp run` while the first trains: DVC rewrites params.yaml and checks the
+    workspace out (the running stage's checkpoints replaced by its cache's) before it refuses
+    to run a stage the first holds. The first, trained to the end, refuses to report success,
+    says where its run is kept and that its own values record it; what is kept is that run's
+    own checkpoints, and the first command again records it without training. The first's
+    train stage is held still (SIGSTOP) while the second runs, so the second always comes
+    mid-run, however fast the machine."""
+    from pipeline.training.checkpoints import read_checkpoint
+
     command = ["dvc", "exp", "run", "train", *set_params(OTHER_RUN)]
     first_run = start(smoke, command, "first.log")
     wait_for_a_checkpoint(smoke, first_run, "first.log")
-    second = sh(["dvc", "exp", "run", "train", *set_params([*SMOKE, "train.lr_factor=0.125"])],
-                smoke, check=False)  # fmt: skip
-    assert second.returncode != 0, second.stdout[-3000:]
+    stage = _train_stage(first_run.pid)
+    assert len(stage) == 1, "one train stage under dvc exp run"
+    stage[0].suspend()
+    try:
+        second = sh(["dvc", "exp", "run", "train", *set_params([*SMOKE, "train.lr_factor=0.125"])],
+                    smoke, check=False)  # fmt: skip
+    finally:
+        stage[0].resume()
+    assert second.returncode != 0 and "is busy" in second.stderr, second.stderr[-3000:]
     params = yaml.safe_load((smoke / "params.yaml").read_text())
     assert params["train"]["lr_factor"] == 0.125  # DVC's doing, before it refused
     assert first_run.wait(timeout=FINISH_S) != 0
@@ -180,8 +191,11 @@ def test_a_second_dvc_exp_run_refused_as_busy_costs_the_first_nothing(smoke, sta
         "the train stage of a command with its values records it without training" in log
     ), log[-3000:]
     first = yaml.safe_load((smoke / "metrics/train.json").read_text())
-    finished = _file_hashes(smoke / CHECKPOINTS)
-    kept_as_links(smoke)
+    finished = _file_hashes(smoke / KEPT)
+    kept = sorted((smoke / KEPT).glob("*.ckpt"))
+    assert {"last.ckpt", "step-0000020.ckpt", "step-0000040.ckpt"} <= {p.name for p in kept}
+    for path in kept:  # the first run's own, none of DVC's checkout
+        assert read_checkpoint(path)["hyper_parameters"]["config"]["train"]["lr_factor"] == 0.25
 
     assert_recorded_not_retrained(smoke, command, finished, first)
 

@@ -17,10 +17,11 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline.config import RAW_DIR_ENV
+from pipeline.errors import ConfigError
 from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records
 from pipeline.sweep import load_spec, pin
-from tests.conftest import git
+from tests.conftest import REPO_ROOT, git
 
 
 def write_spec(folder: Path) -> Path:
@@ -121,3 +122,23 @@ def test_differences_name_each_field():
         "precision: pinned bf16-mixed, this worker 32-true",
     ]
     assert pin.differences(pinned, pinned) == []
+
+
+def test_a_pin_whose_commit_is_gone_says_so_instead_of_a_worktree_that_cannot_work(tmp_path):
+    """A study pinned at a commit this repository does not hold (a local commit rewritten
+    since): the refusal names it and how to start over, not `git worktree add` of it; a pin
+    at a commit it holds keeps the worktree advice."""
+    spec = load_spec(write_spec(tmp_path))
+    here = git(REPO_ROOT, "rev-parse", "--short", "HEAD")
+    worker = pin.Pin(f"{here}+dirty.0badc0de", "some machine", "32-true")
+    for commit, says, not_says in (
+        ("0123abc", "The pinned commit 0123abc is not in this repository", "git worktree add"),
+        (here, f"git worktree add ../{spec.study}-pinned {here}", "not in this repository"),
+    ):
+        study = optuna.create_study()
+        study.set_user_attr(pin.PIN_ATTR, {"commit": commit, "hardware": "some machine",
+                                            "precision": "32-true"})  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            pin.check_pin(study, spec, worker, allow_mixed=False)
+        assert says in str(refused.value) and not_says not in str(refused.value)
+    assert pin.commit_known(here) and not pin.commit_known("0123abc")

@@ -21,6 +21,7 @@ shows apart (their records carry their own commit, hardware and precision).
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,26 @@ def check_pin(study: optuna.Study, spec: StudySpec, worker: Pin, allow_mixed: bo
     differ = differences(pinned, worker)
     if differ and not allow_mixed:
         commit = pinned.commit.split("+", 1)[0]
-        raise ConfigError(
-            f"study '{spec.study}' is pinned and this worker differs ({'; '.join(differ)}). "
+        how = (
             f"Run its workers from a clean checkout of the pinned commit on a "
             f"{pinned.hardware} machine: `git worktree add ../{spec.study}-pinned {commit}`, "
             f"then the same command from there (--results-dir and --storage pointing at this "
-            f"study). Or pass --allow-mixed to run anyway: its trials are then reported apart "
+            f"study)."
+            if commit_known(commit)
+            else f"The pinned commit {commit} is not in this repository: fetch it, or, if it "
+            "is gone for good, start the study over (set its study.db and trials/ aside; its "
+            "next worker pins it anew)."
+        )
+        raise ConfigError(
+            f"study '{spec.study}' is pinned and this worker differs ({'; '.join(differ)}). "
+            f"{how} Or pass --allow-mixed to run anyway: its trials are then reported apart "
             f"from the pinned ones."
         )
     return pinned
+
+
+def commit_known(commit: str, repo: Path | None = None) -> bool:
+    """Whether the git repository at `repo` (the working folder's) holds `commit`."""
+    found = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo,
+                           capture_output=True, check=False)  # fmt: skip
+    return found.returncode == 0

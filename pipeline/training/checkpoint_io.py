@@ -18,7 +18,7 @@ from pipeline.training.checkpoints import (
     CALLBACK_FILE_KEYS,
     HERE,
     PROGRESS_NAME,
-    link_checkpoints,
+    link_into,
     portable_checkpoint,
 )
 
@@ -73,7 +73,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made crash-safe (temp file + fsync + `os.replace`), and
     recording each save in `progress.json` beside the checkpoints. With `mirror`, a folder
     on the same file system, every save and removal is mirrored there by hard links (no
-    copy): the run survives a deletion of its folder, however abrupt its end."""
+    copy): the run survives a deletion of its folder, however abrupt its end. Only the
+    run's own saves go there: a file another process puts in its folder (DVC's checkout of
+    its workspace under a running stage) never replaces one of the run's."""
 
     def __init__(self, mirror: str | os.PathLike | None = None) -> None:
         super().__init__()
@@ -95,4 +97,4 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         progress = {"step": int(checkpoint.get("global_step", 0)), "file": path.name}
         atomic_write(path.parent / PROGRESS_NAME, lambda f: f.write(json.dumps(progress).encode()))
         if self.mirror is not None:
-            link_checkpoints(path.parent, self.mirror)
+            link_into(self.mirror, path, path.parent / PROGRESS_NAME)

@@ -27,6 +27,7 @@ checkpoint is an error, not a silent fresh start.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -87,13 +88,12 @@ def portable_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return {**checkpoint, "hyper_parameters": portable_config(saved)}
 
 
-def link_checkpoints(directory: Path, mirror: Path) -> None:
-    """Make `mirror` hold hard links to exactly the checkpoints and progress record in
-    `directory` (each link replaced atomically: the mirror is never without a file it had)."""
+def link_into(mirror: Path, *paths: Path) -> None:
+    """Hard-link each of `paths` into `mirror` under its own name (a link of that name is
+    replaced atomically: the mirror is never without a file it had). Nothing else in `mirror`
+    changes."""
     mirror.mkdir(parents=True, exist_ok=True)
-    files = [*_checkpoint_files(directory), directory / PROGRESS_NAME]
-    names = set()
-    for path in files:
+    for path in paths:
         target, tmp = mirror / path.name, mirror / f".{path.name}.link"
         try:
             if not (target.exists() and os.path.samefile(path, target)):
@@ -102,10 +102,30 @@ def link_checkpoints(directory: Path, mirror: Path) -> None:
                 os.replace(tmp, target)
         except FileNotFoundError:  # removed meanwhile (by another process)
             continue
-        names.add(path.name)
-    for stale in [*_checkpoint_files(mirror), mirror / PROGRESS_NAME]:
-        if stale.name not in names:
-            stale.unlink(missing_ok=True)
+
+
+def link_checkpoints(directory: Path, mirror: Path) -> None:
+    """Hard-link every checkpoint and the progress record in `directory` into `mirror`."""
+    link_into(mirror, *_checkpoint_files(directory), directory / PROGRESS_NAME)
+
+
+def stash_checkpoints(train_dir: str | os.PathLike, mirror: Path) -> None:
+    """Take a run's checkpoints (and progress record) out of `train_dir` into its `mirror`:
+    a file linked there already leaves `train_dir`, one not there yet moves there, and one
+    that differs from the mirror's of its name stays where it is (another run's, put there
+    meanwhile: DVC checks its workspace out under a running stage). The mirror keeps what
+    it has."""
+    directory = checkpoint_dir(train_dir)
+    if not directory.is_dir():
+        return
+    mirror.mkdir(parents=True, exist_ok=True)
+    for path in [*_checkpoint_files(directory), directory / PROGRESS_NAME]:
+        target = mirror / path.name
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            if not target.exists():
+                shutil.move(str(path), target)
+            elif os.path.samefile(path, target):
+                path.unlink()
 
 
 def verify_archive(path: str | os.PathLike) -> None:

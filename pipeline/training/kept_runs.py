@@ -4,8 +4,11 @@ DVC deletes a stage output it has not recorded before it runs that stage again (
 checks the whole workspace out first, `persist` or not), and it may end without recording a
 run that trained to the end (`dvc` itself stopped by a signal; `params.yaml` rewritten
 meanwhile by a second command, which DVC refuses but only after rewriting it). So a train
-stage that DVC runs links every checkpoint it saves into `<train_dir>.preempted/checkpoints/`
-(hard links: no disk) and leaves them there however it ends: stopped, finished or killed.
+stage that DVC runs links the checkpoints it starts from and every one it saves into
+`<train_dir>.preempted/checkpoints/` (hard links: no disk) and leaves them there however it
+ends: stopped, finished or killed. Only its own: a second `dvc exp run` checks the workspace
+out under a running stage (before DVC refuses it as busy), and the files it puts in the
+output folder are never linked there.
 The next train stage puts the run back: it resumes a stopped run, records a finished one
 without training, and refuses other values naming the key (the run stays kept). The check
 stage, which every DVC command runs first, forgets the links once DVC's cache holds the run's

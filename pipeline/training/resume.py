@@ -42,6 +42,7 @@ from pipeline.training.checkpoints import (
     read_checkpoint,
     remove_checkpoints,
     source_hash,
+    stash_checkpoints,
 )
 from pipeline.training.kept_runs import (
     PREEMPTED_SUFFIX,
@@ -316,9 +317,11 @@ def preempted_checkpoints(cfg: Config) -> Path:
 
 
 def keep_until_recorded(cfg: Config) -> None:
-    """Under DVC, a finished run's checkpoints stay linked out of the next checkout's reach
-    (also those of a run recorded without training, which saved nothing) until DVC has
-    recorded them: DVC may end before it does."""
+    """Under DVC, the checkpoints a run starts from (resumed, or a finished run recorded
+    without training, which saves nothing) are linked out of the next checkout's reach, as
+    every checkpoint it saves will be (`AtomicCheckpointIO`), until DVC has recorded them: DVC
+    may end before it does. Linked once the run is settled on, before another process can
+    put other files in its folder."""
     if _rank() == 0 and under_dvc():
         link_checkpoints(checkpoint_dir(cfg.paths.train_dir), preempted_checkpoints(cfg))
 
@@ -362,13 +365,15 @@ def training_lock(cfg: Config) -> Iterator[None]:
 
 
 def stash_preempted_run(cfg: Config) -> Path | None:
-    """Move a stopped run's checkpoints out of the train stage's output, which the next `dvc
-    exp run` deletes before it runs (DVC never recorded it); `resume_point` moves them back.
-    Returns where they went (None: there were none, or another rank moves them)."""
+    """Take a stopped run's checkpoints out of the train stage's output, which the next `dvc
+    exp run` deletes before it runs (DVC never recorded it), into the folder that mirrors
+    them (`stash_checkpoints`); `resume_point` moves them back. Returns where they went
+    (None: there were none, or another rank moves them)."""
     kept = preempted_checkpoints(cfg)
-    if _rank() == 0 and move_checkpoints(cfg.paths.train_dir, kept):
-        return kept
-    return None
+    if _rank() != 0:
+        return None
+    stash_checkpoints(cfg.paths.train_dir, kept)
+    return kept if any(kept.glob("*.ckpt")) else None
 
 
 def restore_preempted_run(cfg: Config) -> bool:

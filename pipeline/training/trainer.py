@@ -235,7 +235,6 @@ def _run_locked(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finis
         else:
             log.warning("the stopped run is not lost: %s", where)
         raise
-    keep_until_recorded(cfg)  # finished: DVC may end before it records the run
     return summary
 
 
@@ -251,6 +250,7 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     ckpt_path, trained_in = resume_point(cfg, keep_finished=keep_finished)
     note_kept_run(cfg)
+    keep_until_recorded(cfg)
     _stop_if_signalled(ckpt_path)
 
     datamodule = TranslationDataModule(cfg, pin_memory=on_gpu)
