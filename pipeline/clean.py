@@ -111,11 +111,11 @@ def clone_storage(study: str, results_root: Path, storage: str | None) -> str:
     """The storage this clone's study `study` is in: `storage` where given, else the SQLite
     file the sweep keeps under the results folder (`pipeline.sweep.storage.default_storage`)."""
     from pipeline.redaction import hide_password
-    from pipeline.sweep.upgrade import DATABASE
+    from pipeline.sweep.spec import STUDY_DB
 
     if storage is not None:
         return hide_password(storage)
-    return f"sqlite:///{(results_root / study / DATABASE).resolve()}"
+    return f"sqlite:///{(results_root / study / STUDY_DB).resolve()}"
 
 
 def _link(path: Path) -> Leftover:
