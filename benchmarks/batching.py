@@ -19,13 +19,7 @@ import argparse
 
 import numpy as np
 
-from benchmarks.common import (
-    base_parser,
-    bench_config,
-    print_json,
-    print_table,
-    tokenized_corpus,
-)
+from benchmarks.common import base_parser, bench_config, print_json, print_table, tokenized_corpus
 from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, padded_size
 
 SCHEMES = ("token_batching", "fixed_size_random")
@@ -57,9 +51,8 @@ def fixed_size_batches(num_examples: int, batch_size: int, seed: int) -> list[li
 
 def main(argv: list[str] | None = None) -> dict:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument(
-        "--max-tokens", type=int, default=None, help="token budget; default: train.max_tokens"
-    )
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="token budget; default: train.max_tokens")  # fmt: skip
     return run(parser.parse_args(argv))
 
 
@@ -71,9 +64,8 @@ def run(args: argparse.Namespace) -> dict:
         src_lens = np.asarray(splits[split]["src_len"], dtype=np.int64)
         tgt_lens = np.asarray(splits[split]["tgt_len"], dtype=np.int64)
 
-    sampler = TokenBatchSampler(
-        src_lens, tgt_lens, max_tokens, seed=cfg.seed, budget=cfg.train.batch_budget
-    )
+    sampler = TokenBatchSampler(src_lens, tgt_lens, max_tokens, seed=cfg.seed,
+                                budget=cfg.train.batch_budget)  # fmt: skip
     token_batches = sampler.epoch_batches(0)
     batch_size = max(1, round(len(src_lens) / len(token_batches)))
     fixed = fixed_size_batches(len(src_lens), batch_size, cfg.seed)
@@ -85,8 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     print(
         f"{split}: {len(src_lens)} pairs, {int(src_lens.sum())} source + {int(tgt_lens.sum())} "
         f"target subword tokens; token budget {max_tokens} ({cfg.train.batch_budget}); fixed "
-        f"batches of {batch_size} "
-        "sentences (the same mean)"
+        f"batches of {batch_size} sentences (the same mean)"
     )
     header = ["scheme", "batches", "padding", "sentences/batch", "real tok/batch",
               "target tok/batch", "mean padded", "max padded"]  # fmt: skip

@@ -43,12 +43,10 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/ (key=value)")
-    parser.add_argument(
-        "--tokenized",
-        default=None,
-        help="output folder of the tokenize stage (spm.model + splits/); default: "
-        "paths.tokenized when it exists, else prepare + tokenize the corpus in a temp dir",
-    )
+    parser.add_argument("--tokenized", default=None,
+                        help="output folder of the tokenize stage (spm.model + splits/); default: "
+                        "paths.tokenized when it exists, else prepare + tokenize the corpus in a "
+                        "temp dir")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="default: the config's seed")
     return parser
 
@@ -66,9 +64,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--d-ff", type=int, default=1024)
-    parser.add_argument(
-        "--vocab", type=int, default=8000, help="joint subword vocabulary (data.tokenizer)"
-    )
+    parser.add_argument("--vocab", type=int, default=8000,
+                        help="joint subword vocabulary (data.tokenizer)")  # fmt: skip
 
 
 def bench_config(args: argparse.Namespace) -> Config:
@@ -105,14 +102,9 @@ def resolve_device(args: argparse.Namespace, cfg: Config) -> torch.device:
 
 
 def add_dtype_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dtype",
-        nargs="+",
-        choices=list(DTYPES),
-        default=None,
-        help="default: float32, and bfloat16 (autocast) where training's `precision: auto` "
-        "would pick it (pipeline.training.precision)",
-    )
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=None,
+                        help="default: float32, and bfloat16 (autocast) where training's "
+                        "`precision: auto` would pick it (pipeline.training.precision)")  # fmt: skip
 
 
 def chosen_dtypes(args: argparse.Namespace, device: torch.device, cfg: Config) -> list[str]:
@@ -183,29 +175,17 @@ def marian_model(model: ModelConfig, vocab_size: int, tokens: dict[str, int]):
     from transformers import MarianConfig, MarianMTModel
 
     config = MarianConfig(
-        vocab_size=vocab_size,
-        d_model=model.d_model,
-        encoder_layers=model.encoder_layers,
-        decoder_layers=model.decoder_layers,
-        encoder_attention_heads=model.heads,
-        decoder_attention_heads=model.heads,
-        encoder_ffn_dim=model.d_ff,
-        decoder_ffn_dim=model.d_ff,
-        activation_function="relu",
-        dropout=model.dropout,
-        attention_dropout=model.attention_dropout,
-        activation_dropout=model.activation_dropout,
-        max_position_embeddings=model.max_positions,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=tokens["pad_id"],
-        bos_token_id=tokens["bos_id"],
-        eos_token_id=tokens["eos_id"],
-        decoder_start_token_id=tokens["bos_id"],
-        forced_eos_token_id=None,
-        attn_implementation="sdpa",
-    )
+        vocab_size=vocab_size, d_model=model.d_model,
+        encoder_layers=model.encoder_layers, decoder_layers=model.decoder_layers,
+        encoder_attention_heads=model.heads, decoder_attention_heads=model.heads,
+        encoder_ffn_dim=model.d_ff, decoder_ffn_dim=model.d_ff, activation_function="relu",
+        dropout=model.dropout, attention_dropout=model.attention_dropout,
+        activation_dropout=model.activation_dropout, max_position_embeddings=model.max_positions,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        pad_token_id=tokens["pad_id"], bos_token_id=tokens["bos_id"],
+        eos_token_id=tokens["eos_id"], decoder_start_token_id=tokens["bos_id"],
+        forced_eos_token_id=None, attn_implementation="sdpa",
+    )  # fmt: skip
     return MarianMTModel(config)
 
 

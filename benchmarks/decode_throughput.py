@@ -123,12 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     add_timing_args(parser, repeats=3, warmup=1)
     add_dtype_arg(parser)
     parser.add_argument("--split", default=None, help="default: the config's first test split")
-    parser.add_argument(
-        "--sentences",
-        type=int,
-        default=1000,
-        help="a seeded random sample of this many sentences (all when >= the split size)",
-    )
+    parser.add_argument("--sentences", type=int, default=1000, help="a seeded random sample of "
+                        "this many sentences (all when >= the split size)")  # fmt: skip
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     return run(parser.parse_args(argv))
 
@@ -191,15 +187,9 @@ def run(args: argparse.Namespace) -> dict:
                                        device=device, progress=f"decode {dtype_name}")  # fmt: skip
         total = {name: statistics.median(times) for name, times in seconds.items()}
         per_s = {name: len(sources) / s for name, s in total.items()}
-        results[dtype_name] = {
-            "seconds": total,
-            "sentences_per_s": per_s,
-            "ratio": {
-                f"cached_vs_{name}": per_s["cached"] / per_s[name]
-                for name in per_s
-                if "cached" in per_s and name != "cached"
-            },
-        }
+        ratio = {f"cached_vs_{name}": per_s["cached"] / per_s[name] for name in per_s
+                 if "cached" in per_s and name != "cached"}  # fmt: skip
+        results[dtype_name] = {"seconds": total, "sentences_per_s": per_s, "ratio": ratio}
 
     steps_total = sum(steps + 1 for _, steps in batches)
     print(

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import math
 import statistics
 import sys
@@ -75,11 +74,12 @@ from benchmarks.common import (
 from benchmarks.decode_throughput import CTRANSLATE2 as CTRANSLATE2_CPU
 from benchmarks.decode_throughput import EosBanned, ctranslate2_decoder, ours_decoder
 from benchmarks.fairseq import train_peer
-from benchmarks.fairseq.decode_checkpoint import FAIRSEQ_GENERATION, fairseq_decoding
+from benchmarks.fairseq.decode_checkpoint import FAIRSEQ_GENERATION, decode_with_fairseq
 from benchmarks.train_throughput import (
     BUILD_FAIRSEQ,
     FAIRSEQ_CUDA_PRECISIONS,
     FAIRSEQ_FLOAT32,
+    batch_shape,
     build_systems,
     fairseq_unavailable,
     special_ids,
@@ -90,6 +90,7 @@ from benchmarks.train_throughput import (
     write_fairseq_handover,
 )
 from pipeline import config as config_lib
+from pipeline.atomic import write_json_atomic
 from pipeline.config_schema import Config
 from pipeline.environment import provenance
 from pipeline.errors import ConfigError
@@ -234,8 +235,8 @@ def train_size(args, size: str, device: torch.device, peak: float, skipped: dict
     with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         batch = training_batch(cfg, tokenizer, splits, target_tokens, device)
     tokens, vocab = special_ids(tokenizer), tokenizer.vocab_size
-    (sentences, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
-    flops = training_flops(cfg.model, vocab, sentences, src_len, tgt_len)
+    shape = batch_shape(batch)
+    flops = training_flops(cfg.model, vocab, shape["sentences"], shape["src_len"], shape["tgt_len"])
     systems = build_systems(cfg, vocab, tokens, device, list(IN_PROCESS))
     parameters = {name: sum(p.numel() for p in module.parameters())
                   for name, (module, _) in systems.items()}  # fmt: skip
@@ -252,18 +253,17 @@ def train_size(args, size: str, device: torch.device, peak: float, skipped: dict
                      for name, (module, loss_fn) in systems.items()}  # fmt: skip
             memory = {name: step_peak_bytes(device, steps[name], systems[name][0])
                       for name in steps}  # fmt: skip
+            timing = functools.partial(time_interleaved, repeats=args.repeats, warmup=args.warmup,
+                                       device=device, progress=f"train {size} {dtype_name}")  # fmt: skip
             try:
-                seconds = time_interleaved({**steps, **fairseq}, repeats=args.repeats,
-                                           warmup=args.warmup, device=device,
-                                           progress=f"train {size} {dtype_name}")  # fmt: skip
+                seconds = timing({**steps, **fairseq})
             except RuntimeError as error:  # a fairseq worker that ended: the others still count
                 if not fairseq:
                     raise
                 for name in fairseq:
                     skipped[f"train/{size}/{name}"] = f"a worker ended while timed: {error}"
                 fairseq = {}
-                seconds = time_interleaved(steps, repeats=args.repeats, warmup=args.warmup,
-                                           device=device, progress=f"train {size} {dtype_name}")  # fmt: skip
+                seconds = timing(steps)
             memory.update({name: worker.peak_memory_bytes for name, worker in fairseq.items()})
             per_system = {}
             for name, times in seconds.items():
@@ -275,23 +275,12 @@ def train_size(args, size: str, device: torch.device, peak: float, skipped: dict
                     "peak_memory_bytes": memory[name],
                 }
             ours = per_system["ours"]["tgt_tokens_per_s"]
-            results[dtype_name] = {
-                "systems": per_system,
-                "ours_over": {
-                    name: ours / r["tgt_tokens_per_s"]
-                    for name, r in per_system.items()
-                    if name != "ours"
-                },  # fmt: skip
-            }
+            over = {n: ours / r["tgt_tokens_per_s"] for n, r in per_system.items() if n != "ours"}
+            results[dtype_name] = {"systems": per_system, "ours_over": over}
         versions_seen = {name: w.info for name, w in fairseq.items()}
     return {
         "model": model_summary(cfg.model, vocab),
-        "batch": {
-            "sentences": sentences,
-            "src_len": src_len,
-            "tgt_len": tgt_len,
-            "tgt_tokens": batch["num_tgt_tokens"],
-        },  # fmt: skip
+        "batch": shape,
         "model_flops_per_step": flops,
         "parameters": parameters,
         "fairseq_workers": versions_seen,
@@ -360,18 +349,11 @@ def decode_suite(args, device: torch.device, skipped: dict) -> dict:
                                             batch_size, steps, device, skipped)  # fmt: skip
                 if fairseq_s is not None:
                     seconds["fairseq"] = fairseq_s
-            per_s = {
-                name: len(chosen) / statistics.median(times) for name, times in seconds.items()
-            }
-            results[str(batch_size)] = {
-                "sentences": len(chosen),
-                "sentences_per_s": per_s,
-                "ours_over": {
-                    name: per_s["ours_float32"] / rate
-                    for name, rate in per_s.items()
-                    if not name.startswith("ours") and "ours_float32" in per_s
-                },  # fmt: skip
-            }
+            per_s = {name: len(chosen) / statistics.median(t) for name, t in seconds.items()}
+            over = {name: per_s["ours_float32"] / rate for name, rate in per_s.items()
+                    if not name.startswith("ours") and "ours_float32" in per_s}  # fmt: skip
+            results[str(batch_size)] = {"sentences": len(chosen), "sentences_per_s": per_s,
+                                        "ours_over": over}  # fmt: skip
     return {"split": split, "size": size, "model": model_summary(cfg.model, vocab),
             "beam_size": e.beam_size, "decoder_steps_per_sentence": steps + 1,
             "results": results}  # fmt: skip
@@ -397,7 +379,7 @@ def _fairseq_decode(args, model, cfg, tokens, sources, batch_size, steps, device
                   "length_penalty": cfg.eval.length_penalty, "batch_size": batch_size,
                   "max_len_a": 0.0, "max_len_b": steps, "min_len": steps}  # fmt: skip
     try:
-        _, _, seconds = fairseq_decoding(
+        _, _, seconds = decode_with_fairseq(
             model.cpu(), cfg, tokens, sources, generation, venv=args.fairseq_venv,
             threads=torch.get_num_threads(), device=device.type, timing_repeats=args.decode_repeats,
         )  # fmt: skip
@@ -470,16 +452,11 @@ def main(argv: list[str] | None = None) -> dict:
         except Exception as error:  # noqa: BLE001 - recorded, and the run goes on
             traceback.print_exc()
             skipped[name] = f"failed: {error!r}"
-        write_json(args.out, payload)
+        if args.out is not None:
+            write_json_atomic(args.out, payload, sort_keys=True)
     report(payload)
     print_json(payload)
     return payload
-
-
-def write_json(out: Path | None, payload: dict) -> None:
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def report(payload: dict) -> None:

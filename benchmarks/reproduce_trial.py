@@ -57,10 +57,8 @@ def read_record(trial_dir: Path) -> tuple[dict, list[dict], Path]:
     if missing:
         raise Unreproducible(f"{trial_dir}: no {', '.join(missing)} (a trial's record folder?)")
     run = json.loads((trial_dir / "run.json").read_text(encoding="utf-8"))
-    curve = [
-        current_names(point)
-        for point in json.loads((trial_dir / "curve.json").read_text(encoding="utf-8"))
-    ]
+    points = json.loads((trial_dir / "curve.json").read_text(encoding="utf-8"))
+    curve = [current_names(point) for point in points]
     if not curve or not all(key in curve[0] for key in ("step", *COMPARED)):
         raise Unreproducible(f"{trial_dir / 'curve.json'}: no first validation with {COMPARED}")
     return run, curve, trial_dir / "params.yaml"
@@ -148,9 +146,8 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("trial", type=Path, help="a trial's record folder (run.json, ...)")
     parser.add_argument("--work", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--out", type=Path, default=None, help="also write the result here")
-    parser.add_argument(
-        "--any-commit", action="store_true", help="run with this checkout's code whatever it is"
-    )
+    parser.add_argument("--any-commit", action="store_true",
+                        help="run with this checkout's code whatever it is")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         with tempfile.TemporaryDirectory(prefix="reproduce-trial-") as scratch:

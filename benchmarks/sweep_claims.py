@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here")
     args = parser.parse_args(argv)
     from benchmarks.common import print_json, print_table
+    from pipeline.atomic import write_json_atomic
     from pipeline.environment import provenance
 
     rows: list[dict] = []
@@ -223,8 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out is not None:  # after every row: a long run stopped early keeps its rows
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+            write_json_atomic(args.out, payload, sort_keys=True)
 
     for points in args.points:
         workers = [n for n in args.workers if n * args.trials_per_worker < points]

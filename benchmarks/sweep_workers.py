@@ -40,6 +40,7 @@ from pathlib import Path
 from benchmarks.common import base_parser, print_json, print_table
 from pipeline import config as config_lib
 from pipeline import config_schema
+from pipeline.atomic import write_json_atomic
 from pipeline.environment import provenance
 from pipeline.metric_names import MEAN_TOKENS_PER_SEC
 from pipeline.sweep.launch import MPS_CONTROL
@@ -49,22 +50,13 @@ GPU_SAMPLE_INTERVAL_S = 0.5  # NVML's utilisation is itself an average over ~1/6
 
 
 def _config(overrides: list[str], steps: int, work: Path) -> config_schema.Config:
-    return config_lib.compose(
-        [
-            "experiment=multi30k_tiny",
-            *overrides,
-            f"train.max_steps={steps}",
-            f"train.val_check_interval={steps}",
-            "train.progress_bar=false",
-            "logger.wandb.mode=disabled",
-            f"paths.prepared={work / 'data' / 'prepared'}",
-            f"paths.tokenized={work / 'data' / 'tokenized'}",
-            f"paths.train_dir={work / 'train'}",
-            f"paths.metrics_dir={work / 'metrics'}",
-            f"paths.plots_dir={work / 'plots'}",
-            f"paths.wandb_dir={work / 'wandb'}",
-        ]
-    )
+    paths = {"prepared": "data/prepared", "tokenized": "data/tokenized", "train_dir": "train",
+             "metrics_dir": "metrics", "plots_dir": "plots", "wandb_dir": "wandb"}  # fmt: skip
+    return config_lib.compose([
+        "experiment=multi30k_tiny", *overrides, f"train.max_steps={steps}",
+        f"train.val_check_interval={steps}", "train.progress_bar=false",
+        "logger.wandb.mode=disabled", *(f"paths.{key}={work / value}" for key, value in paths.items()),
+    ])  # fmt: skip
 
 
 def _child(overrides: list[str], steps: int, work: Path) -> None:
@@ -195,9 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def write(rows: list[dict]) -> None:
             if args.out is not None:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                payload = {**header, "through_sweep": rows}
-                args.out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+                write_json_atomic(args.out, {**header, "through_sweep": rows}, sort_keys=True)
 
         rows = trials_per_hour(args.spec, args.through_sweep, args.n_trials, on_row=write)
         print_table(["workers", "trials", "wall time (s)", "trials per hour"],
@@ -227,10 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         one_worker = time.perf_counter() - started
 
         started = time.perf_counter()
-        procs = [
-            _launch(args.overrides, args.steps, work_dir("many", run), 1)
-            for run in range(args.cores)
-        ]
+        procs = [_launch(args.overrides, args.steps, work_dir("many", run), 1)
+                 for run in range(args.cores)]  # fmt: skip
         many_rates = [_finish(p) for p in procs]
         many_workers = time.perf_counter() - started
 
@@ -243,18 +231,10 @@ def main(argv: list[str] | None = None) -> None:
              sum(many_rates) / len(many_rates), 3600 * args.cores / many_workers],
         ],
     )  # fmt: skip
-    print_json(
-        {
-            "benchmark": "sweep_workers",
-            "cores": args.cores,
-            "steps": args.steps,
-            "one_worker_s": one_worker,
-            "many_workers_s": many_workers,
-            "one_worker_tokens_per_sec": one_rates,
-            "many_workers_tokens_per_sec": many_rates,
-            "speedup_many_over_one": one_worker / many_workers,
-        }
-    )
+    print_json({"benchmark": "sweep_workers", "cores": args.cores, "steps": args.steps,
+                "one_worker_s": one_worker, "many_workers_s": many_workers,
+                "one_worker_tokens_per_sec": one_rates, "many_workers_tokens_per_sec": many_rates,
+                "speedup_many_over_one": one_worker / many_workers})  # fmt: skip
 
 
 if __name__ == "__main__":

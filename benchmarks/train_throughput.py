@@ -73,8 +73,8 @@ from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config_schema import Config, ModelConfig
 from pipeline.data.batching import TokenBatchSampler
+from pipeline.data.datamodule import Collate
 from pipeline.environment import provenance
-from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.kernels import SpeedPaths, install_speed_paths
 from pipeline.model.positional import SinusoidalPositionalEncoding
 from pipeline.model.transformer import Transformer
@@ -98,16 +98,10 @@ class TorchSeq2Seq(nn.Module):
         self.positional = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_positions)
         self.dropout = nn.Dropout(cfg.dropout)
         self.transformer = nn.Transformer(
-            d_model=cfg.d_model,
-            nhead=cfg.heads,
-            num_encoder_layers=cfg.encoder_layers,
-            num_decoder_layers=cfg.decoder_layers,
-            dim_feedforward=cfg.d_ff,
-            dropout=cfg.dropout,
-            activation="relu",
-            batch_first=True,
-            norm_first=cfg.norm_first,
-        )
+            d_model=cfg.d_model, nhead=cfg.heads, num_encoder_layers=cfg.encoder_layers,
+            num_decoder_layers=cfg.decoder_layers, dim_feedforward=cfg.d_ff, dropout=cfg.dropout,
+            activation="relu", batch_first=True, norm_first=cfg.norm_first,
+        )  # fmt: skip
         # nn.Transformer's one `dropout` also drops attention weights and FFN activations;
         # give those sites our config's own rates so every system drops the same things.
         for layer in (*self.transformer.encoder.layers, *self.transformer.decoder.layers):
@@ -125,13 +119,9 @@ class TorchSeq2Seq(nn.Module):
         src_pad = src.eq(self.pad_id)
         causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), src.device)
         hidden = self.transformer(
-            self._embed(src),
-            self._embed(tgt_in),
-            tgt_mask=causal,
-            src_key_padding_mask=src_pad,
-            memory_key_padding_mask=src_pad,
-            tgt_is_causal=True,
-        )
+            self._embed(src), self._embed(tgt_in), tgt_mask=causal, src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad, tgt_is_causal=True,
+        )  # fmt: skip
         return self.output(hidden)
 
 
@@ -308,19 +298,10 @@ def main(argv: list[str] | None = None) -> dict:
     add_timing_args(parser, repeats=20, warmup=3)
     parser.add_argument("--target-tokens", type=int, default=3000)
     add_dtype_arg(parser)
-    parser.add_argument(
-        "--systems",
-        nargs="+",
-        choices=SYSTEMS,
-        default=list(SYSTEMS),
-        help="systems to time; ours always runs (the ratios are ours / system)",
-    )
-    parser.add_argument(
-        "--fairseq-venv",
-        type=Path,
-        default=train_peer.DEFAULT_VENV,
-        help=f"fairseq's venv, built by `{BUILD_FAIRSEQ}`",
-    )
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="systems to time; ours always runs (the ratios are ours / system)")  # fmt: skip
+    parser.add_argument("--fairseq-venv", type=Path, default=train_peer.DEFAULT_VENV,
+                        help=f"fairseq's venv, built by `{BUILD_FAIRSEQ}`")  # fmt: skip
     parser.add_argument("--peak-size", type=int, default=None,
                         help="matmul size for the peak (default 2048 on CPU, 8192 on GPU)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -336,19 +317,22 @@ def special_ids(tokenizer) -> dict[str, int]:
 
 def training_batch(cfg: Config, tokenizer, splits, target_tokens: int,
                    device: torch.device) -> dict:  # fmt: skip
-    """The median batch of about `target_tokens` target tokens (`median_batch`) on `device`:
-    src, tgt_in (bos + target), tgt_out (target + eos) and num_tgt_tokens (non-pad tgt_out)."""
+    """The median batch of about `target_tokens` target tokens (`median_batch`) on `device`, as
+    training collates it: src, tgt_in (bos + target), tgt_out (target + eos) and
+    num_tgt_tokens (non-pad tgt_out)."""
     train = splits[cfg.data.train_split]
     rows = train.select(median_batch(train, target_tokens, cfg.seed))
-    src_rows, tgt_rows = rows["src_ids"], rows["tgt_ids"]
-    pad, bos, eos = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    batch = {
-        "src": pad_batch(src_rows, pad).to(device),
-        "tgt_in": pad_batch([[bos, *row] for row in tgt_rows], pad).to(device),
-        "tgt_out": pad_batch([[*row, eos] for row in tgt_rows], pad).to(device),
-    }
-    batch["num_tgt_tokens"] = int(batch["tgt_out"].ne(pad).sum())
-    return batch
+    collate = Collate(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    batch = collate(list(zip(range(len(rows)), rows["src_ids"], rows["tgt_ids"])))
+    del batch["ids"]  # positions in this batch, not example ids
+    return {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}
+
+
+def batch_shape(batch: dict) -> dict[str, int]:
+    """A training batch's sentences, padded lengths and target tokens, as results report them."""
+    (sentences, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+    return {"sentences": sentences, "src_len": src_len, "tgt_len": tgt_len,
+            "tgt_tokens": batch["num_tgt_tokens"]}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -360,7 +344,8 @@ def run(args: argparse.Namespace) -> dict:
         batch = training_batch(cfg, tokenizer, splits, args.target_tokens, device)
     tokens = special_ids(tokenizer)
     pad = tokens["pad_id"]
-    (num_sentences, src_len), tgt_len = batch["src"].shape, batch["tgt_in"].size(1)
+    shape = batch_shape(batch)
+    num_sentences, src_len, tgt_len = shape["sentences"], shape["src_len"], shape["tgt_len"]
     vocab = tokenizer.vocab_size
     flops = training_flops(cfg.model, vocab, num_sentences, src_len, tgt_len)
     padded = batch["src"].numel() + batch["tgt_out"].numel()
@@ -402,14 +387,11 @@ def run(args: argparse.Namespace) -> dict:
             step_s = {name: statistics.median(times) for name, times in seconds.items()}
             tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
             achieved = flops / step_s["ours"]
+            ratio = {p: tokens_per_s["ours"] / tokens_per_s[p] for p in step_s if p != "ours"}
             results[dtype_name] = {
                 "step_ms": {name: 1000 * s for name, s in step_s.items()},
                 "tgt_tokens_per_s": tokens_per_s,
-                "ratio": {
-                    peer: tokens_per_s["ours"] / tokens_per_s[peer]
-                    for peer in step_s
-                    if peer != "ours"
-                },
+                "ratio": ratio,
                 "model_flops_per_step": flops,
                 "achieved_flops_per_s": achieved,
                 "matmul_peak_flops_per_s": peak,
@@ -443,13 +425,7 @@ def run(args: argparse.Namespace) -> dict:
     payload = {
         "benchmark": "train_throughput",
         "model": model_summary(cfg.model, vocab),
-        "batch": {
-            "sentences": num_sentences,
-            "src_len": src_len,
-            "tgt_len": tgt_len,
-            "tgt_tokens": batch["num_tgt_tokens"],
-            "padding_fraction": 1 - real / padded,
-        },
+        "batch": {**shape, "padding_fraction": 1 - real / padded},
         "repeats": args.repeats,
         "parameters": parameters,
         "results": results,

@@ -18,6 +18,7 @@ from tests.conftest import REPO_ROOT
 PACKAGE = "pipeline"
 BENCHMARKS = "benchmarks"
 MAX_LINES = 500  # a module longer than this holds more than one idea
+MAX_BENCHMARK_SHARE = 0.25  # the lab's harnesses, against the package and themselves together
 
 
 @dataclass
@@ -229,6 +230,23 @@ def test_the_package_does_not_import_the_benchmarks():
         + "\n  ".join(found)
         + f"\nFix: move what the package needs into {PACKAGE}/ (benchmarks may import the "
         "package, never the reverse)."
+    )
+
+
+def test_the_benchmarks_stay_under_a_quarter_of_the_code():
+    """Every line counts (blank and comment ones too), as `wc -l` over the `*.py` files."""
+    benchmarks = read_modules(BENCHMARKS)
+    lab = sum(m.lines for m in benchmarks.values())
+    package = sum(m.lines for m in read_modules(PACKAGE).values())
+    share = lab / (lab + package)
+    largest = sorted(((m.lines, str(m.path.relative_to(REPO_ROOT))) for m in benchmarks.values()),
+                     reverse=True)[:5]  # fmt: skip
+    assert share < MAX_BENCHMARK_SHARE, (
+        f"{BENCHMARKS}/ has {lab} lines against {package} in {PACKAGE}/: {share:.1%} of the "
+        f"code, over {MAX_BENCHMARK_SHARE:.0%}. Largest: "
+        + ", ".join(f"{path} ({lines})" for lines, path in largest)
+        + f". Fix: drop what nothing calls, share what the harnesses repeat (benchmarks/common.py)"
+        f" and write long code shorter; never move lab code into {PACKAGE}/ to shift the count."
     )
 
 

@@ -282,9 +282,8 @@ def hypothesis_texts(tokenizer, hypotheses: Sequence[Sequence[int]], cfg) -> lis
     return texts
 
 
-def run_worker(
-    venv: Path, folder: Path, module: str = "benchmarks.fairseq.decode_checkpoint"
-) -> None:
+def run_worker(venv: Path, folder: Path,
+               module: str = "benchmarks.fairseq.decode_checkpoint") -> None:  # fmt: skip
     """`module`'s worker half (`--worker FOLDER`) in fairseq's venv, with the fairseq
     harness's environment."""
     from benchmarks.fairseq import train_peer
@@ -299,21 +298,13 @@ def run_worker(
 
 
 def decode_with_fairseq(model, cfg, special: dict, src_ids, generation: dict, *, venv: Path,
-                        threads: int) -> tuple[float, list[dict]]:  # fmt: skip
-    """Our model's weights in fairseq, its logits checked against ours on a probe batch, then
-    fairseq's beam search over `src_ids` -> (`probe_difference`, fairseq's best
-    hypothesis per source: {"tokens": ids without eos, "score": fairseq's normalised score})."""
-    difference, hypotheses, _ = fairseq_decoding(model, cfg, special, src_ids, generation,
-                                                 venv=venv, threads=threads)  # fmt: skip
-    return difference, hypotheses
-
-
-def fairseq_decoding(model, cfg, special: dict, src_ids, generation: dict, *, venv: Path,
-                     threads: int, device: str = "cpu",
-                     timing_repeats: int = 0) -> tuple[float, list[dict], list[float]]:  # fmt: skip
-    """`decode_with_fairseq` on `device`, and then `timing_repeats` more decodes of all of
-    `src_ids`, timed in the worker (the first decode is their warm-up): (difference,
-    hypotheses, seconds of each timed decode)."""
+                        threads: int, device: str = "cpu",
+                        timing_repeats: int = 0) -> tuple[float, list[dict], list[float]]:  # fmt: skip
+    """Our model's weights in fairseq on `device`, its logits checked against ours on a probe
+    batch, then fairseq's beam search over `src_ids`, and `timing_repeats` more decodes of all
+    of them timed in the worker (the first decode is their warm-up) -> (`probe_difference`,
+    fairseq's best hypothesis per source: {"tokens": ids without eos, "score": fairseq's
+    normalised score}, seconds of each timed decode)."""
     from benchmarks.train_throughput import fairseq_flags
 
     pad_id = special["pad_id"]
@@ -363,6 +354,7 @@ def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: 
     """Both searches over `split`: (its entry of the result, the translations per search)."""
     import dataclasses
 
+    from benchmarks.train_throughput import special_ids
     from pipeline.data.prepared import read_prepared
     from pipeline.evaluation.beam_decoding import translate_ids
     from pipeline.evaluation.scoring import length_ratio, paired_bootstrap, score
@@ -370,9 +362,8 @@ def compare_split(model, tokenizer, cfg, split: str, generation: dict, *, venv: 
     corpus = read_prepared(cfg, [split])[split]
     src_ids = tokenizer.encode_sources(corpus.src)
     references = references_for(cfg, split, corpus.tgt)
-    special = {key: getattr(tokenizer, key) for key in ("pad_id", "bos_id", "eos_id", "unk_id")}
-    difference, fairseq_out = decode_with_fairseq(
-        model, cfg, special, src_ids, generation, venv=venv, threads=threads
+    difference, fairseq_out, _ = decode_with_fairseq(
+        model, cfg, special_ids(tokenizer), src_ids, generation, venv=venv, threads=threads
     )
     ours_eval = dataclasses.replace(cfg.eval, nbest=1)
     ours_out = translate_ids(model, tokenizer, src_ids, ours_eval, desc=f"our beam search, {split}")

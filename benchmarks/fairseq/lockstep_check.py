@@ -178,21 +178,14 @@ def train_ours(cfg, vocab_size: int, initial: dict, updates: list[list[dict]], s
     module = TranslationModule(cfg, vocab_size)
     module.model.load_state_dict(initial)
     recorder = Recorder()
+    # as pipeline.training.trainer.build_trainer sets these
     trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision="32-true",
-        max_steps=len(updates),
+        accelerator="cpu", devices=1, precision="32-true", max_steps=len(updates),
         accumulate_grad_batches=cfg.train.accumulate_grad_batches,
-        gradient_clip_val=cfg.train.gradient_clip_val or None,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[recorder],
-    )  # as pipeline.training.trainer.build_trainer sets these; fmt: skip
+        gradient_clip_val=cfg.train.gradient_clip_val or None, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[recorder],
+    )  # fmt: skip
     batches = [batch for update in updates for batch in update]
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None))  # as they are
     return recorder.record, recorder.weights
@@ -231,6 +224,8 @@ def lockstep(
         fairseq_state_dict,
         run_worker,
     )
+    from benchmarks.fairseq.train_peer import build_parser
+    from benchmarks.train_throughput import special_ids
     from pipeline.model.transformer import Transformer
 
     cfg = copy.deepcopy(cfg)
@@ -242,14 +237,9 @@ def lockstep(
     torch.manual_seed(cfg.seed)
     initial = Transformer(cfg.model, vocab_size, cfg.data.tokenizer.pad_id)
     marks = sorted(snapshots) if snapshots is not None else snapshot_updates(count)
-    tokens = cfg.data.tokenizer
-    special = {"pad_id": tokens.pad_id, "bos_id": tokens.bos_id, "eos_id": tokens.eos_id,
-               "unk_id": tokens.unk_id}  # fmt: skip
-    start_lr = (
-        warmup_init_lr
-        if warmup_init_lr is not None
-        else float(fairseq_peer_default("warmup_init_lr"))
-    )
+    tokens, special = cfg.data.tokenizer, special_ids(cfg.data.tokenizer)
+    harness_lr = build_parser().get_default("warmup_init_lr")  # where train_peer starts warm-up
+    start_lr = harness_lr if warmup_init_lr is None else warmup_init_lr
     with tempfile.TemporaryDirectory(prefix="fairseq-lockstep-") as scratch:
         folder = Path(scratch)
         spec = {"flags": fairseq_flags_for(cfg, start_lr), "vocab_size": vocab_size,
@@ -277,12 +267,6 @@ def lockstep(
         rows.append(row)
     return {"updates": count, "vocab_size": vocab_size, "warmup_init_lr_fairseq": start_lr,
             "rows": rows}  # fmt: skip
-
-
-def fairseq_peer_default(name: str):
-    from benchmarks.fairseq import train_peer
-
-    return getattr(train_peer.build_parser().parse_args(["--out", "unused"]), name)
 
 
 def lockstep_table(result: dict) -> str:
@@ -336,13 +320,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the result JSON (a run)")
-    parser.add_argument(
-        "--summarize",
-        type=Path,
-        nargs="+",
-        metavar="RESULT",
-        help="no run: print (or with --update-readme write) these results' table",
-    )
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="RESULT",
+                        help="no run: print (or with --update-readme write) these results' table")  # fmt: skip
     parser.add_argument("--update-readme", type=Path, metavar="README")
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--warmup-init-lr-as-ours", action="store_true")

@@ -104,22 +104,10 @@ FAIRSEQ_SPEC = "fairseq-fixed==0.12.3.1"
 # `--no-build-isolation` needs and the data tools; the data tools are pinned (their output is
 # part of the recipe), sacremoses to the version of requirements.lock.
 DEPENDENCIES = (
-    "setuptools",
-    "wheel",
-    "numpy",
-    "cython",
-    "hydra-core==1.3.2",
-    "omegaconf==2.3.0",
-    "regex",
-    "sacrebleu",
-    "tqdm",
-    "bitarray",
-    "scikit-learn",
-    "packaging",
-    "cffi",
-    "subword-nmt==0.3.8",
-    "sacremoses==0.2.0",
-)
+    "setuptools", "wheel", "numpy", "cython", "hydra-core==1.3.2", "omegaconf==2.3.0", "regex",
+    "sacrebleu", "tqdm", "bitarray", "scikit-learn", "packaging", "cffi",
+    "subword-nmt==0.3.8", "sacremoses==0.2.0",
+)  # fmt: skip
 VENV_MARKER = ".fairseq-peer.json"  # written last: a venv without it is an unfinished build
 VENV_BUILDING = ".fairseq-peer-building"  # written first: a venv this harness may replace
 DONE = ".done.json"  # a finished stage's settings, beside its outputs
@@ -422,9 +410,8 @@ def ensure_venv(args: argparse.Namespace, env: dict) -> dict:
     log = venv.parent / f"{venv.name}-build.log"
     steps = {}
     with open(log, "w") as log_file:
-        for name, command in zip(
-            venv_step_names(args), venv_commands(args, report_path), strict=True
-        ):
+        names = venv_step_names(args)
+        for name, command in zip(names, venv_commands(args, report_path), strict=True):
             step_start = time.perf_counter()
             run_command(command, env, log_file)
             steps[name] = time.perf_counter() - step_start
@@ -432,17 +419,8 @@ def ensure_venv(args: argparse.Namespace, env: dict) -> dict:
                 check_torch_report(json.loads(report_path.read_text()), args.allow_cuda_torch)
                 report_path.unlink()
     build_s = time.perf_counter() - start
-    versions = json.loads(
-        subprocess.run(
-            [venv_bin(args, "python"), "-c", VERSIONS_PROBE],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
-    freeze = subprocess.run([venv_bin(args, "python"), "-m", "pip", "freeze"], env=env,
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    versions = json.loads(venv_output(args, env, "-c", VERSIONS_PROBE))
+    freeze = venv_output(args, env, "-m", "pip", "freeze")
     (venv / "freeze.txt").write_text(freeze)
     record = {"spec": venv_spec(args), "build_s": build_s, "steps_s": steps,
               "versions": versions, "log": str(log)}  # fmt: skip
@@ -450,6 +428,12 @@ def ensure_venv(args: argparse.Namespace, env: dict) -> dict:
     (venv / VENV_BUILDING).unlink()
     print(f"fairseq venv: built {venv} in {build_s:.0f} s", file=sys.stderr)
     return {**record, "reused": False}
+
+
+def venv_output(args: argparse.Namespace, env: dict, *arguments: str) -> str:
+    """The stdout of the venv's python run with `arguments`."""
+    return subprocess.run([venv_bin(args, "python"), *arguments], env=env, capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
 
 
 # ---------------------------------------------------------------- running tools
@@ -583,16 +567,12 @@ def prepare(args: argparse.Namespace, layout: Layout, settings: dict) -> dict:
     fresh_dir(layout.tok)
     for subset in SUBSETS:
         limit = args.max_train_pairs if subset == "train" else args.max_eval_pairs
-        sides = {}
+        split, sides = split_of(args, subset), {}
         for lang in (args.src, args.tgt):
-            sides[lang] = moses_tokenize(
-                read_raw(corpus, split_of(args, subset), lang, limit), lang
-            )
+            sides[lang] = moses_tokenize(read_raw(corpus, split, lang, limit), lang)
             layout.tok_file(subset, lang).write_text("\n".join(sides[lang]) + "\n")
         if len(sides[args.src]) != len(sides[args.tgt]):
-            raise SystemExit(
-                f"{split_of(args, subset)}: {args.src} and {args.tgt} differ in length"
-            )
+            raise SystemExit(f"{split}: {args.src} and {args.tgt} differ in length")
         counts[subset] = len(sides[args.src])
     mark_done(layout.tok, settings)
     return counts
@@ -774,13 +754,10 @@ def average_checkpoints(paths: Sequence[Path]) -> dict:
         for key in keys:
             value = params[key].float() if params[key].dtype == torch.float16 else params[key]
             sums[key] = value.clone() if key not in sums else sums[key] + value
-    averaged = collections.OrderedDict()
-    for key, total in sums.items():
-        if total.is_floating_point():
-            averaged[key] = total / len(paths)
-        else:
-            averaged[key] = total // len(paths)
-    state["model"] = averaged
+    state["model"] = collections.OrderedDict(
+        (key, total / len(paths) if total.is_floating_point() else total // len(paths))
+        for key, total in sums.items()
+    )
     return state
 
 
@@ -922,10 +899,16 @@ def recipe(args: argparse.Namespace) -> dict:
     return {key: getattr(args, key) for key in keys} | {"precision": "fp32", "device": args.device}
 
 
+def bpe_lines(args: argparse.Namespace, layout: Layout) -> list[str]:
+    """`bpe_commands` as shell lines, with their redirections."""
+    return [
+        shlex.join(c) + (f" < {i} > {o}" if i else "") for c, i, o in bpe_commands(args, layout)
+    ]
+
+
 def dry_run(args: argparse.Namespace, layout: Layout) -> dict:
     commands = [shlex.join(c) for c in venv_commands(args, Path("torch-report.json"))]
-    commands += [shlex.join(c) + (f" < {i} > {o}" if i else "") for c, i, o in
-                 bpe_commands(args, layout)]  # fmt: skip
+    commands += bpe_lines(args, layout)
     commands += [shlex.join(c) for c in (
         preprocess_command(args, layout), train_command(args, layout),
         average_command(args, layout), generate_command(args, layout, "valid"),
@@ -976,8 +959,7 @@ def run(args: argparse.Namespace) -> dict:
             for command, stdin, stdout in bpe_commands(args, layout):
                 run_command(command, env, log, stdin=stdin, stdout=stdout)
             mark_done(layout.bpe, bpe_settings)
-    commands += [shlex.join(c) + (f" < {i} > {o}" if i else "") for c, i, o in
-                 bpe_commands(args, layout)]  # fmt: skip
+    commands += bpe_lines(args, layout)
     wall["bpe"] = time.perf_counter() - step
 
     step = time.perf_counter()
@@ -1019,10 +1001,7 @@ def run(args: argparse.Namespace) -> dict:
         split = split_of(args, subset)
         (layout.generate / f"{split}.hyp").write_text("\n".join(detokenized) + "\n")
         wall[f"generate_{subset}"] = time.perf_counter() - step
-        scores[split_of(args, subset)] = {
-            "fairseq_bleu4": fairseq_bleu,
-            **score_split(args, subset, detokenized),
-        }
+        scores[split] = {"fairseq_bleu4": fairseq_bleu, **score_split(args, subset, detokenized)}
     wall["total"] = time.perf_counter() - start
 
     tokens, cpu_s = training["target_tokens"], training.get("process_cpu_s")
@@ -1072,9 +1051,7 @@ GPU_PROBE = (
 def venv_gpu(args: argparse.Namespace, env: dict) -> dict:
     """{available, count, name} of the GPUs the venv's torch sees; refuses `--device cuda`
     where it sees none."""
-    probe = subprocess.run([venv_bin(args, "python"), "-c", GPU_PROBE], env=env,
-                           capture_output=True, text=True, check=True).stdout  # fmt: skip
-    gpu = json.loads(probe.splitlines()[-1])
+    gpu = json.loads(venv_output(args, env, "-c", GPU_PROBE).splitlines()[-1])
     if not gpu["available"]:
         raise SystemExit(f"--device cuda, but the torch of {args.venv} sees no GPU")
     return gpu

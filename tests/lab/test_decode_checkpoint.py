@@ -144,7 +144,7 @@ def test_fairseq_runs_our_model_and_its_hypotheses_score_alike_in_ours():
     generation = {"beam_size": 3, "length_penalty": 1.0, "batch_size": 4,
                   **decode_checkpoint.FAIRSEQ_GENERATION, "max_len_b": 8}  # fmt: skip
     # refused (SystemExit) where fairseq's probe logits lie beyond float32 rounding of ours
-    _, hypotheses = decode_checkpoint.decode_with_fairseq(
+    _, hypotheses, _ = decode_checkpoint.decode_with_fairseq(
         model, cfg, SPECIAL, sources, generation, venv=train_peer.DEFAULT_VENV, threads=1
     )
     assert len(hypotheses) == len(sources)
