@@ -27,7 +27,7 @@ from benchmarks.common import environment, print_json, print_table
 from pipeline import config as config_lib
 from pipeline.data.tokenizer import MODEL_FILE
 from pipeline.environment import provenance
-from pipeline.evaluation import MODEL_CHECKPOINT
+from pipeline.evaluation.outputs import MODEL_CHECKPOINT
 
 DEFAULT_MAX_DROP = 0.5  # BLEU points the quantized model may lose against float32
 FLOAT = "float32"

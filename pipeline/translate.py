@@ -40,7 +40,7 @@ from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
 from pipeline.errors import ConfigError, DataError, not_a_file
-from pipeline.evaluation import MODEL_CHECKPOINT
+from pipeline.evaluation.outputs import MODEL_CHECKPOINT
 
 
 class Translator:

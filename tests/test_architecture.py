@@ -1,6 +1,7 @@
 """The package's shape, read from its source with `ast` (nothing is imported): no import circle
-among pipeline's modules, no private name used across modules, no module over MAX_LINES lines,
-no import of the benchmarks from the package, and benchmarks that stay a small part of the code.
+among pipeline's modules, no module taking a name from the package above it, no private name
+used across modules, no module over MAX_LINES lines, no import of the benchmarks from the
+package, and benchmarks that stay a small part of the code.
 
 Imports count wherever they stand: a function's lazy import is still a dependency, only deferred.
 A name a package exports lazily (`pipeline.lazy.lazy_exports`) counts as an import of the
@@ -191,6 +192,27 @@ def private_imports(folder: str, package_modules: dict[str, Module]) -> list[str
                 found.append(f"{module.path.relative_to(REPO_ROOT)}:{node.lineno} uses "
                              f"{aliases[node.value.id]}.{node.attr}")  # fmt: skip
     return found
+
+
+def test_no_module_takes_a_name_from_the_package_above_it():
+    """A package's `__init__` sits above its modules: it may export them, never the reverse. A
+    module that takes a name its own package (or one enclosing it) defines or exports imports
+    back up a layer; a submodule reached through its package (`from pipeline.sweep import pin`)
+    is not that."""
+    modules = read_modules(PACKAGE)
+    found = [
+        f"{module.path.relative_to(REPO_ROOT)}:{line} takes {name} from {source}"
+        for module in modules.values()
+        for line, source, name in imported_names(module)
+        if name is not None and module.name.startswith(f"{source}.")
+        and f"{source}.{name}" not in modules
+    ]  # fmt: skip
+    assert not found, (
+        "modules importing a name from the package above them:\n  "
+        + "\n  ".join(found)
+        + "\nFix: define the name in a module of its own (the package may export it) and import "
+        "it from there."
+    )
 
 
 def test_no_private_name_is_used_across_modules():

@@ -32,7 +32,7 @@ from pipeline.config_schema import Config
 from pipeline.data.corpus import ParallelText, write_lines
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
-from pipeline.evaluation import MODEL_CHECKPOINT, plots
+from pipeline.evaluation import plots
 from pipeline.evaluation.beam_decoding import Translation, nbest_lines, translate_ids
 from pipeline.evaluation.model_loading import (
     check_trained_with,
@@ -43,12 +43,10 @@ from pipeline.evaluation.model_loading import (
     tokenizer_path,
     write_model_checkpoint,
 )
+from pipeline.evaluation.outputs import ATTENTION_DIR, EVAL_METRICS_FILE, MODEL_CHECKPOINT
 from pipeline.evaluation.scoring import LITERATURE_METRIC, METRICS, score
 
 log = logging.getLogger(__name__)
-
-EVAL_METRICS_FILE = "eval.json"  # in metrics_dir
-ATTENTION_DIR = "attention"  # in plots_dir
 
 
 # --------------------------------------------------------------------------- attention

@@ -20,7 +20,7 @@ from pipeline.atomic import atomic_write
 from pipeline.config_schema import Config, DataConfig
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.errors import DataError, not_a_file
-from pipeline.evaluation import MODEL_CHECKPOINT
+from pipeline.evaluation.outputs import MODEL_CHECKPOINT
 
 TRAIN_HINT = "run `dvc repro train` (or `python -m pipeline.stages.train`) first"
 # What model.ckpt keeps of a training checkpoint (optimizer and loop states are dropped).
