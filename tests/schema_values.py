@@ -18,6 +18,15 @@ def _branches(schema: dict) -> list[dict]:
     return [config_lib.resolve(b) for b in schema.get("anyOf", [])] or [schema]
 
 
+def _entry_schema(schema: dict) -> dict:
+    """The schema of an object's entries: `additionalProperties`, else its one
+    `patternProperties` value, else any value ({})."""
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        return extra
+    return next(iter(schema.get("patternProperties", {}).values()), {})
+
+
 def accepts(schema: dict, value) -> bool:
     """Whether `value` is inside `schema` (the keywords pydantic writes), by JSON Schema's
     rules: read apart from pydantic, so that a test of its refusals does not ask it."""
@@ -51,21 +60,10 @@ def _accepts_branch(s: dict, value) -> bool:  # noqa: C901 (one rule a keyword)
         return (s.get("minItems", 0) <= len(value) <= s.get("maxItems", math.inf)
                 and all(accepts(s.get("items", {}), item) for item in value))  # fmt: skip
     if kind == "object":
-        for name, item in value.items():
-            keys = s.get("propertyNames") or ({"type": "string", "pattern": next(iter(
-                s["patternProperties"]))} if s.get("patternProperties") else {"type": "string"})  # fmt: skip
-            entry = (
-                s.get("additionalProperties")
-                if isinstance(s.get("additionalProperties"), dict)
-                else next(
-                    iter(  # fmt: skip
-                        s.get("patternProperties", {}).values()
-                    ),
-                    {},
-                )
-            )
-            if not (accepts(keys, name) and accepts(entry, item)):
-                return False
+        keys = s.get("propertyNames") or ({"type": "string", "pattern": next(iter(
+            s["patternProperties"]))} if s.get("patternProperties") else {"type": "string"})  # fmt: skip
+        entry = _entry_schema(s)
+        return all(accepts(keys, name) and accepts(entry, item) for name, item in value.items())
     return True
 
 
@@ -111,16 +109,7 @@ def outside(schema: dict):
                 good = an_inside_value(branch["items"])
                 classes.append(outside(branch["items"]).map(lambda bad, g=good: [g, bad]))
         if kind == "object":
-            entry = (
-                branch.get("additionalProperties")
-                if isinstance(branch.get("additionalProperties"), dict)
-                else next(
-                    iter(  # fmt: skip
-                        branch.get("patternProperties", {}).values()
-                    ),
-                    {},
-                )
-            )
+            entry = _entry_schema(branch)
             good = an_inside_value(entry)
             classes += [st.just({"a/b": good}), st.just({"zz": good})]
             if entry:  # entries of any value have no bad one
