@@ -65,7 +65,7 @@ def cli(argv: list[str] | None = None) -> None:
     spec = _spec(args.study)
     transfer = tuple(_spec(name) for name in args.transfer)
     study_dir = args.results_dir / spec.study
-    if args.update_docs and not_started(spec, study_dir):  # its pages say so; no report yet
+    if args.update_docs and not_started(study_dir):  # its pages say so; no report yet
         for page in update_docs(spec, study_dir, args.update_docs):
             print(f"updated: {page} (study '{spec.study}' not started)")
         return

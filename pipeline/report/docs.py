@@ -34,9 +34,10 @@ def study_page(study: str) -> Path:
     return docs_blocks.DOCS / f"ablation-{study}.md"
 
 
-def not_started(spec: StudySpec, study_dir: Path) -> bool:
-    """Whether no worker has begun the study: no finished trial and no storage (so no pin)."""
-    return not load_records(study_dir) and not (study_dir / STUDY_DB).exists()
+def not_started(study_dir: Path) -> bool:
+    """Whether no worker has begun the study: no storage (so no pin) and no finished trial
+    (the records are read only where the storage is missing)."""
+    return not (study_dir / STUDY_DB).exists() and not load_records(study_dir)
 
 
 def not_started_text(spec: StudySpec) -> str:
@@ -55,7 +56,7 @@ def docs_block(
     transfer: tuple[StudySpec, ...] = (),
 ) -> str:
     """The generated text between the page's markers for this study (charts linked from it)."""
-    if not_started(spec, study_dir):
+    if not_started(study_dir):
         return not_started_text(spec)
     # With the committed storage's trial states: its failed attempts are part of the record
     # (regenerate once the workers have stopped: the states change while they run).
@@ -111,9 +112,9 @@ def summary_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
 def progress_block(spec: StudySpec, study_dir: Path) -> str:
     """README's one line for a study whose page holds its tables: how many trials have
     finished (at the pin, for a pinned study) and whether a verdict is drawn."""
-    records = load_records(study_dir)
-    if not_started(spec, study_dir):
+    if not_started(study_dir):
         return f"0 of {len(spec.grid())} trials finished: not started; its first worker pins it.\n"
+    records = load_records(study_dir)
     pinned = study_pin(spec, study_dir)
     head = _pin_progress(spec, records, pinned)
     return (head or f"{len(records)} of {len(spec.grid())} trials finished.") + "\n"
