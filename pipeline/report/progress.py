@@ -10,11 +10,9 @@ from pathlib import Path
 import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
-from pipeline.sweep.deadline import spec_seconds
+from pipeline.sweep.deadline import SECONDS_PER_HOUR, spec_seconds
 from pipeline.sweep.spec import BASE_VARIANT, STUDY_DB, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
-
-SECONDS_PER_HOUR = 3600
 
 
 def study_pin(spec: StudySpec, study_dir: Path) -> RunConditions | None:
@@ -57,10 +55,10 @@ def hours_left(spec: StudySpec, done: list[TrialRecord]) -> float | None:
         if (point["variant"], point["seed"]) in finished:
             continue
         measured = by_variant.get(point["variant"])
-        base = [h * 3600 for h in by_variant.get(BASE_VARIANT, [])]
+        base = [h * SECONDS_PER_HOUR for h in by_variant.get(BASE_VARIANT, [])]
         from_spec = spec_seconds(point["variant"], spec.trial_hours, base)
         hours = (statistics.median(measured) if measured
-                 else from_spec / 3600 if from_spec is not None else fallback)  # fmt: skip
+                 else from_spec / SECONDS_PER_HOUR if from_spec is not None else fallback)  # fmt: skip
         if hours is None:
             return None
         total += hours

@@ -27,6 +27,7 @@ from pipeline.errors import ConfigError
 from pipeline.sweep.claims import grid_point
 from pipeline.sweep.spec import BASE_VARIANT
 
+SECONDS_PER_HOUR = 3600
 WALL_TIME_ATTR = "wall_time_s"  # a finished trial's training (all attempts) + evaluation time
 # The deadline of the worker running this trial, for the trial's training (`DeadlineCallback`).
 CURRENT_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
@@ -62,7 +63,7 @@ def parse_deadline(text: str, now: datetime.datetime | None = None) -> Deadline:
     duration = _DURATION.fullmatch(spoken)
     if spoken and duration and any(duration.groups()):
         hours, minutes, seconds = (float(part or 0) for part in duration.groups())
-        return Deadline(now.timestamp() + hours * 3600 + minutes * 60 + seconds, text)
+        return Deadline(now.timestamp() + hours * SECONDS_PER_HOUR + minutes * 60 + seconds, text)
     try:
         if re.fullmatch(r"\d{1,2}:\d{2}", spoken):
             clock = datetime.time.fromisoformat(spoken.zfill(5))
@@ -98,7 +99,7 @@ def spec_seconds(
         return None
     if base_seconds and trial_hours.get(BASE_VARIANT):
         return statistics.median(base_seconds) * trial_hours[variant] / trial_hours[BASE_VARIANT]
-    return trial_hours[variant] * 3600
+    return trial_hours[variant] * SECONDS_PER_HOUR
 
 
 def expected_seconds(
@@ -142,4 +143,4 @@ def fits(
 
 
 def hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds / SECONDS_PER_HOUR:.1f} h"
