@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -41,24 +42,33 @@ def test_a_past_or_unreadable_deadline_is_refused(text):
         deadline_lib.parse_deadline(text, now=NOW)
 
 
-def test_the_expected_time_is_the_variants_median_then_the_specs_hours_then_the_estimate():
+def _times(study, estimate_minutes=None, trial_hours=None) -> deadline_lib.TrialTimes:
+    spec = SimpleNamespace(trial_hours=trial_hours or {},
+                           settings=SimpleNamespace(trial_minutes_estimate=estimate_minutes))  # fmt: skip
+    return deadline_lib.TrialTimes.of_study(study, spec)
+
+
+def test_the_expected_time_is_the_variants_median_then_the_specs_hours_then_all_then_the_estimate():
     study = optuna.create_study()
     for variant, seconds in [("base", 100.0), ("base", 300.0), ("base", 200.0), ("wide", 900.0)]:
         study.add_trial(optuna.create_trial(
             value=1.0, params={"variant": variant},
             distributions={"variant": optuna.distributions.CategoricalDistribution(["base", "wide", "new"])},
             user_attrs={deadline_lib.WALL_TIME_ATTR: seconds}))  # fmt: skip
-    assert deadline_lib.expected_seconds(study, "base", 50) == 200.0
-    assert deadline_lib.expected_seconds(study, "new", 50) == 3000.0
-    assert deadline_lib.expected_seconds(study, "new", None) == 250.0
-    assert deadline_lib.expected_seconds(optuna.create_study(), "new", None) is None
+    assert _times(study, 50).seconds("base") == 200.0
+    # an unmeasured variant without trial_hours: the median over every measured trial, which
+    # was measured here, before the spec's estimate, which was not
+    assert _times(study, 50).seconds("new") == 250.0
+    assert _times(study, None).seconds("new") == 250.0
+    assert _times(optuna.create_study(), 50).seconds("new") == 3000.0
+    assert _times(optuna.create_study(), None).seconds("new") is None
     # A variant not yet measured, with the spec's trial_hours: its cost relative to the base's,
     # times the base's median measured here (200 s); the hours as given without a base time.
     hours = {"base": 1.0, "new": 2.5}
-    assert deadline_lib.expected_seconds(study, "new", 50, hours) == 500.0
-    assert deadline_lib.expected_seconds(optuna.create_study(), "new", 50, hours) == 2.5 * 3600
-    assert deadline_lib.expected_seconds(study, "wide", 50, {"wide": 9.0}) == 900.0  # measured
-    assert deadline_lib.expected_seconds(study, "new", 50, {"base": 1.0}) == 3000.0
+    assert _times(study, 50, hours).seconds("new") == 500.0
+    assert _times(optuna.create_study(), 50, hours).seconds("new") == 2.5 * 3600
+    assert _times(study, 50, {"wide": 9.0}).seconds("wide") == 900.0  # measured
+    assert _times(study, 50, {"base": 1.0}).seconds("new") == 250.0
 
 
 def write_spec(folder: Path, study: str, steps: int, estimate_minutes: float | None) -> Path:

@@ -10,8 +10,8 @@ from pathlib import Path
 import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
-from pipeline.sweep.deadline import SECONDS_PER_HOUR, spec_seconds
-from pipeline.sweep.spec import BASE_VARIANT, STUDY_DB, StudySpec
+from pipeline.sweep.deadline import SECONDS_PER_HOUR, TrialTimes
+from pipeline.sweep.spec import STUDY_DB, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
 
 
@@ -39,30 +39,15 @@ def trial_hours(record: TrialRecord) -> float:
 
 
 def hours_left(spec: StudySpec, done: list[TrialRecord]) -> float | None:
-    """One worker's hours for the planned points without a record in `done`: each at its
-    variant's median, else its `trial_hours` (relative to the base's measured hours where
-    there are some: `spec_seconds`), else the median over `done`, else the spec's estimate
-    (None: no figure)."""
+    """One worker's hours for the planned points without a record in `done`, each at the time
+    `TrialTimes` expects of its variant from the finished trials (None: no figure)."""
     finished = {(r.variant, r.seed) for r in done}
-    by_variant: dict[str, list[float]] = {}
-    for record in done:
-        by_variant.setdefault(record.variant, []).append(trial_hours(record))
-    overall = statistics.median(trial_hours(r) for r in done) if done else None
-    estimate = spec.settings.trial_minutes_estimate
-    fallback = overall if overall is not None else (estimate / 60 if estimate else None)
-    total = 0.0
-    for point in spec.grid():
-        if (point["variant"], point["seed"]) in finished:
-            continue
-        measured = by_variant.get(point["variant"])
-        base = [h * SECONDS_PER_HOUR for h in by_variant.get(BASE_VARIANT, [])]
-        from_spec = spec_seconds(point["variant"], spec.trial_hours, base)
-        hours = (statistics.median(measured) if measured
-                 else from_spec / SECONDS_PER_HOUR if from_spec is not None else fallback)  # fmt: skip
-        if hours is None:
-            return None
-        total += hours
-    return total
+    times = TrialTimes.of(spec, ((r.variant, trial_hours(r) * SECONDS_PER_HOUR) for r in done))
+    expected = [times.seconds(point["variant"]) for point in spec.grid()
+                if (point["variant"], point["seed"]) not in finished]  # fmt: skip
+    if any(seconds is None for seconds in expected):
+        return None
+    return sum(expected) / SECONDS_PER_HOUR
 
 
 def progress(spec: StudySpec, records: list[TrialRecord], pinned: RunConditions) -> str:
@@ -88,10 +73,11 @@ def progress(spec: StudySpec, records: list[TrialRecord], pinned: RunConditions)
         )
         left = hours_left(spec, done)
         if left is not None:
+            from_spec = "its spec's cost relative to the base's, else " if spec.trial_hours else ""
             lines[0] += (
                 f" About {left:.1f} hours of one worker are left ({left / 2:.1f} h with two side "
-                "by side), at each variant's measured time per trial, else the median over the "
-                "finished trials."
+                f"by side), at each variant's measured time per trial, else {from_spec}the "
+                "median over the finished trials."
             )
     by_variant: dict[str, list[TrialRecord]] = {}
     for record in done:

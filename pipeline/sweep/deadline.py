@@ -2,12 +2,11 @@
 instance, a machine held for some hours) starts only trials it can finish by then, and at the
 deadline stops its running trial at a checkpoint, as a preemption does, and exits 0.
 
-A trial fits when the study's measured time for its variant (the median of its finished trials'
-training and evaluation time, every attempt summed) is no more than the time left. Before any
-of the variant has finished: its `trial_hours` in the spec, scaled by the base's measured time
-here where the base has one (the spec's hours are relative costs measured elsewhere), then the
-spec's `settings.trial_minutes_estimate`, and with neither, the median over the study's finished
-trials. With no figure at all a trial is started (the deadline still stops it at a checkpoint).
+A trial fits when it is expected to finish in the time left (`TrialTimes`: the median of its
+variant's finished trials here, every attempt summed; before any of the variant has finished,
+its `trial_hours` in the spec scaled by the base's measured time here, then the median over the
+study's finished trials, then the spec's `settings.trial_minutes_estimate`). With no figure at
+all a trial is started (the deadline still stops it at a checkpoint).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import datetime
 import re
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import optuna
@@ -25,7 +24,7 @@ from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
 from pipeline.sweep.claims import grid_point
-from pipeline.sweep.spec import BASE_VARIANT
+from pipeline.sweep.spec import BASE_VARIANT, StudySpec
 
 SECONDS_PER_HOUR = 3600
 WALL_TIME_ATTR = "wall_time_s"  # a finished trial's training (all attempts) + evaluation time
@@ -90,53 +89,63 @@ def trial_variant(trial: optuna.trial.FrozenTrial) -> str | None:
     return grid_point(trial).get("variant")
 
 
-def spec_seconds(
-    variant: str | None, trial_hours: Mapping[str, float], base_seconds: list[float]
-) -> float | None:
-    """A trial of `variant` by the spec's `trial_hours`: relative to the base's, times the base's
-    measured `base_seconds` where there are some, else the hours as given (None: no figure)."""
-    if variant not in trial_hours:
+@dataclass(frozen=True)
+class TrialTimes:
+    """How long a trial of each variant takes on one worker, in seconds: the median of the
+    variant's trials measured here; before any has finished, its `trial_hours` in the spec,
+    relative to the base's and times the base's measured time where there is one (the spec's
+    hours are relative costs measured on another machine), else as given; then the median over
+    every measured trial; then the spec's `settings.trial_minutes_estimate`. One rule for the
+    worker's deadline and the report's hours left."""
+
+    measured: Mapping[str | None, list[float]]
+    trial_hours: Mapping[str, float]
+    estimate_minutes: float | None
+
+    @classmethod
+    def of(cls, spec: StudySpec, measured: Iterable[tuple[str | None, float]]) -> TrialTimes:
+        """From (variant, seconds) of the finished trials."""
+        by_variant: dict[str | None, list[float]] = {}
+        for variant, seconds in measured:
+            by_variant.setdefault(variant, []).append(seconds)
+        return cls(by_variant, spec.trial_hours or {}, spec.settings.trial_minutes_estimate)
+
+    @classmethod
+    def of_study(cls, study: optuna.Study, spec: StudySpec) -> TrialTimes:
+        """From the study's COMPLETE trials (their `WALL_TIME_ATTR`), read once."""
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        return cls.of(spec, ((trial_variant(t), t.user_attrs[WALL_TIME_ATTR]) for t in finished
+                             if t.user_attrs.get(WALL_TIME_ATTR) is not None))  # fmt: skip
+
+    def seconds(self, variant: str | None) -> float | None:
+        """A trial of `variant` (None: no figure at all)."""
+        if of_variant := self.measured.get(variant):
+            return statistics.median(of_variant)
+        if variant in self.trial_hours:
+            base = self.measured.get(BASE_VARIANT)
+            if base and self.trial_hours.get(BASE_VARIANT):
+                return (
+                    statistics.median(base)
+                    * self.trial_hours[variant]
+                    / self.trial_hours[BASE_VARIANT]
+                )
+            return self.trial_hours[variant] * SECONDS_PER_HOUR
+        if every := [seconds for times in self.measured.values() for seconds in times]:
+            return statistics.median(every)
+        if self.estimate_minutes is not None:
+            return self.estimate_minutes * 60
         return None
-    if base_seconds and trial_hours.get(BASE_VARIANT):
-        return statistics.median(base_seconds) * trial_hours[variant] / trial_hours[BASE_VARIANT]
-    return trial_hours[variant] * SECONDS_PER_HOUR
 
 
-def expected_seconds(
-    study: optuna.Study,
-    variant: str | None,
-    estimate_minutes: float | None,
-    trial_hours: Mapping[str, float] | None = None,
-):
-    """How long a trial of `variant` is expected to take here (None: no figure at all)."""
-    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    timed = [(trial_variant(t), t.user_attrs[WALL_TIME_ATTR]) for t in finished
-             if t.user_attrs.get(WALL_TIME_ATTR) is not None]  # fmt: skip
-    of_variant = [seconds for name, seconds in timed if name == variant]
-    if of_variant:
-        return statistics.median(of_variant)
-    base = [seconds for name, seconds in timed if name == BASE_VARIANT]
-    if (from_spec := spec_seconds(variant, trial_hours or {}, base)) is not None:
-        return from_spec
-    if estimate_minutes is not None:
-        return estimate_minutes * 60
-    if timed:
-        return statistics.median(seconds for _, seconds in timed)
-    return None
-
-
-def fits(
-    study: optuna.Study,
-    deadline: Deadline | None,
-    estimate_minutes: float | None,
-    trial_hours: Mapping[str, float] | None = None,
-):
-    """A filter of WAITING trials: those expected to finish before the deadline."""
+def fits(study: optuna.Study, deadline: Deadline | None, spec: StudySpec):
+    """A filter of WAITING trials for one claim: those expected to finish before the deadline
+    (the study's finished trials read once, as the filter is made)."""
+    if deadline is None:
+        return lambda trial: True
+    times = TrialTimes.of_study(study, spec)
 
     def trial_fits(trial: optuna.trial.FrozenTrial) -> bool:
-        if deadline is None:
-            return True
-        expected = expected_seconds(study, trial_variant(trial), estimate_minutes, trial_hours)
+        expected = times.seconds(trial_variant(trial))
         return expected is None or expected <= deadline.left()
 
     return trial_fits

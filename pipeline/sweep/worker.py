@@ -29,7 +29,7 @@ from pipeline.sweep.claims import (
 from pipeline.sweep.deadline import (
     CURRENT_DEADLINE,
     Deadline,
-    expected_seconds,
+    TrialTimes,
     fits,
     hours,
     trial_variant,
@@ -97,8 +97,6 @@ def run_worker(
             return run_trial(spec, trial, results_root, study_dir, precision=worker.precision)
 
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
-    estimate = spec.settings.trial_minutes_estimate
-    accept = fits(study, deadline, estimate, spec.trial_hours)
     ran = 0
     while n_trials is None or ran < n_trials:
         with experimental_warnings_silenced():
@@ -107,7 +105,7 @@ def run_worker(
         if count_trials(study, FINISHED) >= target:
             break
         if spec.kind == "grid":
-            trial = claim_waiting_trial(study, accept)
+            trial = claim_waiting_trial(study, fits(study, deadline, spec))
             if trial is None:
                 if deadline is not None and count_trials(study, (TrialState.WAITING,)):
                     print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
@@ -119,7 +117,7 @@ def run_worker(
                 time.sleep(spec.settings.poll_interval)  # others are finishing; a retry may come
                 continue
         else:
-            expected = expected_seconds(study, None, estimate, spec.trial_hours)
+            expected = TrialTimes.of_study(study, spec).seconds(None)
             if deadline is not None and expected is not None and expected > deadline.left():
                 print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
                 break
@@ -152,8 +150,8 @@ def _stopping_at_deadline(study: optuna.Study, spec: StudySpec, deadline: Deadli
                           target: int | None, stopped: optuna.Trial | None = None) -> str:  # fmt: skip
     """What a worker says as its deadline stops it: the trial it stopped, and what is left."""
     left = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    expected = [expected_seconds(study, trial_variant(t), spec.settings.trial_minutes_estimate,
-                                 spec.trial_hours) for t in left]  # fmt: skip
+    times = TrialTimes.of_study(study, spec)
+    expected = [times.seconds(trial_variant(t)) for t in left]
     known = [seconds for seconds in expected if seconds is not None]
     head = f"deadline {deadline.clock()}: "
     if stopped is not None:
