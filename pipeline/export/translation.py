@@ -87,29 +87,15 @@ def max_output_length(src_len: int, max_len_a: float, max_len_b: int, max_positi
 
 
 def translate_with_ctranslate2(
-    exported: ExportedModel,
-    src_ids: Sequence[Sequence[int]],
-    *,
-    beam_size: int,
-    length_penalty: float,
-    max_len_a: float,
-    max_len_b: int,
-    max_tokens: int = 0,
-    length_normalization: str = "gnmt",
+    exported: ExportedModel, src_ids: Sequence[Sequence[int]], **search
 ) -> list:
     """`src_ids` as `Tokenizer.encode_sources` returns them (what our `translate_ids` reads)
     -> one `pipeline.model.decoding.Hypothesis` per sentence: the tokens (no bos/eos) and
-    length-normalised score our beam search (greedy search for beam 1) gives it, settings as in
-    conf/eval (`length_penalty` is alpha of `length_normalization`). `max_tokens`: source
-    tokens per CTranslate2 batch (0: each group of sentences with one length limit is one
-    batch)."""
+    length-normalised score our beam search (greedy search for beam 1) gives it. `search`: the
+    keywords of `nbest_with_ctranslate2`, whose best hypothesis this is."""
     from pipeline.model.decoding import Hypothesis
 
-    nbest = nbest_with_ctranslate2(
-        exported, src_ids, beam_size=beam_size, length_penalty=length_penalty,
-        max_len_a=max_len_a, max_len_b=max_len_b, max_tokens=max_tokens,
-        length_normalization=length_normalization,
-    )  # fmt: skip
+    nbest = nbest_with_ctranslate2(exported, src_ids, **search)
     results = [hypotheses[0] if hypotheses else Hypothesis([], 0.0) for hypotheses in nbest]
     tokenizer = exported.tokenizer
     never = {tokenizer.pad_id, tokenizer.bos_id}
@@ -134,9 +120,11 @@ def nbest_with_ctranslate2(
     max_tokens: int = 0,
     length_normalization: str = "gnmt",
 ) -> list[list]:
-    """`translate_with_ctranslate2`'s search, every hypothesis CTranslate2 returns: for each
-    sentence its `beam_size` finished hypotheses (one for beam 1, none for an empty source or
-    a limit of 0 tokens), rescored and ranked by our length normalisation, best first."""
+    """Every hypothesis CTranslate2 returns: for each sentence its `beam_size` finished
+    hypotheses (one for beam 1, none for an empty source or a limit of 0 tokens), rescored and
+    ranked by our length normalisation, best first; settings as in conf/eval (`length_penalty`
+    is alpha of `length_normalization`). `max_tokens`: source tokens per CTranslate2 batch (0:
+    each group of sentences with one length limit is one batch)."""
     from pipeline.model.decoding import Hypothesis
     from pipeline.model.length_penalty import length_normalizer
 
