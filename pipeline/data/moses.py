@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+# sacremoses is imported where it is used: it compiles its rules on import (a third of a second
+# in every process that loads the tokenizer), which only a Moses-pretokenized model needs.
 
 
 def moses_tokenize(
@@ -32,6 +33,8 @@ def moses_tokenize(
     """Each line lowercased (`lowercase.perl`), punctuation-normalised
     (`normalize-punctuation.perl -l lang`) and tokenized (`tokenizer.perl -l lang`, `-a` with
     `aggressive_dash_splits`, `-no-escape` without `escape`), tokens joined by single spaces."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
     normalizer = MosesPunctNormalizer(lang=lang, perl_parity=perl_parity)
     tokenizer = MosesTokenizer(lang=lang)
     return [
@@ -47,5 +50,7 @@ def moses_tokenize(
 
 def moses_detokenize(lines: Iterable[str], lang: str) -> list[str]:
     """Moses-tokenized, escaped lines back to plain text (`detokenizer.perl -l lang`)."""
+    from sacremoses import MosesDetokenizer
+
     detokenizer = MosesDetokenizer(lang=lang)
     return [detokenizer.detokenize(line.split(), unescape=True) for line in lines]

@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import sacremoses
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
@@ -111,6 +110,8 @@ def score(
         result["bleu_lc_ci"] = float(bootstrapped._ci)
         result["signatures"]["bleu_lc_ci"] = str(metric.get_signature())  # with bs:N|seed:S
     if lang is not None:
+        import sacremoses  # where it is used (`pipeline.data.moses`)
+
         # On lowercased, tokenized text ("pre:lc" in the signature); `force` silences
         # sacrebleu's "forgot to detokenize?" warning, which is this metric's whole point.
         metric = BLEU(tokenize="none", force=True)
