@@ -177,6 +177,7 @@ def _says_its_end_once(out: str, command: list[str]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_several_workers_on_a_finished_study_print_its_summary_once_through_a_pipe(
     finished_study,
 ):
@@ -186,6 +187,7 @@ def test_several_workers_on_a_finished_study_print_its_summary_once_through_a_pi
     _says_its_end_once(result.stdout, finished_study)
 
 
+@pytest.mark.slow
 def test_several_workers_on_a_finished_study_print_its_summary_once_in_a_terminal(
     finished_study,
 ):

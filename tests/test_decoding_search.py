@@ -20,6 +20,7 @@ def search_config(trained_smoke, tmp_path):
     return cfg
 
 
+@pytest.mark.slow
 def test_grid_on_val_and_the_best_setting_reproduces_in_evaluate(search_config):
     cfg = search_config
     result = decoding_search.search(cfg, averages=[1, 2], beam_sizes=[1, 3],
@@ -44,6 +45,7 @@ def test_grid_on_val_and_the_best_setting_reproduces_in_evaluate(search_config):
     assert scores["chrf"] == pytest.approx(best["chrf"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_given_averaged_checkpoint_scores_as_its_window_does(search_config, tmp_path):
     from pipeline.training.checkpoints import select_checkpoints
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 
+@pytest.mark.slow
 def test_every_outside_scenario_holds(multi30k_dir):
     import os
 

@@ -429,6 +429,7 @@ def test_preemption_signal_saves_exits_3_and_the_rerun_resumes_exactly(
     _assert_same_logs(cfg, uninterrupted)
 
 
+@pytest.mark.slow
 def test_last_ckpt_is_the_newest_state_after_one_and_two_resumes(
     tokenized_smoke, tmp_path, uninterrupted
 ):

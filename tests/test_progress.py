@@ -124,6 +124,7 @@ def _tiny_run_command():
     return [sys.executable, "-c", TINY_RUN]
 
 
+@pytest.mark.slow
 def test_in_an_80_column_terminal_the_bar_fits_with_tokens_per_second_and_val_bleu():
     import os
 

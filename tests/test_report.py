@@ -463,6 +463,7 @@ def test_findings_judge_the_perplexity_like_bleu(
     assert f"(Welch p = {welch_p(list(heads_1_ppl), list(base_ppl)):.3f}, Holm p = " in heads_1
 
 
+@pytest.mark.slow
 def test_report_files_and_readme_block(study, tmp_path):
     spec, study_dir = study
     path = report.write_report(spec, study_dir, log_to_wandb=False)
@@ -614,6 +615,7 @@ def fmt(*values, digits=(2,), signed=False) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study_name", ["table3", "table3_label_smoothing"])
 def test_committed_report_prose_is_made_from_the_records(study_name):
     """The committed report.md is what the report command makes of the committed records, and

@@ -246,6 +246,7 @@ IN_TRIAL_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_workers_hold_no_connection_while_their_trials_run(tmp_path, small_server):
     """WORKERS worker processes (the sweep's own loop), each in a trial: between their uses of
     the storage they hold no connection, so only a heartbeat being recorded at that moment can

@@ -59,6 +59,7 @@ def trials(study_dir: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=storage).get_trials()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["table3", "table3_label_smoothing"])
 def test_a_committed_study_opens_in_the_dashboards_layout(tmp_path, name):
     study_dir = copy_study(name, tmp_path)
