@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# sacremoses is imported where it is used: it compiles its rules on import (a third of a second
-# in every process that loads the tokenizer), which only a Moses-pretokenized model needs.
+# sacremoses is imported where it is used: it compiles its rules on import, a cost every process
+# that loads the tokenizer would pay and only a Moses-pretokenized model needs.
 
 
 def moses_tokenize(
