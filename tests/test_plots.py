@@ -9,6 +9,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from pipeline.evaluation import plots
 
@@ -202,3 +203,19 @@ def test_seed_points_show_points_and_intervals_on_an_axis_that_does_not_exaggera
     assert end[1] - start[1] == pytest.approx(2 * 0.6)
     with pytest.raises(ValueError, match="one note per label"):
         plots.seed_points_figure(labels, seeds, [0.6, None], ylabel="BLEU", notes=notes[:1])
+
+
+def test_one_variants_seed_points_keep_the_whole_title_and_a_column_of_their_own():
+    """A study with one variant so far (its base seeds): the title, which carries 'interim, k of
+    n', is drawn whole inside the figure, and the column is centred, not stretched across it."""
+    title = "table3_bc: one factor at a time, interim, 4 of 55"
+    fig = plots.seed_points_figure(["base"], [[37.9, 36.7, 38.3, 36.8]], [1.3], ylabel="BLEU",
+                                   title=title, notes=["(base)"])  # fmt: skip
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    drawn = ax.title.get_window_extent()
+    assert 0 <= drawn.x0 and drawn.x1 <= fig.bbox.width
+    assert ax.title.get_text().split() == title.split()  # wrapped, not cut
+    low, high = ax.get_xlim()
+    xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+    assert low < min(xs) and max(xs) < high and max(xs) - min(xs) < (high - low) / 2

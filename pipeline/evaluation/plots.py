@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -235,6 +236,8 @@ def plot_bar_chart(
 # A seed-points chart's y axis spans at least this many units (BLEU): a difference of a point
 # or two then looks like one, not like a cliff, whatever the spread of the scores
 MIN_SPAN = 10.0
+TITLE_CHARS_PER_INCH = 8  # characters of matplotlib's default title font per inch of figure
+COLUMN_MARGIN = 0.7  # x units beside the outer columns: one column stays a column, centred
 
 
 def seed_points_figure(
@@ -276,8 +279,10 @@ def seed_points_figure(
     if baseline is not None:
         ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="base (mean)")
         ax.legend(loc="lower left", fontsize=8)
-    if title:
-        ax.set_title(title)
+    ax.set_xlim(-COLUMN_MARGIN, len(labels) - 1 + COLUMN_MARGIN)
+    if title:  # wrapped to the figure's width: a narrow figure (one variant) keeps all of it
+        width = int(fig.get_figwidth() * TITLE_CHARS_PER_INCH)
+        ax.set_title(textwrap.fill(title, width=width, break_long_words=False))
     ax.grid(axis="y", alpha=0.3)
     return fig
 
