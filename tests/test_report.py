@@ -1028,6 +1028,22 @@ def test_the_pilots_twins_in_the_five_seed_study_are_named_from_their_hypotheses
     assert "why the two studies' trials are never pooled" in page
 
 
+def test_the_set_aside_table3_bc_trials_equal_their_reruns_at_the_pin_as_their_readme_says():
+    """table3_bc's trials set aside (a pin whose commit was lost) and the same seeds run again at
+    the study's pin on the same class: byte-identical hypotheses, as the set-aside README says."""
+    study_dir = REPO_ROOT / RESULTS_ROOT / "table3_bc"
+    aside = {(r.variant, r.seed): r for r in report.load_records(study_dir / "set-aside")}
+    pinned = {(r.variant, r.seed): r for r in report.load_records(study_dir)}
+    named = [("base", seed) for seed in (1, 2, 3, 4)]
+    for point in named:
+        before, again = aside[point], pinned[point]
+        assert before.conditions.hardware == again.conditions.hardware
+        assert before.conditions.commit != again.conditions.commit
+        assert _hypotheses_hashes(before.folder) == _hypotheses_hashes(again.folder), point
+    readme = " ".join((study_dir / "set-aside" / "README.md").read_text().split())
+    assert "base seeds 1-4 wrote test2016 and val hypotheses byte-identical to these" in readme
+
+
 # (every, offset) per seed of a complete study: heads_1, dropout_0.0 and no label smoothing
 # damage more sentences than any seed of the base (no label smoothing fewer than the others);
 # heads_16 as many as the base, other ones
