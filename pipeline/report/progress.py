@@ -32,17 +32,17 @@ def study_pin(spec: StudySpec, study_dir: Path) -> RunConditions | None:
                          precision=pin["precision"])  # fmt: skip
 
 
-def trial_hours(record: TrialRecord) -> float:
-    """A finished trial's training (every attempt) and evaluation time, in hours."""
+def trial_seconds(record: TrialRecord) -> float:
+    """A finished trial's training (every attempt) and evaluation time, in seconds."""
     run = record.run
-    return (run.get("train_wall_time_s", 0.0) + run.get("eval_wall_time_s", 0.0)) / SECONDS_PER_HOUR
+    return run.get("train_wall_time_s", 0.0) + run.get("eval_wall_time_s", 0.0)
 
 
 def hours_left(spec: StudySpec, done: list[TrialRecord]) -> float | None:
     """One worker's hours for the planned points without a record in `done`, each at the time
     `TrialTimes` expects of its variant from the finished trials (None: no figure)."""
     finished = {(r.variant, r.seed) for r in done}
-    times = TrialTimes.of(spec, ((r.variant, trial_hours(r) * SECONDS_PER_HOUR) for r in done))
+    times = TrialTimes.of(spec, ((r.variant, trial_seconds(r)) for r in done))
     expected = [times.seconds(point["variant"]) for point in spec.grid()
                 if (point["variant"], point["seed"]) not in finished]  # fmt: skip
     if any(seconds is None for seconds in expected):
@@ -89,7 +89,7 @@ def progress(spec: StudySpec, records: list[TrialRecord], pinned: RunConditions)
     ]
     for variant in spec.variants:
         group = by_variant.get(variant, [])
-        hours = sorted(trial_hours(r) for r in group)
+        hours = sorted(trial_seconds(r) / SECONDS_PER_HOUR for r in group)
         timing = (f"{statistics.median(hours):.2f} [{hours[0]:.2f}, {hours[-1]:.2f}]"
                   if hours else "-")  # fmt: skip
         seeds = ", ".join(str(r.seed) for r in sorted(group, key=lambda r: r.seed))
