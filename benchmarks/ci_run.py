@@ -8,7 +8,8 @@ README's test command. A CI machine's CPU class is chance, and the suite's time 
 (bf16 kernels or float32 training), so docs/test-suite.md lists the runs from these records, one
 JSON file per run in benchmarks/results/ci/: when it finished, the commit and lock, the
 machine with its CPU family and model, the tests passed, failed and skipped, pytest's time
-and the whole run's.
+and the whole run's, the CPU seconds its processes used (so whether the suite kept every core
+busy), and the slowest tests pytest listed (`--durations`).
 
 The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
 corpus is read from `../shared` next to it. Its output is shown as it comes and kept in
@@ -21,6 +22,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +42,32 @@ OUTCOMES = ("passed", "failed", "errors", "skipped")  # the counts a record keep
 # without '=' around it (-q or not).
 SUMMARY_LINE = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in ([\d.]+)s\b")
 COUNT = re.compile(r"(\d+) (\w+)")
+# pytest's `--durations` section: a header, then '194.12s setup    tests/test_x.py::test_y'.
+DURATIONS_HEADER = re.compile(r"slowest (\d+ )?durations")
+DURATION_LINE = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")
+SLOWEST_SHOWN = 12  # rows of the docs' table of the latest run's slowest tests
+
+
+def slowest_tests(output: str) -> list[dict]:
+    """[{'seconds', 'phase', 'test'}] from pytest's last `--durations` section in `output`, the
+    slowest first ([] where it printed none): where the suite's time goes."""
+    lines = output.splitlines()
+    headers = [i for i, line in enumerate(lines) if DURATIONS_HEADER.search(line)]
+    if not headers:
+        return []
+    found = []
+    for line in lines[headers[-1] + 1 :]:
+        if not (m := DURATION_LINE.match(line.strip())):
+            break
+        found.append({"seconds": float(m[1]), "phase": m[2], "test": m[3]})
+    return sorted(found, key=lambda d: -d["seconds"])
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user and system) used so far by this process's children that have ended,
+    with the descendants each waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class CannotRun(Exception):
@@ -82,10 +110,11 @@ def check_before_cloning(repo: Path, clone: Path) -> None:
                         "the clone, so clone into a folder next to it (--clone-into)")  # fmt: skip
 
 
-def run_ci(clone: Path, log: Path) -> tuple[int, float, str]:
-    """(exit status, wall seconds, output) of `bash .ci/run` in `clone`; each line is shown as
-    it comes and written to `log`."""
-    started = time.monotonic()
+def run_ci(clone: Path, log: Path) -> tuple[int, float, float, str]:
+    """(exit status, wall seconds, CPU seconds, output) of `bash .ci/run` in `clone`; each line
+    is shown as it comes and written to `log`. The CPU seconds are those of the processes the
+    run waited for (a daemon left running after it is not counted)."""
+    started, cpu_before = time.monotonic(), children_cpu_s()
     lines = []
     with log.open("w", encoding="utf-8") as sink:
         process = subprocess.Popen(
@@ -97,10 +126,10 @@ def run_ci(clone: Path, log: Path) -> tuple[int, float, str]:
             sink.write(line)
             lines.append(line)
         code = process.wait()
-    return code, time.monotonic() - started, "".join(lines)
+    return code, time.monotonic() - started, children_cpu_s() - cpu_before, "".join(lines)
 
 
-def record(clone: Path, code: int, total_s: float, output: str) -> dict:
+def record(clone: Path, code: int, total_s: float, cpu_s: float, output: str) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     return {
@@ -112,7 +141,10 @@ def record(clone: Path, code: int, total_s: float, output: str) -> dict:
         **machine_records.machine(),
         "exit_code": code,
         "total_s": round(total_s, 1),
+        "cpu_s": round(cpu_s, 1),
+        "cores": os.cpu_count(),
         **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
+        "slowest": slowest_tests(output),
     }
 
 
@@ -120,8 +152,8 @@ def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[
     check_before_cloning(repo, clone)
     subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
     try:
-        code, total_s, output = run_ci(clone, clone.with_name(clone.name + ".log"))
-        entry = record(clone, code, total_s, output)
+        code, total_s, cpu_s, output = run_ci(clone, clone.with_name(clone.name + ".log"))
+        entry = record(clone, code, total_s, cpu_s, output)
     finally:
         if not keep:
             shutil.rmtree(clone)
@@ -142,14 +174,41 @@ def row(entry: dict) -> list[str]:
         "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",
         counted,
         f"{pytest_min} / {entry['total_s'] / 60:.1f} min",
+        cores_busy(entry),
     ]
 
 
-HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all"]
+def cores_busy(entry: dict) -> str:
+    """The share of the machine's cores the run kept busy, from its CPU seconds ('-' for a
+    record made before they were kept, or of a run too short to time): under 100% is time a
+    core waited."""
+    if entry.get("cpu_s") is None or not entry["total_s"]:
+        return "-"
+    return f"{entry['cpu_s'] / (entry['total_s'] * entry['cores']):.0%}"
+
+
+HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all", "cores busy"]
+SLOWEST_HEADER = ["seconds", "phase", "test"]
+
+
+def slowest_table(entries: list[dict]) -> str:
+    """The slowest tests of the latest run that recorded them, with the run named."""
+    latest = [e for e in entries if e.get("slowest")]
+    if not latest:
+        return ""
+    entry = latest[-1]
+    rows = [[f"{d['seconds']:.0f}", d["phase"], f"`{d['test']}`"]
+            for d in entry["slowest"][:SLOWEST_SHOWN]]  # fmt: skip
+    return (
+        f"\nWhere the time goes: the slowest tests of the latest recorded run "
+        f"({entry['finished'][:10]}, {entry['provenance']['commit']}, "
+        f"{machine_records.machine_label(entry)}), a fixture's build in its first test's "
+        f"set-up:\n\n" + docs_blocks.markdown_table(SLOWEST_HEADER, rows)
+    )
 
 
 def block(entries: list[dict]) -> str:
-    return machine_records.table(HEADER, row, entries)
+    return machine_records.table(HEADER, row, entries) + slowest_table(entries)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ a real pytest, and the docs table of the committed records."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,15 @@ from pipeline import docs_blocks, environment
 from tests.conftest import REPO_ROOT
 
 OUTCOMES_TESTS = """
+import time
+
 import pytest
 
 @pytest.fixture
 def broken():
     raise RuntimeError("set-up fails")
 
-def test_one(): pass
+def test_one(): time.sleep(0.3)
 def test_two(): pass
 def test_three(): assert 1 == 2
 def test_four(broken): pass
@@ -29,6 +32,10 @@ def test_four(broken): pass
 @pytest.mark.skip(reason="skipped on purpose")
 def test_five(): pass
 """
+
+
+# spins until the process has used one second of CPU (iter(int, 1) never ends by itself)
+BUSY_FOR_ONE_CPU_SECOND = "import time; any(time.process_time() >= 1.0 for _ in iter(int, 1))"
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -64,8 +71,11 @@ def outer_pytest_settings_removed(monkeypatch):
 def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     tmp_path, capsys, outer_pytest_settings_removed, verbosity
 ):
-    pytest_command = f"{sys.executable} -m pytest {verbosity} -p no:cacheprovider test_outcomes.py"
-    repo = small_repository(tmp_path, pytest_command)
+    # a second of CPU, a second of waiting, then pytest listing its two slowest tests
+    busy = f"{sys.executable} -c {BUSY_FOR_ONE_CPU_SECOND!r}"
+    pytest_command = (f"{sys.executable} -m pytest {verbosity} -p no:cacheprovider "
+                      "--durations=2 --durations-min=0 test_outcomes.py")  # fmt: skip
+    repo = small_repository(tmp_path, f"{busy}\nsleep 1\n{pytest_command}")
     clone, results = tmp_path / "clone", tmp_path / "results"
 
     code = ci_run.main(["--repo", str(repo), "--clone-into", str(clone), "--results", str(results)])
@@ -79,6 +89,12 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     entry = json.loads(path.read_text())
     assert entry["tests"] == {"passed": 2, "failed": 1, "errors": 1, "skipped": 1}
     assert 0 < entry["pytest_s"] <= entry["total_s"]
+    assert entry["cores"] == os.cpu_count()
+    assert 1.0 <= entry["cpu_s"] < entry["total_s"] * entry["cores"]  # the sleep used no CPU
+    slowest = entry["slowest"][0]
+    assert (slowest["test"], slowest["phase"]) == ("test_outcomes.py::test_one", "call")
+    assert slowest["seconds"] >= 0.3
+    assert len(entry["slowest"]) == 2
     assert entry["exit_code"] == 1
     assert entry["provenance"] == {
         "commit": git("rev-parse", "--short", "HEAD", cwd=repo),
@@ -94,6 +110,8 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     assert "| failed (exit 1) | 2 passed, 1 failed, 1 errors, 1 skipped |" in table
     assert f"| {entry['provenance']['commit']} |" in table
     assert f"(family {cpu.get('cpu family')}, model {cpu.get('model')}) | failed" in table
+    assert f"| {ci_run.cores_busy(entry)} |" in table
+    assert "| call | `test_outcomes.py::test_one` |" in table
 
 
 def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, capsys):
@@ -106,6 +124,13 @@ def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, caps
     entry = json.loads(path.read_text())
     assert (entry["tests"], entry["pytest_s"], entry["exit_code"]) == (None, None, 3)
     assert "| failed (exit 3) | none ran | - / " in ci_run.block([entry])
+    assert entry["slowest"] == [] and "Where the time goes" not in ci_run.block([entry])
+
+
+def test_a_record_made_before_cpu_seconds_were_kept_shows_a_dash():
+    entry = {"total_s": 60.0, "cores": 2}
+    assert ci_run.cores_busy(entry) == "-"
+    assert ci_run.cores_busy({**entry, "cpu_s": 90.0}) == "75%"
 
 
 def test_a_clone_with_no_shared_folder_beside_it_is_refused_before_anything_runs(tmp_path, capsys):
