@@ -16,7 +16,9 @@ def test_train_stage_without_a_terminal_prints_progress_lines_and_no_noise(smoke
     greedy BLEU (val/greedy_bleu) on the lines after the first validation; none of Lightning's chatter."""
     result = smoke_stage_run.results["train"]
     out = result.stdout
-    assert re.search(r"^training [\d.]+ K parameters to step 200 \(", out, re.M), out
+    assert re.search(
+        r"^training [\d.]+ K parameters to step 200 \([\w-]+, 1 process\)$", out, re.M
+    ), out
     steps = re.findall(r"^step (\d+)/200 \((\d+)%\)  loss ([\d.]+)  ([\d,]+) tok/s"
                        r"(?:  greedy BLEU ([\d.]+))?  eta (\S+)$", out, re.M)  # fmt: skip
     assert [int(s[0]) for s in steps] == [50, 100, 150, 200], out

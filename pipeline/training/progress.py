@@ -176,7 +176,8 @@ class StepProgress(ProgressBar):
         goal = f"to step {total}" if total else f"for {trainer.max_epochs} epochs"
         self.print(
             f"training {_human_count(parameters)} parameters {start}{goal} "
-            f"({trainer.precision}, {trainer.world_size} process(es))"
+            f"({trainer.precision}, {trainer.world_size} "
+            f"{'process' if trainer.world_size == 1 else 'processes'})"
         )
         if self.interactive:
             _log_clears_bar(self)
