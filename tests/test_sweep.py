@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from pipeline import sweep
 from pipeline.errors import ConfigError
 from pipeline.sweep.cli import cli
+from pipeline.sweep.deadline import WALL_TIME_ATTR
 from pipeline.sweep.heartbeat import heartbeat
 from tests.conftest import REPO_ROOT, frameworks_loaded_by
 
@@ -697,6 +698,10 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
 
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("trial ")]
+    # each trial's line when it starts (no time measured to say how long), then when it ends
+    starts, lines = lines[0::2], lines[1::2]
+    assert starts == [f"trial {k} {point}-seed1: started; {k} of 3 finished"
+                      for k, point in enumerate(["base", "heads_2", "learned"])]  # fmt: skip
     assert [line.endswith(f"; {k} of 3 finished") for k, line in enumerate(lines, 1)] == [True] * 3
     assert lines[-1].startswith("trial 2 learned-seed1: val/greedy_bleu 4.00 (complete) in ")
     summary = sweep.study_summary(study, spec)
@@ -710,6 +715,35 @@ def test_a_grid_trial_names_its_objective_and_records_the_keys_its_variant_sets(
     assert note.startswith("**dash**: 3 of 3 planned trials finished."), note
     assert "the verdicts are the report's" in note and '"Best Trial" is the highest' in note
     assert summary.splitlines()[-1] == "best: trial 1 (heads_2-seed1), val/greedy_bleu 5.00"
+
+
+def test_a_trials_start_line_says_how_long_its_variants_trials_have_taken_here(tmp_path, capsys):
+    """The worker's line when a trial starts gives the time a trial of its variant took in this
+    study (the median of those finished; before any, the median over every finished trial)."""
+    spec_path = tmp_path / "timed.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "study": "timed", "kind": "grid", "base_experiment": "smoke", "seeds": [1, 2],
+        "objective": {"metric": "val/greedy_bleu", "direction": "maximize"},
+        "variants": {"base": {}, "heads_2": {"model.heads": 2}},
+    }))  # fmt: skip
+    spec = sweep.load_spec(spec_path)
+    took = {("base", 1): 3480.0, ("base", 2): 3960.0, ("heads_2", 1): 7500.0, ("heads_2", 2): 1.0}
+
+    def trial_fn(spec, trial, root):
+        sweep.suggest_params(spec, trial)
+        point = (trial.params["variant"], trial.params["seed"])
+        trial.set_user_attr(WALL_TIME_ATTR, took[point])
+        return 1.0
+
+    sweep.run_worker(spec, f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "results",
+                     trial_fn=trial_fn)  # fmt: skip
+    starts = [line for line in capsys.readouterr().out.splitlines() if ": started" in line]
+    assert starts == [
+        "trial 0 base-seed1: started; 0 of 4 finished",
+        "trial 1 base-seed2: started (about 58 min); 1 of 4 finished",
+        "trial 2 heads_2-seed1: started (about 1 h 02 min); 2 of 4 finished",  # both bases'
+        "trial 3 heads_2-seed2: started (about 2 h 05 min); 3 of 4 finished",  # its own
+    ]
 
 
 def test_studies_of_one_name_in_two_storages_get_work_folders_of_their_own(tmp_path):

@@ -8,6 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.sweep.claims import FINISHED, count_trials
+from pipeline.sweep.deadline import TrialTimes, trial_variant
 from pipeline.sweep.spec import RESULTS_ROOT, StudySpec
 from pipeline.sweep.trial_params import point_name
 
@@ -24,6 +25,29 @@ def _value_text(trial: optuna.trial.FrozenTrial) -> str:
     return f"{trial.value:.2f}" if trial.value is not None else "-"
 
 
+def _about(seconds: float) -> str:
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"about {hours} h {minutes:02d} min" if hours else f"about {minutes} min"
+
+
+def _finished_of(study: optuna.Study, target: int | None) -> str:
+    finished = count_trials(study, FINISHED)
+    return f"{finished} of {target}" if target else str(finished)
+
+
+def start_line(
+    study: optuna.Study, spec: StudySpec, trial: optuna.trial.FrozenTrial, target: int | None
+) -> str:
+    """`trial 31 dropout_0.1-seed2: started (about 58 min); 30 of 55 finished`: which point the
+    worker spends the next while on, before its training's own lines, and how long a trial of
+    its variant has taken here (`TrialTimes`; left out where nothing says)."""
+    variant = trial_variant(trial) if spec.kind == "grid" else None
+    expected = TrialTimes.of_study(study, spec).seconds(variant)
+    about = f" ({_about(expected)})" if expected else ""
+    return (f"trial {trial.number} {point_name(spec, trial)}: started{about}; "
+            f"{_finished_of(study, target)} finished")  # fmt: skip
+
+
 def trial_line(
     study: optuna.Study,
     spec: StudySpec,
@@ -34,11 +58,9 @@ def trial_line(
     """`trial 2 heads_2-seed1: val/bleu 35.21 (complete) in 14 min 03 s; 3 of 22 finished`:
     the trial's number (as the summary and the dashboard give it), then how many of the
     study's N trials have finished, this one and other workers' included."""
-    finished = count_trials(study, FINISHED)
-    of = f"{finished} of {target}" if target else str(finished)
     state = trial.state.name.lower()
     return (f"trial {trial.number} {point_name(spec, trial)}: {spec.metric} {_value_text(trial)} "
-            f"({state}) in {_duration(seconds)}; {of} finished")  # fmt: skip
+            f"({state}) in {_duration(seconds)}; {_finished_of(study, target)} finished")  # fmt: skip
 
 
 def study_summary(study: optuna.Study, spec: StudySpec) -> str:

@@ -43,7 +43,7 @@ from pipeline.sweep.storage import (
     open_study,
     refused_connections_named,
 )
-from pipeline.sweep.summary import trial_line
+from pipeline.sweep.summary import start_line, trial_line
 from pipeline.sweep.trial import run_trial
 from pipeline.sweep.trial_params import point_name
 from pipeline.sweep.work_dirs import claim_study_work_dir
@@ -122,6 +122,7 @@ def run_worker(
                 print(_stopping_at_deadline(study, spec, deadline, target), flush=True)
                 break
             trial = study.ask()
+        print(start_line(study, spec, storage.get_trial(trial_id(trial)), target), flush=True)
         started = time.perf_counter()
         token = CURRENT_DEADLINE.set(deadline)
         try:
