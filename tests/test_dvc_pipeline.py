@@ -591,6 +591,31 @@ def run_queue(repo: Path, log: Path, timeout: float) -> str:
             subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=repo, env=_env(),
                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                            timeout=120)  # fmt: skip
+        wait_for_queue_workers(repo, QUEUE_WORKER_EXIT_S)
+
+
+QUEUE_WORKER_EXIT_S = 120  # a worker told to stop finishes its clean-up within this
+
+
+def wait_for_queue_workers(repo: Path, timeout: float) -> None:
+    """Wait until the queue workers DVC started in `repo` have exited, killing any still there
+    after `timeout`. `dvc queue stop` only asks them to stop: the first worker then deletes
+    the broker's processed messages on its way out, so a copy of the repository taken before
+    that races with the deletion. DVC writes each worker's pid beside the broker's folders."""
+    import psutil
+
+    workers = []
+    for pid_file in (repo / ".dvc/tmp/exps/celery").glob("dvc-exp-worker-*.pid"):
+        try:
+            process = psutil.Process(int(pid_file.read_text()))
+            if "queue-worker" in process.cmdline():  # not a later process given the same pid
+                workers.append(process)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+            continue  # already gone
+    _, alive = psutil.wait_procs(workers, timeout=timeout)
+    for process in alive:
+        process.kill()
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
