@@ -9,7 +9,9 @@ README's test command. A CI machine's CPU class is chance, and the suite's time 
 JSON file per run in benchmarks/results/ci/: when it finished, the commit and lock, the
 machine with its CPU family and model, the tests passed, failed and skipped, pytest's time
 and the whole run's, the CPU seconds its processes used (so whether the suite kept every core
-busy), and the slowest tests pytest listed (`--durations`).
+busy), how many pytest workers ran it, and the slowest tests pytest listed (`--durations`).
+`--test-workers N` runs it on N workers (the Makefile's `TEST_WORKERS`), to compare counts on
+one machine.
 
 The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
 corpus is read from `../shared` next to it. Its output is shown as it comes and kept in
@@ -46,6 +48,7 @@ COUNT = re.compile(r"(\d+) (\w+)")
 DURATIONS_HEADER = re.compile(r"slowest (\d+ )?durations")
 DURATION_LINE = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")
 SLOWEST_SHOWN = 12  # rows of the docs' table of the latest run's slowest tests
+WORKERS_DEFAULT = re.compile(r"^TEST_WORKERS \?= *(\d+)\s*$", re.MULTILINE)  # the Makefile's
 
 
 def slowest_tests(output: str) -> list[dict]:
@@ -88,10 +91,12 @@ def pytest_summary(output: str) -> dict | None:
     }
 
 
-def clean_environment() -> dict[str, str]:
+def clean_environment(workers: int | None = None) -> dict[str, str]:
     """This process's environment as CI's would be: CI=true, and no virtual environment of
-    ours on PATH (the clone makes and uses its own)."""
+    ours on PATH (the clone makes and uses its own); TEST_WORKERS where a count is given."""
     env = dict(os.environ, CI="true")
+    if workers is not None:
+        env["TEST_WORKERS"] = str(workers)
     venv = env.pop("VIRTUAL_ENV", None)
     own_bin = str(Path(sys.prefix) / "bin")
     drop = {own_bin} | ({str(Path(venv) / "bin")} if venv else set())
@@ -110,7 +115,17 @@ def check_before_cloning(repo: Path, clone: Path) -> None:
                         "the clone, so clone into a folder next to it (--clone-into)")  # fmt: skip
 
 
-def run_ci(clone: Path, log: Path) -> tuple[int, float, float, str]:
+def pytest_workers(clone: Path, env: dict[str, str]) -> int | None:
+    """The pytest workers a run of the clone's `make test` gets: TEST_WORKERS from `env`, else
+    the clone's Makefile default (None where it has neither)."""
+    if env.get("TEST_WORKERS", "").isdigit():
+        return int(env["TEST_WORKERS"])
+    makefile = clone / "Makefile"
+    found = makefile.is_file() and WORKERS_DEFAULT.search(makefile.read_text())
+    return int(found[1]) if found else None
+
+
+def run_ci(clone: Path, log: Path, env: dict[str, str]) -> tuple[int, float, float, str]:
     """(exit status, wall seconds, CPU seconds, output) of `bash .ci/run` in `clone`; each line
     is shown as it comes and written to `log`. The CPU seconds are those of the processes the
     run waited for (a daemon left running after it is not counted)."""
@@ -118,7 +133,7 @@ def run_ci(clone: Path, log: Path) -> tuple[int, float, float, str]:
     lines = []
     with log.open("w", encoding="utf-8") as sink:
         process = subprocess.Popen(
-            ["bash", str(CI_SCRIPT)], cwd=clone, env=clean_environment(), text=True,
+            ["bash", str(CI_SCRIPT)], cwd=clone, env=env, text=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         for line in process.stdout:
@@ -129,7 +144,9 @@ def run_ci(clone: Path, log: Path) -> tuple[int, float, float, str]:
     return code, time.monotonic() - started, children_cpu_s() - cpu_before, "".join(lines)
 
 
-def record(clone: Path, code: int, total_s: float, cpu_s: float, output: str) -> dict:
+def record(
+    clone: Path, code: int, total_s: float, cpu_s: float, output: str, workers: int | None
+) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     return {
@@ -143,17 +160,21 @@ def record(clone: Path, code: int, total_s: float, cpu_s: float, output: str) ->
         "total_s": round(total_s, 1),
         "cpu_s": round(cpu_s, 1),
         "cores": os.cpu_count(),
+        "test_workers": workers,
         **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
         "slowest": slowest_tests(output),
     }
 
 
-def run_and_record(repo: Path, clone: Path, results: Path, keep: bool) -> tuple[int, Path]:
+def run_and_record(
+    repo: Path, clone: Path, results: Path, keep: bool, workers: int | None = None
+) -> tuple[int, Path]:
     check_before_cloning(repo, clone)
     subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
+    env = clean_environment(workers)
     try:
-        code, total_s, cpu_s, output = run_ci(clone, clone.with_name(clone.name + ".log"))
-        entry = record(clone, code, total_s, cpu_s, output)
+        code, total_s, cpu_s, output = run_ci(clone, clone.with_name(clone.name + ".log"), env)
+        entry = record(clone, code, total_s, cpu_s, output, pytest_workers(clone, env))
     finally:
         if not keep:
             shutil.rmtree(clone)
@@ -174,6 +195,7 @@ def row(entry: dict) -> list[str]:
         "passed" if entry["exit_code"] == 0 else f"failed (exit {entry['exit_code']})",
         counted,
         f"{pytest_min} / {entry['total_s'] / 60:.1f} min",
+        str(entry.get("test_workers") or "-"),
         cores_busy(entry),
     ]
 
@@ -187,7 +209,8 @@ def cores_busy(entry: dict) -> str:
     return f"{entry['cpu_s'] / (entry['total_s'] * entry['cores']):.0%}"
 
 
-HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all", "cores busy"]
+HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all", "workers",
+          "cores busy"]  # fmt: skip
 SLOWEST_HEADER = ["seconds", "phase", "test"]
 
 
@@ -218,13 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clone-into", type=Path, default=None,
                         help="a new folder beside ../shared (default: ci-<date> beside --repo)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the clone after the run")
+    parser.add_argument("--test-workers", type=int, default=None, metavar="N",
+                        help="pytest workers (TEST_WORKERS; default: the Makefile's)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.test_workers is not None and args.test_workers < 1:
+        parser.error(f"--test-workers {args.test_workers}: at least 1")
     if args.command == "report":
         return machine_records.report(args, block, PAGE, BLOCK)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     clone = (args.clone_into or args.repo.resolve().parent / f"ci-{stamp}").resolve()
     try:
-        code, path = run_and_record(args.repo.resolve(), clone, args.results, args.keep)
+        code, path = run_and_record(args.repo.resolve(), clone, args.results, args.keep,
+                                    args.test_workers)  # fmt: skip
     except CannotRun as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -44,8 +44,9 @@ def git(*args: str, cwd: Path) -> str:
                           text=True).stdout.strip()  # fmt: skip
 
 
-def small_repository(root: Path, ci_commands: str) -> Path:
-    """A git repository beside `root/shared` whose CI script runs `ci_commands`."""
+def small_repository(root: Path, ci_commands: str, makefile: str | None = None) -> Path:
+    """A git repository beside `root/shared` whose CI script runs `ci_commands` (with a
+    Makefile of `makefile`'s text, if given)."""
     (root / ci_run.SHARED).mkdir(parents=True)
     repo = root / "repo"
     (repo / ".ci").mkdir(parents=True)
@@ -55,6 +56,8 @@ def small_repository(root: Path, ci_commands: str) -> Path:
     )
     (repo / "test_outcomes.py").write_text(OUTCOMES_TESTS)
     (repo / "requirements.lock").write_text("packaging==24.2\n")
+    if makefile is not None:
+        (repo / "Makefile").write_text(makefile)
     git("init", "--quiet", cwd=repo)
     git("add", ".", cwd=repo)
     git("commit", "--quiet", "-m", "small", cwd=repo)
@@ -125,6 +128,29 @@ def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, caps
     assert (entry["tests"], entry["pytest_s"], entry["exit_code"]) == (None, None, 3)
     assert "| failed (exit 3) | none ran | - / " in ci_run.block([entry])
     assert entry["slowest"] == [] and "Where the time goes" not in ci_run.block([entry])
+    assert entry["test_workers"] is None  # no Makefile, no TEST_WORKERS
+
+
+def test_the_pytest_workers_asked_for_reach_the_ci_script_and_are_recorded(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("TEST_WORKERS", raising=False)
+    repo = small_repository(tmp_path, 'echo "TEST_WORKERS=${TEST_WORKERS:-unset}"',
+                            makefile="lint:\n\ttrue\nTEST_WORKERS ?= 2\n")  # fmt: skip
+    entries = []
+    for asked, seen in [([], "unset"), (["--test-workers", "3"], "3")]:
+        clone, results = tmp_path / f"clone-{seen}", tmp_path / f"results-{seen}"
+        argv = ["--repo", str(repo), "--clone-into", str(clone), "--results", str(results)]
+        assert ci_run.main([*argv, *asked]) == 0
+        assert f"TEST_WORKERS={seen}" in clone.with_name(clone.name + ".log").read_text()
+        (path,) = results.glob("*.json")
+        entries.append(json.loads(path.read_text()))
+    assert [e["test_workers"] for e in entries] == [2, 3]  # the Makefile's default, then asked
+    assert [ci_run.row(e)[ci_run.HEADER.index("workers")] for e in entries] == ["2", "3"]
+
+    with pytest.raises(SystemExit):
+        ci_run.main(["--repo", str(repo), "--test-workers", "0"])
+    assert "--test-workers 0: at least 1" in capsys.readouterr().err
 
 
 def test_a_record_made_before_cpu_seconds_were_kept_shows_a_dash():
