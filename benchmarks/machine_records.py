@@ -22,25 +22,41 @@ def machine() -> dict:
     }
 
 
-def record_name(entry: dict) -> str:
-    """'<date>.<commit>.family<F>-model<M>.json': one file per run, never overwritten by a run
-    of another day, commit or class."""
+def record_name(entry: dict, run: int = 1) -> str:
+    """'<date>.<commit>.family<F>-model<M>.json': one file per run; the `run`-th run of one day,
+    commit and class (two settings compared on one machine) adds '.<run>' before '.json'."""
     cpu = entry["cpu"]
+    again = f".{run}" if run > 1 else ""
     return (f"{entry['finished'][:10]}.{entry['provenance']['commit']}"
-            f".family{cpu['family']}-model{cpu['model']}.json")  # fmt: skip
+            f".family{cpu['family']}-model{cpu['model']}{again}.json")  # fmt: skip
 
 
 def write(results: Path, entry: dict) -> Path:
+    """`entry` as a new file in `results`: never over an earlier run's record."""
     results.mkdir(parents=True, exist_ok=True)
-    path = results / record_name(entry)
-    path.write_text(json.dumps(entry, indent=2) + "\n", encoding="utf-8")
-    return path
+    run = 1
+    while True:
+        path = results / record_name(entry, run)
+        try:
+            with path.open("x", encoding="utf-8") as sink:  # "x": fails where the file exists
+                sink.write(json.dumps(entry, indent=2) + "\n")
+            return path
+        except FileExistsError:
+            run += 1
+
+
+def run_number(path: Path) -> int:
+    """The `run` `record_name` gave a record's file: 1, or the number before '.json'."""
+    last = path.name.removesuffix(".json").rsplit(".", 1)[-1]
+    return int(last) if last.isdigit() else 1
 
 
 def load(results: Path) -> list[dict]:
-    """The records in `results`, in the order their runs finished."""
-    entries = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("*.json"))]
-    return sorted(entries, key=lambda e: e["finished"])
+    """The records in `results`, in the order their runs finished (within one second, in the
+    order they were written)."""
+    paths = sorted(results.glob("*.json"))
+    order = {p: (json.loads(p.read_text(encoding="utf-8")), run_number(p)) for p in paths}
+    return [entry for entry, _ in sorted(order.values(), key=lambda e: (e[0]["finished"], e[1]))]
 
 
 def machine_label(entry: dict) -> str:

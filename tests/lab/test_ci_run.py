@@ -66,8 +66,10 @@ def small_repository(root: Path, ci_commands: str, makefile: str | None = None) 
 
 @pytest.fixture
 def outer_pytest_settings_removed(monkeypatch):
-    """The suite's own pytest options (a --basetemp, say) are not the small repository's."""
+    """The suite's own pytest options (a --basetemp, say) and pytest workers (TEST_WORKERS, set
+    when this suite itself runs under `ci_run --test-workers`) are not the small repository's."""
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    monkeypatch.delenv("TEST_WORKERS", raising=False)
 
 
 @pytest.mark.parametrize("verbosity", ["-q", "-v"])
@@ -117,7 +119,9 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     assert "| call | `test_outcomes.py::test_one` |" in table
 
 
-def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, capsys):
+def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(
+    tmp_path, outer_pytest_settings_removed
+):
     repo = small_repository(tmp_path, "echo 'lint: 1 error'; exit 3")
     results = tmp_path / "results"
     argv = ["--repo", str(repo), "--clone-into", str(tmp_path / "clone"), "--results", str(results)]
@@ -132,19 +136,17 @@ def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(tmp_path, caps
 
 
 def test_the_pytest_workers_asked_for_reach_the_ci_script_and_are_recorded(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, outer_pytest_settings_removed
 ):
-    monkeypatch.delenv("TEST_WORKERS", raising=False)
     repo = small_repository(tmp_path, 'echo "TEST_WORKERS=${TEST_WORKERS:-unset}"',
                             makefile="lint:\n\ttrue\nTEST_WORKERS ?= 2\n")  # fmt: skip
-    entries = []
+    results = tmp_path / "results"
     for asked, seen in [([], "unset"), (["--test-workers", "3"], "3")]:
-        clone, results = tmp_path / f"clone-{seen}", tmp_path / f"results-{seen}"
+        clone = tmp_path / f"clone-{seen}"
         argv = ["--repo", str(repo), "--clone-into", str(clone), "--results", str(results)]
         assert ci_run.main([*argv, *asked]) == 0
         assert f"TEST_WORKERS={seen}" in clone.with_name(clone.name + ".log").read_text()
-        (path,) = results.glob("*.json")
-        entries.append(json.loads(path.read_text()))
+    entries = machine_records.load(results)  # one day, commit and class: both records kept
     assert [e["test_workers"] for e in entries] == [2, 3]  # the Makefile's default, then asked
     assert [ci_run.row(e)[ci_run.HEADER.index("workers")] for e in entries] == ["2", "3"]
 

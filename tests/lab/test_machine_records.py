@@ -24,6 +24,18 @@ def test_records_are_named_by_day_commit_and_class_and_listed_as_they_finished(t
     assert machine_records.load(tmp_path) == [earlier, later]
 
 
+def test_a_second_run_of_one_day_commit_and_class_is_kept_beside_the_first(tmp_path):
+    """Two settings compared on one machine (pytest workers, say): neither record is lost."""
+    first = entry("aaa1111", "2026-01-02T10:00:00+00:00")
+    second = {**entry("aaa1111", "2026-01-02T10:00:00+00:00"), "setting": 3}  # the same second
+    third = entry("aaa1111", "2026-01-02T12:00:00+00:00")
+    paths = [machine_records.write(tmp_path, e) for e in (first, second, third)]
+    assert [p.name for p in paths] == ["2026-01-02.aaa1111.family25-model1.json",
+                                       "2026-01-02.aaa1111.family25-model1.2.json",
+                                       "2026-01-02.aaa1111.family25-model1.3.json"]  # fmt: skip
+    assert machine_records.load(tmp_path) == [first, second, third]
+
+
 def test_this_machine_is_recorded_with_its_cpu_family_and_model():
     cpu = environment.cpuinfo()
     recorded = machine_records.machine()
