@@ -54,9 +54,9 @@ def run_number(path: Path) -> int:
 def load(results: Path) -> list[dict]:
     """The records in `results`, in the order their runs finished (within one second, in the
     order they were written)."""
-    paths = sorted(results.glob("*.json"))
-    order = {p: (json.loads(p.read_text(encoding="utf-8")), run_number(p)) for p in paths}
-    return [entry for entry, _ in sorted(order.values(), key=lambda e: (e[0]["finished"], e[1]))]
+    records = [(json.loads(p.read_text(encoding="utf-8")), run_number(p))
+               for p in sorted(results.glob("*.json"))]  # fmt: skip
+    return [entry for entry, _ in sorted(records, key=lambda r: (r[0]["finished"], r[1]))]
 
 
 def machine_label(entry: dict) -> str:
