@@ -4,14 +4,11 @@
     python -m benchmarks.ci_run report [--update-docs]   # docs/test-suite.md's table of the records
 
 `bash .ci/run` is what CI runs: a fresh environment (`make setup`), `make lint`, then the
-README's test command. A CI machine's CPU class is chance, and the suite's time depends on it
-(bf16 kernels or float32 training), so docs/test-suite.md lists the runs from these records, one
-JSON file per run in benchmarks/results/ci/: when it finished, the commit and lock, the
-machine with its CPU family and model, the tests passed, failed and skipped, pytest's time
-and the whole run's, the CPU seconds its processes used (so whether the suite kept every core
-busy), how many pytest workers ran it, and the slowest tests pytest listed (`--durations`).
-`--test-workers N` runs it on N workers (the Makefile's `TEST_WORKERS`), to compare counts on
-one machine.
+README's test command. A CI machine's CPU class is chance and the suite's time depends on it, so
+docs/test-suite.md lists the runs from these records (benchmarks/results/ci/, one JSON file per
+run): the commit, lock and machine (CPU family and model), the tests' outcomes, pytest's time
+and the whole run's, its processes' CPU seconds (were the cores kept busy?), the pytest workers
+(`--test-workers N` sets the Makefile's `TEST_WORKERS`) and the slowest tests.
 
 The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
 corpus is read from `../shared` next to it. Its output is shown as it comes and kept in

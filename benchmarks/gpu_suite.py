@@ -18,14 +18,10 @@ Training (`benchmarks.train_throughput`'s systems and step, interleaved A, B, C,
   allocated before it; fairseq's worker reports its process's peak), and model FLOP
   utilisation (MFU): the step's model FLOPs / step time / the card's dense bf16 peak.
 
-  FLOPs are counted analytically (`train_throughput.training_flops`, checked against torch's
-  FlopCounterMode by the tests): every matmul of the forward pass (Q/K/V/O projections,
-  attention scores and weighted values at full length, causal ones in full, FFN, output
-  layer), 2 per multiply-add, x3 for forward and backward, on the padded batch. That is
-  6 x (non-embedding matmul parameters) x tokens plus attention and the output layer, the
-  usual MFU numerator; embedding lookups, norms, softmax and the optimizer are not counted.
-  The denominator is DENSE_BF16_PEAKS for the card's name (datasheet numbers, no sparsity);
-  for a card not in the table, and on a CPU, the bf16 matmul rate timed in this run.
+  FLOPs are counted as `train_throughput.training_flops` counts them (checked against torch's
+  FlopCounterMode by the tests); the denominator is DENSE_BF16_PEAKS for the card's name
+  (datasheet numbers, no sparsity), else (an unlisted card, a CPU) the bf16 matmul rate timed
+  in this run.
 
 Decoding, on the test split (test_2016_flickr), sentences sorted longest first and cut into
 batches of each `--decode-batch-sizes` sentences (at most `--decode-batches` batches a size):

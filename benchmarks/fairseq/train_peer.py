@@ -4,71 +4,43 @@
     python -m benchmarks.fairseq.train_peer --build-venv-only   # stage 1 alone (train_throughput's fairseq)
 
 Wu et al. (2021), "Good for Misconceived Reasons", report 41.0 lowercased BLEU on test2016
-(their repository LividWo/Revisit-MMT: README-baseline.md, evaluate.sh). This harness runs the toolkit that produced 41.0 on this machine, end to end, and scores its
-output with this project's own scoring, so the two systems are compared by one yardstick:
+(LividWo/Revisit-MMT: README-baseline.md, evaluate.sh). This harness runs the toolkit that
+produced it on this machine, end to end, and scores its output with this project's scoring, so
+the two systems are compared by one yardstick. `--help` gives every setting and its default:
 
- 1. venv      its own virtual environment, outside the repository (`--venv`, default
-              ~/.cache/transformer-ablations/fairseq-venv; fairseq is never a dependency of this
-              package): `python -m venv`, torch (`--torch-spec`; a CUDA build is refused unless
-              `--allow-cuda-torch`, checked with a pip dry run before anything is downloaded),
-              fairseq's dependencies, subword-nmt and sacremoses, then
-              `pip install --no-deps --no-build-isolation fairseq-fixed==0.12.3.1` (fairseq
-              0.12.3 made installable on Python 3.11+; torchaudio, which only its speech code
-              needs, is left out). Built once; a venv with the same specs is reused.
- 2. prepare   Multi30k task 1 as the dataset's `scripts/task1-tokenize.sh` makes it:
-              `lowercase.perl | normalize-punctuation.perl -l L | tokenizer.perl -l L` (Moses
-              3a0631a: escaping on, no `-a`). Here sacremoses, the Python port of those Moses
-              scripts: `str.lower`, `MosesPunctNormalizer(lang=L, perl_parity=True)` (the perl
-              turns a lone right quote into '"'), `MosesTokenizer(lang=L)` with `escape=True`
-              and no aggressive dash splits: `pipeline.data.moses.moses_tokenize`, which our
-              own pipeline applies under `data.tokenizer.pretokenizer: moses`.
- 3. bpe       joint subword-nmt BPE, `--bpe-merges` (10000) merges learned on en+de train:
-              `subword-nmt learn-joint-bpe-and-vocab --write-vocabulary vocab.en vocab.de`, then
-              `subword-nmt apply-bpe -c codes --vocabulary vocab.L` per file, as the dataset's
-              `scripts/task1-bpe.sh` does.
- 4. binarize  `fairseq-preprocess --joined-dictionary` (one dictionary from train, ~9.7k types).
- 5. train     `fairseq-train` with every size explicit (fairseq's own `transformer_tiny` is a
-              different model): `--arch transformer` 4+4 layers, d_model 128, FFN 256, 4 heads,
-              post-norm, sinusoidal positions, `--share-all-embeddings`, dropout 0.3, attention
-              and activation dropout 0; Adam (0.9, 0.98) eps 1e-8, `--clip-norm 25` (the default
-              of their fairseq fork; 0.12's default is no clipping); lr 0.005, inverse_sqrt,
-              2000 warm-up updates from 1e-7; label smoothing 0.1; `--max-tokens 4096
-              --update-freq 2` (their 2 GPUs x 4096 on one device); `--max-update 8000`;
-              `--patience 10` on val loss; a checkpoint per epoch; float32 on the CPU, seed 1
-              (`--device cuda`: on the GPU, still float32; the venv's torch must see it).
- 6. average   the element-wise mean of the last `--average-last` (10) epoch checkpoints, as
-              fairseq's `scripts/average_checkpoints.py --num-epoch-checkpoints 10` (which the
-              fairseq-fixed package does not ship; `average_checkpoints` below is the same
-              algorithm, run inside the fairseq venv to unpickle fairseq's checkpoints).
- 7. generate  `fairseq-generate --beam 5 --lenpen 1.0 --remove-bpe` on val and test2016, with
-              `--required-batch-size-multiple 1`: fairseq 0.12 drops a last batch whose size is
-              not a multiple of it (its issue #5036; the default 8 loses 6 of the 1014 val
-              sentences; test2016's 1000 happen to survive), so every sentence is translated.
- 8. score     fairseq's own BLEU4 line (tokenized lowercased text against its binarized
-              references: the number Wu et al. report), and this project's scoring
-              (`pipeline.evaluation.scoring.score`): the hypotheses are detokenized with
-              sacremoses' `MosesDetokenizer` (`pipeline.data.moses.moses_detokenize`) and
-              scored against the raw references, giving sacreBLEU's lowercased BLEU
-              (`bleu_lc`) and the tokenized lowercased BLEU of the literature (`bleu_tok_lc`)
-              exactly as our own evaluation computes them.
+ 1. venv      fairseq's own venv outside the repository (`--venv`; fairseq is never a dependency
+              of this package): torch (a CUDA build refused after a pip dry run, unless
+              `--allow-cuda-torch`), fairseq's dependencies, subword-nmt, sacremoses, then
+              fairseq-fixed 0.12.3.1 with `--no-deps` (torchaudio left out). Reused while its
+              specs are unchanged.
+ 2. prepare   the dataset's `scripts/task1-tokenize.sh` (lowercase, Moses punctuation
+              normalisation, Moses tokenizer with escaping) in sacremoses:
+              `pipeline.data.moses.moses_tokenize`, our own `pretokenizer: moses`.
+ 3. bpe       joint subword-nmt BPE learned on en+de train, applied per file with its
+              language's vocabulary, as `scripts/task1-bpe.sh` does.
+ 4. binarize  `fairseq-preprocess --joined-dictionary`.
+ 5. train     `fairseq-train --arch transformer` with every size explicit (fairseq's own
+              `transformer_tiny` is another model), shared embeddings, their fork's
+              `--clip-norm 25`, `--max-tokens 4096 --update-freq 2` (their 2 GPUs on one
+              device), float32 (`--device cuda`: on the GPU, still float32).
+ 6. average   the mean of the last `--average-last` epoch checkpoints: fairseq's
+              `scripts/average_checkpoints.py` (not shipped by fairseq-fixed), run in the venv.
+ 7. generate  `fairseq-generate --beam 5 --remove-bpe` on val and test2016 with
+              `--required-batch-size-multiple 1` (fairseq 0.12 drops a last batch that is not a
+              multiple of it: its issue #5036), so every sentence is translated.
+ 8. score     fairseq's BLEU4 line (the number Wu et al. report) and this project's scoring of
+              the Moses-detokenized hypotheses against the raw references (`bleu_lc`,
+              `bleu_tok_lc`, exactly as our evaluation computes them).
 
-The result, one JSON object (system, recipe, updates, epochs, target tokens seen, wall times,
-target tokens/s, val and test2016 scores, every command, hardware), goes to `--out` and is the
-last line of stdout. Everything runs in `--work-dir` (default ~/.cache/transformer-ablations/
-fairseq-peer), never in the repository; the corpus is read where it lies. The data stages are
-reused when their settings are unchanged; a `fairseq-train` interrupted with the same command
-resumes from its `checkpoint_last.pt` (fairseq's own resume), a different command in the same
-work dir is refused. `--max-train-pairs` / `--max-eval-pairs` cut the corpus for a smoke run
-only (recorded in the result as `smoke: true`); `--dry-run` prints the commands and stops.
-
-Offline GPU machine: `--device cuda --system-site-packages --torch-spec torch==X
---allow-cuda-torch` makes the venv see the machine's own torch (installed nothing when it
-already satisfies `--torch-spec`); pip's PIP_NO_INDEX / PIP_FIND_LINKS, inherited by every
-step, point the rest at local wheels and the fairseq-fixed sdist.
-
-Threads: fairseq runs with `--threads` (default 1) OpenMP/MKL threads and no data-loading
-worker processes, so its tokens/s compare with our one-thread numbers; run the harness itself
-under `nice` on a shared machine.
+The result (recipe, updates, epochs, target tokens, wall and CPU times, tokens/s, scores, every
+command, hardware) goes to `--out` as JSON and is stdout's last line. Everything runs in
+`--work-dir`, outside the repository; data stages are reused while their settings hold, an
+interrupted `fairseq-train` of the same command resumes from `checkpoint_last.pt`, another
+command in that work dir is refused. `--max-train-pairs` / `--max-eval-pairs` make a smoke run
+(`smoke: true`); `--dry-run` prints the commands. Offline GPU machine: `--device cuda
+--system-site-packages --torch-spec torch==X --allow-cuda-torch` uses the machine's torch; pip's
+PIP_NO_INDEX / PIP_FIND_LINKS point the rest at local wheels. fairseq runs on `--threads` (1)
+threads with no loader processes, so its tokens/s compare with our one-thread numbers.
 """
 
 from __future__ import annotations
