@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -28,13 +29,17 @@ pytestmark = pytest.mark.slow
 
 
 def run_cli(*args: str) -> str:
+    return run_cli_result(*args).stdout
+
+
+def run_cli_result(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline"}
     result = subprocess.run(
         [sys.executable, "-m", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ExperimentalWarning" not in result.stderr
-    return result.stdout
+    return result
 
 
 def run_study(spec: dict, tmp_path) -> tuple[optuna.Study, object]:
@@ -51,16 +56,23 @@ def run_study(spec: dict, tmp_path) -> tuple[optuna.Study, object]:
 def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
     monkeypatch.setenv("MULTI30K_DIR", str(multi30k_dir))
     results, work = tmp_path / "results", tmp_path / "work"
-    out = run_cli("pipeline.sweep", "ablations/smoke.yaml", "--results-dir", str(results),
-                  "--work-dir", str(work))  # fmt: skip
+    done = run_cli_result("pipeline.sweep", "ablations/smoke.yaml", "--workers", "2",
+                          "--results-dir", str(results), "--work-dir", str(work))  # fmt: skip
+    out = done.stdout
+    assert "starting 2 sweep workers, 1 thread(s) each" in done.stderr
 
     storage = f"sqlite:///{results / 'smoke' / 'study.db'}"
     study = optuna.load_study(study_name="smoke", storage=storage)
     assert len(study.trials) == 4
-    # What the worker said, and what optuna-dashboard reads: the objective's name, the key
-    # each variant sets, every validation (steps 10 and 20) as an intermediate value.
-    for k in range(1, 5):
-        assert f"; {k} of 4 finished" in out, out
+    # Two workers really ran side by side: some trials overlapped in time.
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in study.trials)
+    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
+    # What the workers said (one line per finished trial, the study's count when it finished:
+    # two finishing at once may both count 2), and what optuna-dashboard reads: the
+    # objective's name, the key each variant sets, every validation (steps 10 and 20) as an
+    # intermediate value.
+    finished = re.findall(r"\((?:complete|pruned)\) in [^;\n]*; (\d) of 4 finished", out)
+    assert len(finished) == 4 and max(finished) == "4", out
     best = study.best_trial
     assert f"best: trial {best.number} ({best.params['variant']}-seed{best.params['seed']})" in out
     assert "trial work folders: " in out and "python -m pipeline.clean" in out
