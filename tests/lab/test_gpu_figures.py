@@ -26,6 +26,11 @@ SCRIPT = REPO_ROOT / "benchmarks" / "gpu_figures.sh"
 COMMIT = "abc1234"
 
 
+def on_one_core() -> None:
+    """Confine this process and its children to one of the cores it may use."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
 @pytest.mark.slow
 def test_the_gpu_run_writes_both_records_and_the_report_renders_them(
     tmp_path, multi30k_dir, tokenized_smoke
@@ -58,8 +63,12 @@ def test_the_gpu_run_writes_both_records_and_the_report_renders_them(
         "GPU_SUITE_S": "900",
         "SWEEP_S": "900",
     }
+    # On one core, as every test process trains on one thread: the launcher gives a lone sweep
+    # worker every core it may use, and with the suite's other processes on them its trial's
+    # threads wait on each other (a beam search of seconds took 45 s).
     done = subprocess.run(["bash", str(SCRIPT), COMMIT, str(out)], cwd=REPO_ROOT, env=env,
-                          text=True, capture_output=True, timeout=2000)  # fmt: skip
+                          text=True, capture_output=True, timeout=2000,
+                          preexec_fn=on_one_core)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "GPU suite on cpu" in done.stdout and "sweep workers 1 2" in done.stdout
 
