@@ -205,17 +205,37 @@ def test_seed_points_show_points_and_intervals_on_an_axis_that_does_not_exaggera
         plots.seed_points_figure(labels, seeds, [0.6, None], ylabel="BLEU", notes=notes[:1])
 
 
+def drawn_inside(fig, title: str) -> None:
+    """The figure's one title is drawn whole inside it: wrapped, not cut at its edges."""
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    drawn = ax.title.get_window_extent()
+    assert 0 <= drawn.x0 and drawn.x1 <= fig.bbox.width, (drawn, fig.bbox.width)
+    assert ax.title.get_text().split() == title.split()
+
+
+@pytest.mark.parametrize("chart", ["scatter", "curves"])
+def test_a_long_title_is_wrapped_inside_the_figure(chart):
+    """A study report's title with 'interim, k of n' on the narrower charts (it overran the
+    perplexity chart's edges)."""
+    title = "label smoothing: val perplexity against BLEU (paper 5.4), interim, 45 of 55 " * 2
+    if chart == "scatter":
+        fig = plots.labelled_scatter_figure({"base": [(5.7, 39.0), (5.8, 38.1)]}, xlabel="PPL",
+                                            ylabel="BLEU", title=title)  # fmt: skip
+    else:
+        fig = plots.curves_figure({"base": ([200, 400], [2.1, 3.2])}, xlabel="update",
+                                  ylabel="BLEU", title=title)  # fmt: skip
+    drawn_inside(fig, title)
+
+
 def test_one_variants_seed_points_keep_the_whole_title_and_a_column_of_their_own():
     """A study with one variant so far (its base seeds): the title, which carries 'interim, k of
     n', is drawn whole inside the figure, and the column is centred, not stretched across it."""
     title = "table3_bc: one factor at a time, interim, 4 of 55"
     fig = plots.seed_points_figure(["base"], [[37.9, 36.7, 38.3, 36.8]], [1.3], ylabel="BLEU",
                                    title=title, notes=["(base)"])  # fmt: skip
-    FigureCanvasAgg(fig).draw()
+    drawn_inside(fig, title)
     ax = fig.axes[0]
-    drawn = ax.title.get_window_extent()
-    assert 0 <= drawn.x0 and drawn.x1 <= fig.bbox.width
-    assert ax.title.get_text().split() == title.split()  # wrapped, not cut
     low, high = ax.get_xlim()
     xs = [x for line in ax.get_lines() for x in line.get_xdata()]
     assert low < min(xs) and max(xs) < high and max(xs) - min(xs) < (high - low) / 2

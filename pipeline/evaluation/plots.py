@@ -237,6 +237,7 @@ def plot_bar_chart(
 # or two then looks like one, not like a cliff, whatever the spread of the scores
 MIN_SPAN = 10.0
 TITLE_CHARS_PER_INCH = 8  # characters of matplotlib's default title font per inch of figure
+TITLE_WIDTH_SHARE = 0.95  # of the figure's width a title may take on one line
 COLUMN_MARGIN = 0.7  # x units beside the outer columns: one column stays a column, centred
 
 
@@ -280,11 +281,20 @@ def seed_points_figure(
         ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="base (mean)")
         ax.legend(loc="lower left", fontsize=8)
     ax.set_xlim(-COLUMN_MARGIN, len(labels) - 1 + COLUMN_MARGIN)
-    if title:  # wrapped to the figure's width: a narrow figure (one variant) keeps all of it
-        width = int(fig.get_figwidth() * TITLE_CHARS_PER_INCH)
-        ax.set_title(textwrap.fill(title, width=width, break_long_words=False))
+    if title:
+        set_wrapped_title(ax, title)
     ax.grid(axis="y", alpha=0.3)
     return fig
+
+
+def set_wrapped_title(ax, title: str) -> None:
+    """`title` on one line where it fits the figure's width, else wrapped to it: a narrow figure
+    (one variant, a long 'interim, k of n') keeps all of it instead of cutting it at the edges."""
+    text = ax.set_title(title)
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()
+    if text.get_window_extent(renderer).width > ax.figure.bbox.width * TITLE_WIDTH_SHARE:
+        width = int(ax.figure.get_figwidth() * TITLE_CHARS_PER_INCH)
+        text.set_text(textwrap.fill(title, width=width, break_long_words=False))
 
 
 def _axes_figure(size: tuple[float, float], what: str, items: Mapping) -> tuple[Figure, object]:
@@ -297,7 +307,7 @@ def _axes_figure(size: tuple[float, float], what: str, items: Mapping) -> tuple[
 def _label_axes(ax, xlabel: str, ylabel: str, title: str | None) -> None:
     ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
-        ax.set_title(title)
+        set_wrapped_title(ax, title)
     ax.grid(alpha=0.3)
 
 
