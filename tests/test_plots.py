@@ -214,7 +214,7 @@ def drawn_inside(fig, title: str) -> None:
     assert ax.title.get_text().split() == title.split()
 
 
-@pytest.mark.parametrize("chart", ["scatter", "curves"])
+@pytest.mark.parametrize("chart", ["scatter", "curves", "bars"])
 def test_a_long_title_is_wrapped_inside_the_figure(chart):
     """A study report's title with 'interim, k of n' on the narrower charts (it overran the
     perplexity chart's edges)."""
@@ -222,9 +222,11 @@ def test_a_long_title_is_wrapped_inside_the_figure(chart):
     if chart == "scatter":
         fig = plots.labelled_scatter_figure({"base": [(5.7, 39.0), (5.8, 38.1)]}, xlabel="PPL",
                                             ylabel="BLEU", title=title)  # fmt: skip
-    else:
+    elif chart == "curves":
         fig = plots.curves_figure({"base": ([200, 400], [2.1, 3.2])}, xlabel="update",
                                   ylabel="BLEU", title=title)  # fmt: skip
+    else:
+        fig = plots.bar_chart_figure(["base"], [38.0], [0.6], ylabel="BLEU", title=title)
     drawn_inside(fig, title)
 
 

@@ -210,7 +210,7 @@ def bar_chart_figure(
         ax.axhline(baseline, color="tab:red", linestyle="--", linewidth=1, label="baseline")
         ax.legend()
     if title:
-        ax.set_title(title)
+        set_wrapped_title(ax, title)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
