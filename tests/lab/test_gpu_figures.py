@@ -65,7 +65,7 @@ def test_the_gpu_run_writes_both_records_and_the_report_renders_them(
     }
     # On one core, as every test process trains on one thread: the launcher gives a lone sweep
     # worker every core it may use, and with the suite's other processes on them its trial's
-    # threads wait on each other (a beam search of seconds took 45 s).
+    # threads wait on each other (a beam search of 2 s took 43 s).
     done = subprocess.run(["bash", str(SCRIPT), COMMIT, str(out)], cwd=REPO_ROOT, env=env,
                           text=True, capture_output=True, timeout=2000,
                           preexec_fn=on_one_core)  # fmt: skip
