@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,15 +29,17 @@ NOW = datetime.datetime(2026, 11, 27, 16, 0, 0)
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("90m", 5400), ("2h30m", 9000), ("3600s", 3600), ("1.5h", 5400), ("18:40", 9600),
+     ("15:00", 23 * 3600), ("16:00", 24 * 3600), ("0:30", 8.5 * 3600),
      ("2026-11-28T16:00", 86400), ("45min", 2700)],
 )  # fmt: skip
 def test_a_deadline_is_a_duration_or_a_clock_time(text, seconds):
+    """A clock time is the next one: past today's, it is tomorrow's (an evening's `07:00`)."""
     deadline = deadline_lib.parse_deadline(text, now=NOW)
     assert deadline.at - NOW.timestamp() == pytest.approx(seconds)
     assert deadline_lib.parse_deadline(deadline.iso(), now=NOW).at == deadline.at
 
 
-@pytest.mark.parametrize("text", ["15:00", "2026-11-27T15:59", "soon", "", "-5m", "25:00"])
+@pytest.mark.parametrize("text", ["2026-11-27T15:59", "soon", "", "-5m", "25:00", "7:60"])
 def test_a_past_or_unreadable_deadline_is_refused(text):
     with pytest.raises(ConfigError, match="--deadline"):
         deadline_lib.parse_deadline(text, now=NOW)
@@ -111,6 +114,11 @@ def test_a_worker_starts_no_trial_that_cannot_finish_by_its_deadline(tmp_path):
     started = time.monotonic()
     done = run_worker(spec, results, "10m", timeout=300)
     assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"deadline \d{4}-\d\d-\d\d \d\d:\d\d \(0\.[12] h from now\): starting only "
+        "trials expected to finish by then",
+        done.stdout.splitlines()[0],
+    ), done.stdout
     assert "no waiting trial fits in the 10 min left" in done.stdout
     assert "0 of 2 trials finished, 2 waiting (about 1.0 h of one worker" in done.stdout
     assert [t.state for t in trials_of(spec, results)] == [TrialState.WAITING] * 2

@@ -55,8 +55,10 @@ class Deadline:
 
 
 def parse_deadline(text: str, now: datetime.datetime | None = None) -> Deadline:
-    """A duration from now (`90m`, `2h30m`, `3600s`) or a local clock time (`18:40` today, or
-    an ISO date and time `2026-11-27T18:40`). A clock time already past is refused."""
+    """A duration from now (`90m`, `2h30m`, `3600s`) or a local clock time: `18:40` is the next
+    18:40 (tomorrow's once today's has passed, as `shutdown` and `at` read it, so an evening's
+    `--deadline 07:00` means the morning), an ISO date and time `2026-11-27T18:40` that one
+    moment, refused once past."""
     now = now or datetime.datetime.now()
     spoken = text.strip().lower().replace(" ", "")
     duration = _DURATION.fullmatch(spoken)
@@ -67,6 +69,8 @@ def parse_deadline(text: str, now: datetime.datetime | None = None) -> Deadline:
         if re.fullmatch(r"\d{1,2}:\d{2}", spoken):
             clock = datetime.time.fromisoformat(spoken.zfill(5))
             at = datetime.datetime.combine(now.date(), clock)
+            if at <= now:
+                at += datetime.timedelta(days=1)
         else:
             at = datetime.datetime.fromisoformat(text.strip())
     except ValueError:

@@ -97,6 +97,9 @@ def run_worker(
             return run_trial(spec, trial, results_root, study_dir, precision=worker.precision)
 
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
+    if deadline is not None:
+        print(f"deadline {deadline.clock()} ({hours(deadline.left())} from now): starting only "
+              "trials expected to finish by then", flush=True)  # fmt: skip
     ran = 0
     while n_trials is None or ran < n_trials:
         with experimental_warnings_silenced():
