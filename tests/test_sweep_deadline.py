@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import optuna
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from pipeline.errors import ConfigError
@@ -39,10 +41,33 @@ def test_a_deadline_is_a_duration_or_a_clock_time(text, seconds):
     assert deadline_lib.parse_deadline(deadline.iso(), now=NOW).at == deadline.at
 
 
-@pytest.mark.parametrize("text", ["2026-11-27T15:59", "soon", "", "-5m", "25:00", "7:60"])
+@pytest.mark.parametrize(
+    "text", ["2026-11-27T15:59", "soon", "", "-5m", "25:00", "7:60", "0m", "0h0s"]
+)
 def test_a_past_or_unreadable_deadline_is_refused(text):
     with pytest.raises(ConfigError, match="--deadline"):
         deadline_lib.parse_deadline(text, now=NOW)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(
+    st.text(max_size=12),
+    st.from_regex(r"\A-?\d{1,3}(\.\d)?(h|m|min|s)?(\d{1,2}(m|s))?\Z"),
+    st.from_regex(r"\A\d{1,2}:\d{1,2}\Z"),
+    st.datetimes(min_value=NOW - datetime.timedelta(days=2),
+                 max_value=NOW + datetime.timedelta(days=2)).map(datetime.datetime.isoformat),
+))  # fmt: skip
+def test_any_deadline_text_is_a_time_to_come_or_refused_naming_the_flag(text):
+    """Whatever a user types after `--deadline`: a moment after now, or a ConfigError (exit 2)
+    naming the flag, never another exception; a clock time comes within the next 24 hours."""
+    try:
+        deadline = deadline_lib.parse_deadline(text, now=NOW)
+    except ConfigError as refused:
+        assert "--deadline" in str(refused)
+        return
+    assert deadline.at > NOW.timestamp()
+    if re.fullmatch(r"\d{1,2}:\d{2}", text):
+        assert deadline.at - NOW.timestamp() <= 24 * 3600
 
 
 def _times(study, estimate_minutes=None, trial_hours=None) -> deadline_lib.TrialTimes:

@@ -64,7 +64,10 @@ def parse_deadline(text: str, now: datetime.datetime | None = None) -> Deadline:
     duration = _DURATION.fullmatch(spoken)
     if spoken and duration and any(duration.groups()):
         hours, minutes, seconds = (float(part or 0) for part in duration.groups())
-        return Deadline(now.timestamp() + hours * SECONDS_PER_HOUR + minutes * 60 + seconds, text)
+        length = hours * SECONDS_PER_HOUR + minutes * 60 + seconds
+        if length <= 0:
+            raise ConfigError(f"--deadline {text!r} is no time at all: give a duration such as 2h")
+        return Deadline(now.timestamp() + length, text)
     try:
         if re.fullmatch(r"\d{1,2}:\d{2}", spoken):
             clock = datetime.time.fromisoformat(spoken.zfill(5))
