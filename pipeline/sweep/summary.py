@@ -8,7 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.sweep.claims import FINISHED, count_trials
-from pipeline.sweep.deadline import TrialTimes, trial_variant
+from pipeline.sweep.deadline import Deadline, TrialTimes, trial_variant
 from pipeline.sweep.spec import RESULTS_ROOT, StudySpec
 from pipeline.sweep.trial_params import point_name
 
@@ -33,6 +33,13 @@ def _about(seconds: float) -> str:
 def _finished_of(study: optuna.Study, target: int | None) -> str:
     finished = count_trials(study, FINISHED)
     return f"{finished} of {target}" if target else str(finished)
+
+
+def deadline_line(deadline: Deadline) -> str:
+    """`deadline 2026-11-28 07:00 (in 9 h 30 min): ...`: a worker's first line, so a clock time
+    read as tomorrow's, or a mistyped one, shows before any trial starts."""
+    return (f"deadline {deadline.clock()} (in {_duration(deadline.left())}): starting only "
+            "trials expected to finish by then")  # fmt: skip
 
 
 def start_line(

@@ -43,7 +43,7 @@ from pipeline.sweep.storage import (
     open_study,
     refused_connections_named,
 )
-from pipeline.sweep.summary import start_line, trial_line
+from pipeline.sweep.summary import deadline_line, start_line, trial_line
 from pipeline.sweep.trial import run_trial
 from pipeline.sweep.trial_params import point_name
 from pipeline.sweep.work_dirs import claim_study_work_dir
@@ -98,8 +98,7 @@ def run_worker(
 
     target = len(spec.grid()) if spec.kind == "grid" else spec.n_trials
     if deadline is not None:
-        print(f"deadline {deadline.clock()} ({hours(deadline.left())} from now): starting only "
-              "trials expected to finish by then", flush=True)  # fmt: skip
+        print(deadline_line(deadline), flush=True)
     ran = 0
     while n_trials is None or ran < n_trials:
         with experimental_warnings_silenced():
