@@ -64,9 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--deadline",
-        help="stop by this time: a duration (2h30m) or a local clock time (18:40, the next one): start only "
-        "trials expected to finish by then, stop a running one at a checkpoint at the deadline "
-        "and exit 0 (for a scheduler's time limit, a spot instance, a machine held for some hours)",
+        help="stop by this time: a duration (2h30m) or a local clock time (18:40, the next one): "
+        "start only trials expected to finish by then, stop a running one at a checkpoint at the "
+        "deadline and exit 0 (for a scheduler's time limit, a spot instance, a machine held for "
+        "some hours)",
     )
     parser.add_argument(
         "--allow-mixed",
