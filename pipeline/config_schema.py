@@ -10,6 +10,7 @@ trial sets its paths and precision so). `pipeline.config_reference` derives the 
 params.yaml and the reference table of docs/configuration.md from these classes.
 """
 
+import dataclasses
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, Strict, ValidationError, model_validator
@@ -101,12 +102,27 @@ def section(cls: type) -> type:
         try:
             validated_setattr(self, name, value)
         except ValidationError as err:
-            where = f"{SECTIONS.get(type(self), '')}.{name}".lstrip(".")
-            reason = err.errors()[0]["msg"]
-            raise refuse(where, f"must be valid for it, got {value!r} ({reason})") from None
+            raise _refused_value(type(self), name, value, err) from None
 
     cls.__setattr__ = __setattr__
     return cls
+
+
+def changed(settings: Any, **values: Any) -> Any:
+    """A copy of the section `settings` with `values` (a command's `--beam 3` over
+    `eval.beam_size`), held to the schema: a value outside its key's domain raises the
+    ConfigError naming the dotted key, as at load."""
+    try:
+        return dataclasses.replace(settings, **values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = ".".join(map(str, first["loc"]))
+        raise _refused_value(type(settings), name, first.get("input"), err) from None
+
+
+def _refused_value(cls: type, name: str, value: Any, err: ValidationError) -> ConfigError:
+    where = f"{SECTIONS.get(cls, '')}.{name}".lstrip(".")
+    return refuse(where, f"must be valid for it, got {value!r} ({err.errors()[0]['msg']})")
 
 
 @section

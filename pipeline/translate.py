@@ -28,7 +28,6 @@ shows a progress bar on stderr.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,7 +103,7 @@ class Translator:
                 f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam}]: a beam "
                 "of k keeps k hypotheses"
             )
-        settings = dataclasses.replace(
+        settings = config_schema.changed(
             self.eval_cfg,
             beam_size=beam,
             nbest=num_hypotheses,
@@ -225,6 +224,8 @@ def _positive_int(text: str) -> int:
 def translate(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     resolve_device(args.device)  # before anything is read
+    if args.length_penalty is not None:  # held to eval.length_penalty's domain, as early
+        config_schema.changed(config_schema.EvalConfig(), length_penalty=args.length_penalty)
     if args.beam and args.nbest > args.beam:
         raise ConfigError(f"--nbest {args.nbest} is more than --beam {args.beam}: raise --beam")
     if args.params is None and args.checkpoint is not None:

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from pipeline import config as config_lib
 from pipeline.cli import main
 from pipeline.config_reference import leaves
+from pipeline.config_schema import changed
 from pipeline.stages import check
 from tests.conftest import set_key
 from tests.schema_values import accepts, outside
@@ -176,6 +177,31 @@ def test_a_value_set_on_a_validated_config_is_validated():
         cfg.paths.prepared = ""
     with pytest.raises(config_lib.ConfigError, match="model.heads"):
         cfg.model.heads = 3  # 128 / 3: the section's own check runs too
+
+
+@functools.cache
+def default_config():
+    return config_lib.compose([])
+
+
+@pytest.mark.parametrize(("key", "schema"), LEAVES, ids=[name for name, _ in LEAVES])
+@settings(max_examples=2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
+@given(data=st.data())
+def test_a_commands_value_over_a_section_is_held_to_the_keys_domain(key, schema, data):
+    """What a command sets over a section (`translate --length-penalty`, the decoding search's
+    grid: `config_schema.changed`): for every key, a value outside its domain is refused with
+    the ConfigError naming the key, and the section it was asked of is left as it was; the
+    key's own default is taken."""
+    *sections, name = key.split(".")
+    section = functools.reduce(getattr, sections, default_config())
+    before = getattr(section, name)
+    bad = data.draw(outside(schema), label=key)
+    with pytest.raises(config_lib.ConfigError) as refused:
+        changed(section, **{name: bad})
+    assert names_the_key(str(refused.value), key), refused.value
+    assert getattr(section, name) == before
+    assert getattr(changed(section, **{name: before}), name) == before
 
 
 def test_head_dim_frees_d_k_from_d_model_over_heads():

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
+from pipeline.errors import ConfigError
 from pipeline.evaluation import decoding_search, evaluate, model_loading
+from tests.conftest import write_params
 
 
 @pytest.fixture
@@ -72,3 +75,21 @@ def test_table_marks_the_best_row():
     table = decoding_search.format_table({"rows": [row, other], "best": row})
     assert table.splitlines()[2].endswith("<- best")
     assert "<- best" not in table.splitlines()[3]
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [(["--length-penalty", "1.0", "-1"], "eval.length_penalty"),
+     (["--length-penalty", "nan"], "eval.length_penalty"),
+     (["--beam-size", "0"], "eval.beam_size"),
+     (["--average", "5", "0"], "eval.average")],
+)  # fmt: skip
+def test_a_grid_value_outside_its_keys_domain_is_refused_before_any_checkpoint_is_read(
+    tmp_path, monkeypatch, flags, key
+):
+    """In a folder with no run at all: the value is refused first, naming its key, not the
+    missing checkpoints a search would stop at after averaging and decoding the others."""
+    write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^config key '{re.escape(key)}': must be valid"):
+        decoding_search.run(flags)

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.config import to_dict
+from pipeline.errors import ConfigError
 from tests.conftest import REPO_ROOT
 
 
@@ -224,9 +225,13 @@ def test_a_checkpoint_that_would_run_code_is_refused(make_config, malicious_chec
         (["--device", "cuda:7"], "device 'cuda:7': this machine has"),
         (["--device", "toaster"], "device 'toaster'"),
         (["--beam", "2", "--nbest", "3"], "--nbest 3 is more than --beam 2"),
+        (["--length-penalty", "-1"], "config key 'eval.length_penalty': must be valid"),
+        (["--length-penalty", "nan"], "config key 'eval.length_penalty': must be valid"),
     ],
 )
-def test_bad_device_or_nbest_is_refused_before_anything_is_read(tmp_path, args, message):
+def test_bad_device_nbest_or_length_penalty_is_refused_before_anything_is_read(
+    tmp_path, args, message
+):
     result = run_translate(*args, cwd=tmp_path)  # no params.yaml there: refused before
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: ") and message in result.stderr
@@ -267,6 +272,9 @@ def test_nbest_length_penalty_and_device_match_the_python_api(trained_smoke, smo
     other = translator.translate_batch(sentences, beam_size=3, num_hypotheses=3,
                                        length_penalty=0.0)  # fmt: skip
     assert [t.scores for t in other] != [t.scores for t in batch]
+    # One outside the key's domain: the ConfigError naming it, as the command's.
+    with pytest.raises(ConfigError, match=r"^config key 'eval.length_penalty': must be valid"):
+        translator.translate_batch(sentences, length_penalty=-0.5)
 
 
 def test_a_checkpoint_path_that_is_a_folder_says_so(make_config, tmp_path):

@@ -16,7 +16,6 @@ far from 1 on val may not transfer to test.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from sacrebleu.metrics import BLEU
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
+from pipeline.config_schema import changed
 from pipeline.errors import PipelineError
 from pipeline.evaluation.scoring import LITERATURE_METRIC, score
 
@@ -84,7 +84,7 @@ def search(
                 src_ids = tokenizer.encode_sources(corpus.src)
             for beam_size in beam_sizes:
                 for length_penalty in length_penalties:
-                    settings = dataclasses.replace(
+                    settings = changed(
                         cfg.eval, beam_size=beam_size, length_penalty=length_penalty, nbest=1
                     )
                     desc = f"average {average}, beam {beam_size}, lp {length_penalty}"
@@ -138,8 +138,16 @@ def run(argv: Sequence[str] | None = None) -> dict:
         raise PipelineError(f"--checkpoint {args.checkpoint}: no such file")
     from pipeline import config
 
-    result = search(config.load(), args.average, args.beam_size, args.length_penalty,
-                    args.metric, checkpoint=args.checkpoint)  # fmt: skip
+    cfg = config.load()
+    # Every value held to its key's domain before a checkpoint is averaged or a sentence read.
+    for average in args.average:
+        changed(cfg.eval, average=average)
+    for beam_size in args.beam_size:
+        changed(cfg.eval, beam_size=beam_size, nbest=1)
+    for length_penalty in args.length_penalty:
+        changed(cfg.eval, length_penalty=length_penalty)
+    result = search(cfg, args.average, args.beam_size, args.length_penalty, args.metric,
+                    checkpoint=args.checkpoint)  # fmt: skip
     print(format_table(result))
     return result
 
