@@ -140,7 +140,7 @@ def test_a_worker_starts_no_trial_that_cannot_finish_by_its_deadline(tmp_path):
     done = run_worker(spec, results, "10m", timeout=300)
     assert done.returncode == 0, done.stderr
     assert re.search(
-        r"deadline \d{4}-\d\d-\d\d \d\d:\d\d \(in \d min \d\d s\): starting only "
+        r"deadline \d{4}-\d\d-\d\d \d\d:\d\d \(in \d+ min \d\d s\): starting only "
         "trials expected to finish by then",
         done.stdout.splitlines()[0],
     ), done.stdout
