@@ -34,6 +34,17 @@ def parser(prog: str, doc: str | None, **kwargs) -> argparse.ArgumentParser:
     )
 
 
+def positive_int(text: str) -> int:
+    """argparse's `type=` for a count or a size: an integer >= 1 (else usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def stage_args(prog: str, doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of a DVC stage: it takes no arguments (its settings come from
     params.yaml), so `--help` describes it and anything else is a usage error (exit 2)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline import config as config_lib
-from pipeline.cli import main
+from pipeline.cli import main, positive_int
 from pipeline.cli import parser as cli_parser
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.summary import SUMMARY_FILE
@@ -217,7 +217,7 @@ def dvc_exp_show(extra: list[str]) -> list[dict]:
 def cli(argv: list[str] | None = None) -> None:
     parser = cli_parser("pipeline.experiments", __doc__)
     parser.add_argument(
-        "--width", type=int, help="line width (default: the terminal's, 80 without one)"
+        "--width", type=positive_int, help="line width (default: the terminal's, 80 without one)"
     )
     parser.add_argument("dvc_args", nargs=argparse.REMAINDER, help="passed to `dvc exp show`")
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pipeline import config as config_lib
 from pipeline import config_schema
-from pipeline.cli import PARAMS_FILE, main
+from pipeline.cli import PARAMS_FILE, main, positive_int
 from pipeline.cli import parser as cli_parser
 from pipeline.data.corpus import normalize, read_lines
 from pipeline.data.tokenizer import MODEL_FILE
@@ -180,12 +180,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--beam",
-        type=_positive_int,
+        type=positive_int,
         help="beam size (default: eval.beam_size, or --nbest where that is larger)",
     )
     parser.add_argument(
         "--nbest",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="translations per sentence, best first, as `index<TAB>score<TAB>text` lines "
         "(at most --beam; default: 1, plain lines)",
@@ -212,13 +212,6 @@ def load_params(path: str | None) -> config_schema.Config:
             "--checkpoint <model.ckpt> (it translates with its own config's settings)"
         )
     return config_lib.load(path or PARAMS_FILE)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def translate(argv: list[str] | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.experiments import Row, table
+from pipeline.experiments import Row, cli, table
 
 
 def rows() -> list[Row]:
@@ -31,3 +31,13 @@ def test_every_line_fits_and_keeps_the_numbers(width):
     assert best.split()[1] == "model.heads=2" and long.split()[1] == "experiment=smoke"
     assert any(line.startswith("queued-one") and "queued" in line for line in rest)
     assert any(line.startswith("main") and "(its preset)" in line for line in rest)
+
+
+@pytest.mark.parametrize(("width", "said"), [("0", "must be >= 1, got 0"),
+                                             ("-5", "must be >= 1, got -5"),
+                                             ("wide", "must be an integer >= 1, got 'wide'")])  # fmt: skip
+def test_a_width_below_one_column_is_a_usage_error_before_dvc_runs(width, said, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli(["--width", width])
+    assert exited.value.code == 2
+    assert f"argument --width: {said}" in capsys.readouterr().err
