@@ -225,8 +225,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rec = sub.add_parser("record", help="copy the finished run's metrics into results/<name>/")
     rec.add_argument("name", help="e.g. multi30k_tiny.en-de")
     rec.add_argument("--command", required=True, help="the command that produced the run")
-    rec.add_argument("--metrics-dir", type=Path, default=Path("metrics"))
-    rec.add_argument("--params", type=Path, default=Path("params.yaml"))
+    rec.add_argument(
+        "--metrics-dir",
+        type=Path,
+        default=Path("metrics"),
+        help="the run's metrics (train.json, eval.json; default: metrics)",
+    )
+    rec.add_argument(
+        "--params",
+        type=Path,
+        default=Path("params.yaml"),
+        help="the run's config (default: params.yaml)",
+    )
     rec.add_argument(
         "--eval-dir", type=Path, default=Path("eval"), help="the run's hypotheses ({split}.hyp)"
     )

@@ -71,14 +71,18 @@ def test_help_of_the_tools_loads_no_torch_lightning_or_optuna(module):
 
 
 def _help(module: str) -> str:
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
+    """`python -m <module> --help`; `module` may name a subcommand (`pipeline.results record`)."""
+    result = subprocess.run([sys.executable, "-m", *module.split(), "--help"], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
 
 @pytest.mark.parametrize("module", ["pipeline.sweep", "pipeline.sweep.upgrade", "pipeline.report",
-                                    "pipeline.clean", "pipeline.results", "pipeline.translate"])  # fmt: skip
+                                    "pipeline.clean", "pipeline.results", "pipeline.results record",
+                                    "pipeline.results table", "pipeline.translate",
+                                    "pipeline.experiments", "pipeline.export", "pipeline.params",
+                                    "pipeline.evaluation.decoding_search"])  # fmt: skip
 def test_every_option_of_a_tools_help_says_what_it_is(module):
     """An option's line in `--help` carries its description, or the next line does (argparse
     moves it there when the option is long)."""

@@ -25,6 +25,7 @@ from sacrebleu.metrics import BLEU
 
 from pipeline.atomic import write_json_atomic
 from pipeline.cli import main
+from pipeline.cli import parser as cli_parser
 from pipeline.config_schema import changed
 from pipeline.errors import PipelineError
 from pipeline.evaluation.scoring import LITERATURE_METRIC, score
@@ -119,16 +120,35 @@ def format_table(result: dict) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.evaluation.decoding_search", description=__doc__.splitlines()[0]
+    parser = cli_parser("pipeline.evaluation.decoding_search", __doc__)
+    parser.add_argument(
+        "--average",
+        type=int,
+        nargs="+",
+        default=[3, 5, 10],
+        help="averaging windows: the last N checkpoints (eval.average)",
     )
-    parser.add_argument("--average", type=int, nargs="+", default=[3, 5, 10])
-    parser.add_argument("--beam-size", type=int, nargs="+", default=[5])
-    parser.add_argument("--length-penalty", type=float, nargs="+", default=[0.6, 1.0, 1.4, 2.0])
-    parser.add_argument("--metric", choices=["bleu", "bleu_lc", "chrf", LITERATURE_METRIC],
-                        default="bleu")  # fmt: skip
-    parser.add_argument("--checkpoint", type=Path,
-                        help="a model averaged already: search beam and length penalty only")  # fmt: skip
+    parser.add_argument(
+        "--beam-size", type=int, nargs="+", default=[5], help="beam sizes (eval.beam_size)"
+    )
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        nargs="+",
+        default=[0.6, 1.0, 1.4, 2.0],
+        help="alphas of eval.length_normalization (eval.length_penalty)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=["bleu", "bleu_lc", "chrf", LITERATURE_METRIC],
+        default="bleu",
+        help="what picks the best row (default: bleu)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a model averaged already: search beam and length penalty only",
+    )
     return parser.parse_args(argv)
 
 
