@@ -229,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-dir",
         type=Path,
         default=Path("metrics"),
-        help="the run's metrics (train.json, eval.json; default: metrics)",
+        help="the run's stage metrics (prepare, tokenize, train and eval .json; default: metrics)",
     )
     rec.add_argument(
         "--params",
