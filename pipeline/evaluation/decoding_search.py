@@ -73,6 +73,12 @@ def search(
     from pipeline.evaluation.beam_decoding import translate_ids
     from pipeline.evaluation.model_loading import load_model, load_tokenizer, tokenizer_path
 
+    # Every value held to its key's domain before a checkpoint is averaged or a sentence read.
+    for average in averages:
+        changed(cfg.eval, average=average)
+    grid = {(beam_size, length_penalty): changed(cfg.eval, beam_size=beam_size,
+                                                 length_penalty=length_penalty, nbest=1)
+            for beam_size in beam_sizes for length_penalty in length_penalties}  # fmt: skip
     split = cfg.data.val_split
     corpus = read_prepared(cfg, [split])[split]
     rows: list[dict] = []
@@ -83,22 +89,18 @@ def search(
             if tokenizer is None:  # one tokenizer for all: checked against the first model
                 tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
                 src_ids = tokenizer.encode_sources(corpus.src)
-            for beam_size in beam_sizes:
-                for length_penalty in length_penalties:
-                    settings = changed(
-                        cfg.eval, beam_size=beam_size, length_penalty=length_penalty, nbest=1
-                    )
-                    desc = f"average {average}, beam {beam_size}, lp {length_penalty}"
-                    translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
-                    hypotheses = [t.best for t in translations]
-                    scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
-                    bleu = BLEU().corpus_score(hypotheses, [list(corpus.tgt)])
-                    rows.append({
-                        "average": average, "beam_size": beam_size,
-                        "length_penalty": length_penalty,
-                        **{key: scores[key] for key in ROW_METRICS},
-                        "length_ratio": bleu.sys_len / bleu.ref_len,
-                    })  # fmt: skip
+            for (beam_size, length_penalty), settings in grid.items():
+                desc = f"average {average}, beam {beam_size}, lp {length_penalty}"
+                translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
+                hypotheses = [t.best for t in translations]
+                scores = score(hypotheses, corpus.tgt, lang=cfg.data.tgt_lang)
+                bleu = BLEU().corpus_score(hypotheses, [list(corpus.tgt)])
+                rows.append({
+                    "average": average, "beam_size": beam_size,
+                    "length_penalty": length_penalty,
+                    **{key: scores[key] for key in ROW_METRICS},
+                    "length_ratio": bleu.sys_len / bleu.ref_len,
+                })  # fmt: skip
     result = {"split": split, "metric": metric, "rows": rows,
               "best": max(rows, key=lambda row: row[metric])}  # fmt: skip
     write_json_atomic(Path(cfg.paths.metrics_dir) / SEARCH_METRICS_FILE, result)
@@ -158,16 +160,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         raise PipelineError(f"--checkpoint {args.checkpoint}: no such file")
     from pipeline import config
 
-    cfg = config.load()
-    # Every value held to its key's domain before a checkpoint is averaged or a sentence read.
-    for average in args.average:
-        changed(cfg.eval, average=average)
-    for beam_size in args.beam_size:
-        changed(cfg.eval, beam_size=beam_size, nbest=1)
-    for length_penalty in args.length_penalty:
-        changed(cfg.eval, length_penalty=length_penalty)
-    result = search(cfg, args.average, args.beam_size, args.length_penalty, args.metric,
-                    checkpoint=args.checkpoint)  # fmt: skip
+    result = search(config.load(), args.average, args.beam_size, args.length_penalty,
+                    args.metric, checkpoint=args.checkpoint)  # fmt: skip
     print(format_table(result))
     return result
 
