@@ -9,7 +9,13 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
 # Every package pinned: the environment README's results were made with (pip constraints).
 LOCK := requirements.lock
-EXTRAS := dev,bench,export,docs
+EXTRAS := dev,export,docs
+# The lab's peer model (the `bench` extra: Hugging Face transformers) and the packages only it
+# needs go in a folder beside the environment's, not into it: torchmetrics imports transformers
+# wherever it is installed, seconds in every process that imports Lightning, and nothing in
+# pipeline/ uses it (pipeline/environment.py's PEERS_DIR; the lab adds the folder to its path).
+PEERS := $(VENV)/peers
+PEER_PACKAGES := transformers tokenizers safetensors typer shellingham annotated-doc
 
 .PHONY: setup test lint repro smoke params plots exps clean lock docs help
 
@@ -21,6 +27,7 @@ $(INSTALLED):
 	$(BIN)/pip install --quiet -c $(LOCK) --upgrade pip
 	$(BIN)/pip install --quiet -c $(LOCK) "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[$(EXTRAS)]"
+	$(BIN)/pip install --quiet -c $(LOCK) --no-deps --upgrade --target $(PEERS) $(PEER_PACKAGES)
 	touch $(INSTALLED)
 
 setup: $(INSTALLED)  ## create .venv with every package pinned by requirements.lock

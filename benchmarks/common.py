@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from pipeline import config as config_lib
+from pipeline import environment as environment_lib
 from pipeline.config_schema import Config, ModelConfig
 from pipeline.training.cpu_memory import configure_cpu_memory
 from pipeline.training.precision import has_fast_bf16
@@ -167,14 +169,28 @@ def _holds_vocabulary(folder: Path, vocab_size: int) -> bool:
 # ---------------------------------------------------------------- the peer model
 
 
+def peer_package(name: str):
+    """The module `name` of a peer: from the environment where it is installed there (`pip
+    install .[bench]`, a GPU box's carried packages), else from the peers' folder `make setup`
+    installs beside it (`pipeline.environment.PEERS_DIR`), added to the end of the path."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        folder = str(environment_lib.PEERS_DIR)
+        if not environment_lib.PEERS_DIR.is_dir() or folder in sys.path:
+            raise
+        sys.path.append(folder)
+        return importlib.import_module(name)
+
+
 def marian_model(model: ModelConfig, vocab_size: int, tokens: dict[str, int]):
     """Hugging Face `MarianMTModel` (untrained) with our sizes: post-norm encoder-decoder,
     ReLU FFN, sinusoidal positions, sqrt(d_model) embedding scale, one shared embedding
     matrix tied to the output layer, the same dropouts; torch's SDPA attention kernels.
     `tokens`: pad_id, bos_id, eos_id (the decoder starts from bos like ours)."""
-    from transformers import MarianConfig, MarianMTModel
+    transformers = peer_package("transformers")
 
-    config = MarianConfig(
+    config = transformers.MarianConfig(
         vocab_size=vocab_size, d_model=model.d_model,
         encoder_layers=model.encoder_layers, decoder_layers=model.decoder_layers,
         encoder_attention_heads=model.heads, decoder_attention_heads=model.heads,
@@ -186,7 +202,7 @@ def marian_model(model: ModelConfig, vocab_size: int, tokens: dict[str, int]):
         eos_token_id=tokens["eos_id"], decoder_start_token_id=tokens["bos_id"],
         forced_eos_token_id=None, attn_implementation="sdpa",
     )  # fmt: skip
-    return MarianMTModel(config)
+    return transformers.MarianMTModel(config)
 
 
 # ---------------------------------------------------------------- timing and output

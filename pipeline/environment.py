@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -28,6 +29,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 LOCKED_EXTRAS = ("dev", "bench", "export")  # what `make setup` installs
+# The lab's peer model (the `bench` extra: Hugging Face transformers) and what only it needs,
+# as `make setup` installs them: in a folder beside the environment's packages, not among them.
+# Nothing in pipeline/ imports them, but torchmetrics imports transformers wherever it finds it
+# installed, which would cost every process that imports Lightning seconds of start-up
+# (docs/test-suite.md). The lab puts the folder on its path where it builds a peer.
+PEERS_DIR = Path(sys.prefix) / "peers"
 HASH_CHARS = 16
 # A copy of the work tree on a machine without git history (a remote GPU box) names the commit
 # it was copied from here. The variable wins over `git rev-parse`: a copied .git can be stale.
@@ -193,13 +200,19 @@ def lock_problems(pyproject: Path = PYPROJECT, lock: Path = LOCK_FILE) -> list[s
     return problems
 
 
+def installed_version(name: str) -> str | None:
+    """The version of `name` installed in this environment or in its peers' folder (None: in
+    neither)."""
+    found = metadata.distributions(name=name, path=[*sys.path, str(PEERS_DIR)])
+    return next((dist.version for dist in found), None)
+
+
 def installed_differences(lock: Path = LOCK_FILE) -> list[str]:
     """Each locked package whose installed version differs (or that is not installed)."""
     differences = []
     for name, pinned in read_lock(lock).items():
-        try:
-            installed = metadata.version(name)
-        except metadata.PackageNotFoundError:
+        installed = installed_version(name)
+        if installed is None:
             differences.append(f"{name}=={pinned} is not installed")
             continue
         if installed.split("+")[0] != pinned.split("+")[0]:

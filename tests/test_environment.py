@@ -6,12 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
+from importlib import metadata
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from pipeline import environment
 from pipeline.environment import LOCK_FILE, PYPROJECT
-from tests.conftest import git, machine_line
+from tests.conftest import REPO_ROOT, git, machine_line
 
 
 def test_the_lock_pins_every_requirement_of_pyproject_within_its_range():
@@ -20,6 +25,31 @@ def test_the_lock_pins_every_requirement_of_pyproject_within_its_range():
 
 def test_this_environment_is_the_locked_one():
     assert environment.installed_differences() == []
+
+
+def test_the_lab_peer_is_installed_beside_the_environment_with_all_it_requires():
+    """`make setup` puts the lab's peer (transformers) and what only it needs in the peers'
+    folder: each package there finds every requirement it has, there or in the environment."""
+    peers = list(metadata.distributions(path=[str(environment.PEERS_DIR)]))
+    assert "transformers" in {canonicalize_name(dist.metadata["Name"]) for dist in peers}
+    for dist in peers:
+        for requirement in map(Requirement, dist.requires or []):
+            if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+                continue  # an optional extra's, or another platform's
+            found = environment.installed_version(requirement.name)
+            assert found and requirement.specifier.contains(found, prereleases=True), (
+                f"{dist.metadata['Name']} requires {requirement}: found {found}"
+            )
+
+
+def test_a_process_that_imports_lightning_leaves_the_lab_peer_unloaded():
+    """torchmetrics (which Lightning imports) loads transformers wherever it is installed:
+    seconds in every training process, for a package only the lab's peer uses."""
+    code = "import sys, lightning; print('transformers' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split() == ["False"]
 
 
 def test_a_lock_that_disagrees_with_pyproject_is_reported(tmp_path):

@@ -63,7 +63,8 @@ def test_a_setup_whose_install_failed_is_redone_by_the_next_make(tmp_path):
     redone = make("setup", f"PYTHON={python}", cwd=tmp_path)
     assert redone.returncode == 0, redone.stderr
     installs = (tmp_path / "pip.log").read_text().splitlines()
-    assert len(installs) == 3 and installs[-1].endswith("-e .[dev,bench,export,docs]")
+    assert len(installs) == 4 and installs[-2].endswith("-e .[dev,export,docs]")
+    assert "--target .venv/peers transformers " in installs[-1]  # the lab's peer, beside it
     (tmp_path / "pip.log").unlink()
 
     again = make("setup", f"PYTHON={python}", cwd=tmp_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from scipy.stats import ttest_ind
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import batching, decode_throughput, train_throughput
+from benchmarks import batching, common, decode_throughput, train_throughput
 from benchmarks.common import marian_model, tokenized_corpus
 from pipeline import environment
 from pipeline.config_schema import ModelConfig
@@ -76,6 +77,25 @@ def test_train_throughput_end_to_end(tokenized_smoke, capsys, tmp_path):
     assert result["fraction_of_matmul_peak"] == pytest.approx(
         result["achieved_flops_per_s"] / result["matmul_peak_flops_per_s"]
     )
+
+
+def test_a_peer_package_not_in_the_environment_is_taken_from_the_peers_folder(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(environment, "PEERS_DIR", tmp_path / "no-peers")
+    with pytest.raises(ModuleNotFoundError):
+        common.peer_package("peer_in_the_folder")
+    assert str(tmp_path / "no-peers") not in sys.path
+
+    peers = tmp_path / "peers"
+    (peers / "peer_in_the_folder").mkdir(parents=True)
+    (peers / "peer_in_the_folder" / "__init__.py").write_text("NAME = 'peer'\n")
+    monkeypatch.setattr(environment, "PEERS_DIR", peers)
+    monkeypatch.delitem(sys.modules, "peer_in_the_folder", raising=False)
+    assert common.peer_package("peer_in_the_folder").NAME == "peer"
+    assert sys.path[-1] == str(peers)  # after the environment's own: its packages win
+    monkeypatch.delitem(sys.modules, "peer_in_the_folder")
 
 
 def test_training_flops_match_torch_flop_counter():
