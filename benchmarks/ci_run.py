@@ -8,7 +8,9 @@ README's test command. A CI machine's CPU class is chance and the suite's time d
 docs/test-suite.md lists the runs from these records (benchmarks/results/ci/, one JSON file per
 run): the commit, lock and machine (CPU family and model), the tests' outcomes, pytest's time
 and the whole run's, its processes' CPU seconds (were the cores kept busy?), the pytest workers
-(`--test-workers N` sets the Makefile's `TEST_WORKERS`) and the slowest tests.
+(`--test-workers N` sets the Makefile's `TEST_WORKERS`), the slowest tests, and each test
+file's tests and seconds, from the JUnit XML report the run is asked for through
+`PYTEST_ADDOPTS` (`<clone>.junit.xml` beside the log): where the suite's time goes.
 
 The clone goes into a new folder beside the repository (`--clone-into`), where CI has it: the
 corpus is read from `../shared` next to it. Its output is shown as it comes and kept in
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from benchmarks import machine_records
@@ -44,7 +47,7 @@ COUNT = re.compile(r"(\d+) (\w+)")
 # pytest's `--durations` section: a header, then '194.12s setup    tests/test_x.py::test_y'.
 DURATIONS_HEADER = re.compile(r"slowest (\d+ )?durations")
 DURATION_LINE = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")
-SLOWEST_SHOWN = 12  # rows of the docs' table of the latest run's slowest tests
+SLOWEST_SHOWN = 12  # rows of the docs' tables of the latest run's slowest tests and files
 WORKERS_DEFAULT = re.compile(r"^TEST_WORKERS \?= *(\d+)\s*$", re.MULTILINE)  # the Makefile's
 
 
@@ -60,6 +63,34 @@ def slowest_tests(output: str) -> list[dict]:
         if not (m := DURATION_LINE.match(line.strip())):
             break
         found.append({"seconds": float(m[1]), "phase": m[2], "test": m[3]})
+    return sorted(found, key=lambda d: -d["seconds"])
+
+
+def test_file(classname: str, root: Path) -> str:
+    """The test file under `root` that a JUnit test case's class name ('tests.lab.test_x', or
+    'tests.test_x.TestY' for a class) comes from (the name itself where none is found)."""
+    parts = classname.split(".")
+    for end in range(len(parts), 0, -1):
+        path = "/".join(parts[:end]) + ".py"
+        if (root / path).is_file():
+            return path
+    return classname
+
+
+def time_by_file(junit: Path, root: Path) -> list[dict] | None:
+    """[{'file', 'tests', 'seconds'}] from pytest's JUnit XML report: each test file's tests
+    and their seconds in all (set-up, call and tear-down, every pytest worker's added up), the
+    costliest first; None where there is no readable report."""
+    try:
+        cases = list(ElementTree.parse(junit).iter("testcase"))
+    except (OSError, ElementTree.ParseError):
+        return None
+    totals: dict[str, list] = {}
+    for case in cases:
+        total = totals.setdefault(test_file(case.get("classname", ""), root), [0, 0.0])
+        total[0] += 1
+        total[1] += float(case.get("time") or 0)
+    found = [{"file": name, "tests": n, "seconds": round(s, 2)} for name, (n, s) in totals.items()]
     return sorted(found, key=lambda d: -d["seconds"])
 
 
@@ -88,12 +119,17 @@ def pytest_summary(output: str) -> dict | None:
     }
 
 
-def clean_environment(workers: int | None = None) -> dict[str, str]:
+def clean_environment(workers: int | None = None, junit: Path | None = None) -> dict[str, str]:
     """This process's environment as CI's would be: CI=true, and no virtual environment of
-    ours on PATH (the clone makes and uses its own); TEST_WORKERS where a count is given."""
+    ours on PATH (the clone makes and uses its own); TEST_WORKERS where a count is given;
+    pytest asked for a JUnit XML report at `junit`, where given (it changes no outcome)."""
     env = dict(os.environ, CI="true")
     if workers is not None:
         env["TEST_WORKERS"] = str(workers)
+    if junit is not None:
+        env["PYTEST_ADDOPTS"] = " ".join(
+            filter(None, [env.get("PYTEST_ADDOPTS", ""), f"--junitxml={junit}"])
+        )
     venv = env.pop("VIRTUAL_ENV", None)
     own_bin = str(Path(sys.prefix) / "bin")
     drop = {own_bin} | ({str(Path(venv) / "bin")} if venv else set())
@@ -142,10 +178,17 @@ def run_ci(clone: Path, log: Path, env: dict[str, str]) -> tuple[int, float, flo
 
 
 def record(
-    clone: Path, code: int, total_s: float, cpu_s: float, output: str, workers: int | None
+    clone: Path,
+    code: int,
+    total_s: float,
+    cpu_s: float,
+    output: str,
+    workers: int | None,
+    junit: Path | None = None,
 ) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+    summary = pytest_summary(output)
     return {
         "provenance": {
             "commit": commit,
@@ -158,8 +201,10 @@ def record(
         "cpu_s": round(cpu_s, 1),
         "cores": os.cpu_count(),
         "test_workers": workers,
-        **(pytest_summary(output) or {"tests": None, "pytest_s": None}),
+        **(summary or {"tests": None, "pytest_s": None}),
         "slowest": slowest_tests(output),
+        # a run that never finished pytest may have left a nested test's report, not its own
+        "by_file": time_by_file(junit, clone) if summary and junit else None,
     }
 
 
@@ -168,10 +213,11 @@ def run_and_record(
 ) -> tuple[int, Path]:
     check_before_cloning(repo, clone)
     subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
-    env = clean_environment(workers)
+    junit = clone.with_name(clone.name + ".junit.xml")
+    env = clean_environment(workers, junit)
     try:
         code, total_s, cpu_s, output = run_ci(clone, clone.with_name(clone.name + ".log"), env)
-        entry = record(clone, code, total_s, cpu_s, output, pytest_workers(clone, env))
+        entry = record(clone, code, total_s, cpu_s, output, pytest_workers(clone, env), junit)
     finally:
         if not keep:
             shutil.rmtree(clone)
@@ -209,6 +255,7 @@ def cores_busy(entry: dict) -> str:
 HEADER = ["date", "ran at", "machine class", "result", "tests", "pytest / in all", "workers",
           "cores busy"]  # fmt: skip
 SLOWEST_HEADER = ["seconds", "phase", "test"]
+BY_FILE_HEADER = ["test file", "tests", "seconds", "share"]
 
 
 def slowest_table(entries: list[dict]) -> str:
@@ -227,8 +274,30 @@ def slowest_table(entries: list[dict]) -> str:
     )
 
 
+def by_file_table(entries: list[dict]) -> str:
+    """The costliest test files of the latest run that recorded them, with the run named."""
+    latest = [e for e in entries if e.get("by_file")]
+    if not latest:
+        return ""
+    entry = latest[-1]
+    suite = sum(d["seconds"] for d in entry["by_file"]) or 1.0
+    rows = [[f"`{d['file']}`", str(d["tests"]), f"{d['seconds']:.0f}", f"{d['seconds'] / suite:.0%}"]
+            for d in entry["by_file"][:SLOWEST_SHOWN]]  # fmt: skip
+    return (
+        f"\nWhere the time goes by test file, in the latest run that recorded it "
+        f"({entry['finished'][:10]}, {entry['provenance']['commit']}, "
+        f"{machine_records.machine_label(entry)}): each file's seconds, set-ups included, "
+        f"added up over the pytest workers, and its share of the {suite:.0f} s of all "
+        f"{len(entry['by_file'])} files:\n\n" + docs_blocks.markdown_table(BY_FILE_HEADER, rows)
+    )
+
+
 def block(entries: list[dict]) -> str:
-    return machine_records.table(HEADER, row, entries) + slowest_table(entries)
+    return (
+        machine_records.table(HEADER, row, entries)
+        + slowest_table(entries)
+        + by_file_table(entries)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

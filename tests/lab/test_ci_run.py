@@ -100,6 +100,11 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     assert (slowest["test"], slowest["phase"]) == ("test_outcomes.py::test_one", "call")
     assert slowest["seconds"] >= 0.3
     assert len(entry["slowest"]) == 2
+    # every test of the file, skipped and errored ones too, from the JUnit report it was asked for
+    (by_file,) = entry["by_file"]
+    assert (by_file["file"], by_file["tests"]) == ("test_outcomes.py", 5)
+    assert slowest["seconds"] <= by_file["seconds"] <= entry["pytest_s"]
+    assert clone.with_name("clone.junit.xml").is_file()  # kept beside the log
     assert entry["exit_code"] == 1
     assert entry["provenance"] == {
         "commit": git("rev-parse", "--short", "HEAD", cwd=repo),
@@ -117,6 +122,7 @@ def test_a_clones_ci_run_is_recorded_with_its_counts_times_commit_and_machine(
     assert f"(family {cpu.get('cpu family')}, model {cpu.get('model')}) | failed" in table
     assert f"| {ci_run.cores_busy(entry)} |" in table
     assert "| call | `test_outcomes.py::test_one` |" in table
+    assert f"| `test_outcomes.py` | 5 | {by_file['seconds']:.0f} | 100% |" in table
 
 
 def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(
@@ -132,6 +138,7 @@ def test_a_run_that_stops_before_pytest_is_recorded_with_no_tests(
     assert (entry["tests"], entry["pytest_s"], entry["exit_code"]) == (None, None, 3)
     assert "| failed (exit 3) | none ran | - / " in ci_run.block([entry])
     assert entry["slowest"] == [] and "Where the time goes" not in ci_run.block([entry])
+    assert entry["by_file"] is None
     assert entry["test_workers"] is None  # no Makefile, no TEST_WORKERS
 
 
@@ -153,6 +160,29 @@ def test_the_pytest_workers_asked_for_reach_the_ci_script_and_are_recorded(
     with pytest.raises(SystemExit):
         ci_run.main(["--repo", str(repo), "--test-workers", "0"])
     assert "--test-workers 0: at least 1" in capsys.readouterr().err
+
+
+def test_a_test_case_is_counted_in_the_file_its_class_name_comes_from(tmp_path):
+    (tmp_path / "tests" / "lab").mkdir(parents=True)
+    for name in ("tests/test_a.py", "tests/lab/test_b.py"):
+        (tmp_path / name).write_text("")
+    junit = tmp_path / "report.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.test_a" name="test_one" time="1.5"/>'
+        '<testcase classname="tests.test_a.TestGroup" name="test_two" time="0.5"/>'
+        '<testcase classname="tests.lab.test_b" name="test_three[x]" time="4.0"/>'
+        '<testcase classname="elsewhere" name="test_four" time="0.25"/>'
+        "</testsuite></testsuites>"
+    )
+    assert ci_run.time_by_file(junit, tmp_path) == [
+        {"file": "tests/lab/test_b.py", "tests": 1, "seconds": 4.0},
+        {"file": "tests/test_a.py", "tests": 2, "seconds": 2.0},
+        {"file": "elsewhere", "tests": 1, "seconds": 0.25},
+    ]
+    junit.write_text("<testsuites><testsuite")  # cut short: no table rather than a wrong one
+    assert ci_run.time_by_file(junit, tmp_path) is None
+    assert ci_run.time_by_file(tmp_path / "none.xml", tmp_path) is None
 
 
 def test_a_record_made_before_cpu_seconds_were_kept_shows_a_dash():
