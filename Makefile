@@ -11,10 +11,12 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 LOCK := requirements.lock
 EXTRAS := dev,export,docs
 # The lab's peer model (the `bench` extra: Hugging Face transformers) and the packages only it
-# needs go in a folder beside the environment's, not into it: torchmetrics imports transformers
-# wherever it is installed, seconds in every process that imports Lightning, and nothing in
-# pipeline/ uses it (pipeline/environment.py's PEERS_DIR; the lab adds the folder to its path).
+# needs go in a folder beside the environment's, not into it (the lock pins them all the same):
+# torchmetrics imports transformers wherever it is installed, seconds in every process that
+# imports Lightning, and nothing in pipeline/ uses it (pipeline/environment.py's PEERS_DIR; the
+# lab adds the folder to its path).
 PEERS := $(VENV)/peers
+PEER_EXTRA := bench
 PEER_PACKAGES := transformers tokenizers safetensors typer shellingham annotated-doc
 
 .PHONY: setup test lint repro smoke params plots exps clean lock docs help
@@ -85,8 +87,8 @@ lock:  ## re-resolve requirements.lock from pyproject.toml in a scratch environm
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet "$(TORCH_SPEC)"
-	.lock-venv/bin/pip install --quiet -e ".[$(EXTRAS)]"
-	{ echo "# make lock: every package of .[$(EXTRAS)] with $(TORCH_SPEC), Python $$(.lock-venv/bin/python -c 'import platform; print(platform.python_version())')"; \
+	.lock-venv/bin/pip install --quiet -e ".[$(EXTRAS),$(PEER_EXTRA)]"
+	{ echo "# make lock: every package of .[$(EXTRAS),$(PEER_EXTRA)] with $(TORCH_SPEC), Python $$(.lock-venv/bin/python -c 'import platform; print(platform.python_version())')"; \
 	  .lock-venv/bin/pip freeze --all --exclude-editable | sed -E 's/^(torch==[^+]+)\+.*/\1/'; } > $(LOCK)
 	rm -rf .lock-venv
 

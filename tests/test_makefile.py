@@ -10,6 +10,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from pipeline import environment
 from tests.conftest import REPO_ROOT
 
 MAKEFILE = REPO_ROOT / "Makefile"
@@ -70,3 +71,12 @@ def test_a_setup_whose_install_failed_is_redone_by_the_next_make(tmp_path):
     again = make("setup", f"PYTHON={python}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert not (tmp_path / "pip.log").exists()  # done once it succeeded: nothing installed again
+
+
+def test_make_lock_resolves_every_extra_the_lock_must_pin():
+    """`make lock` installs the environment's extras and the peers' together, so the lock pins
+    what `make setup` puts beside the environment too (`make -n`: printed, not run)."""
+    result = make("-n", "lock", cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    (extras,) = re.findall(r'-e "\.\[([^\]]+)\]"', result.stdout)
+    assert set(environment.LOCKED_EXTRAS) <= set(extras.split(","))
