@@ -175,12 +175,16 @@ def peer_package(name: str):
     installs beside it (`pipeline.environment.PEERS_DIR`), added to the end of the path."""
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as missing:
         folder = str(environment_lib.PEERS_DIR)
-        if not environment_lib.PEERS_DIR.is_dir() or folder in sys.path:
-            raise
-        sys.path.append(folder)
-        return importlib.import_module(name)
+        if environment_lib.PEERS_DIR.is_dir() and folder not in sys.path:
+            sys.path.append(folder)
+            return peer_package(name)
+        raise ModuleNotFoundError(
+            f"{missing}: a peer's package, installed neither here nor in {folder} "
+            "(`make setup` puts it there; or `pip install .[bench]`)",
+            name=missing.name,
+        ) from None
 
 
 def marian_model(model: ModelConfig, vocab_size: int, tokens: dict[str, int]):

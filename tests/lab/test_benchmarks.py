@@ -84,7 +84,7 @@ def test_a_peer_package_not_in_the_environment_is_taken_from_the_peers_folder(
 ):
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(environment, "PEERS_DIR", tmp_path / "no-peers")
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(ModuleNotFoundError, match=r"peer_in_the_folder.*make setup"):
         common.peer_package("peer_in_the_folder")
     assert str(tmp_path / "no-peers") not in sys.path
 
