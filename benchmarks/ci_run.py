@@ -47,7 +47,8 @@ COUNT = re.compile(r"(\d+) (\w+)")
 # pytest's `--durations` section: a header, then '194.12s setup    tests/test_x.py::test_y'.
 DURATIONS_HEADER = re.compile(r"slowest (\d+ )?durations")
 DURATION_LINE = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")
-SLOWEST_SHOWN = 12  # rows of the docs' tables of the latest run's slowest tests and files
+SLOWEST_SHOWN = 8  # rows of the docs' table of the latest run's slowest tests
+FILES_SHOWN = 8  # rows of its table of the latest run's costliest test files
 WORKERS_DEFAULT = re.compile(r"^TEST_WORKERS \?= *(\d+)\s*$", re.MULTILINE)  # the Makefile's
 
 
@@ -282,7 +283,7 @@ def by_file_table(entries: list[dict]) -> str:
     entry = latest[-1]
     suite = sum(d["seconds"] for d in entry["by_file"]) or 1.0
     rows = [[f"`{d['file']}`", str(d["tests"]), f"{d['seconds']:.0f}", f"{d['seconds'] / suite:.0%}"]
-            for d in entry["by_file"][:SLOWEST_SHOWN]]  # fmt: skip
+            for d in entry["by_file"][:FILES_SHOWN]]  # fmt: skip
     return (
         f"\nWhere the time goes by test file, in the latest run that recorded it "
         f"({entry['finished'][:10]}, {entry['provenance']['commit']}, "
