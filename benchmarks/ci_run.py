@@ -67,7 +67,7 @@ def slowest_tests(output: str) -> list[dict]:
     return sorted(found, key=lambda d: -d["seconds"])
 
 
-def test_file(classname: str, root: Path) -> str:
+def file_of_case(classname: str, root: Path) -> str:
     """The test file under `root` that a JUnit test case's class name ('tests.lab.test_x', or
     'tests.test_x.TestY' for a class) comes from (the name itself where none is found)."""
     parts = classname.split(".")
@@ -88,7 +88,7 @@ def time_by_file(junit: Path, root: Path) -> list[dict] | None:
         return None
     totals: dict[str, list] = {}
     for case in cases:
-        total = totals.setdefault(test_file(case.get("classname", ""), root), [0, 0.0])
+        total = totals.setdefault(file_of_case(case.get("classname", ""), root), [0, 0.0])
         total[0] += 1
         total[1] += float(case.get("time") or 0)
     found = [{"file": name, "tests": n, "seconds": round(s, 2)} for name, (n, s) in totals.items()]
