@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 
 from benchmarks import machine_records
@@ -78,6 +79,11 @@ def file_of_case(classname: str, root: Path) -> str:
     return classname
 
 
+def junit_report(clone: Path) -> Path:
+    """Where a run of `clone` has pytest write its JUnit XML report: beside the clone's log."""
+    return clone.with_name(clone.name + ".junit.xml")
+
+
 def time_by_file(junit: Path, root: Path) -> list[dict] | None:
     """[{'file', 'tests', 'seconds'}] from pytest's JUnit XML report: each test file's tests
     and their seconds in all (set-up, call and tear-down, every pytest worker's added up), the
@@ -86,13 +92,13 @@ def time_by_file(junit: Path, root: Path) -> list[dict] | None:
         cases = list(ElementTree.parse(junit).iter("testcase"))
     except (OSError, ElementTree.ParseError):
         return None
-    totals: dict[str, list] = {}
+    tests, seconds = Counter(), Counter()
     for case in cases:
-        total = totals.setdefault(file_of_case(case.get("classname", ""), root), [0, 0.0])
-        total[0] += 1
-        total[1] += float(case.get("time") or 0)
-    found = [{"file": name, "tests": n, "seconds": round(s, 2)} for name, (n, s) in totals.items()]
-    return sorted(found, key=lambda d: -d["seconds"])
+        tests[name := file_of_case(case.get("classname", ""), root)] += 1
+        seconds[name] += float(case.get("time") or 0)
+    return [
+        {"file": f, "tests": tests[f], "seconds": round(s, 2)} for f, s in seconds.most_common()
+    ]
 
 
 def children_cpu_s() -> float:
@@ -128,9 +134,7 @@ def clean_environment(workers: int | None = None, junit: Path | None = None) -> 
     if workers is not None:
         env["TEST_WORKERS"] = str(workers)
     if junit is not None:
-        env["PYTEST_ADDOPTS"] = " ".join(
-            filter(None, [env.get("PYTEST_ADDOPTS", ""), f"--junitxml={junit}"])
-        )
+        env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --junitxml={junit}".strip()
     venv = env.pop("VIRTUAL_ENV", None)
     own_bin = str(Path(sys.prefix) / "bin")
     drop = {own_bin} | ({str(Path(venv) / "bin")} if venv else set())
@@ -179,13 +183,7 @@ def run_ci(clone: Path, log: Path, env: dict[str, str]) -> tuple[int, float, flo
 
 
 def record(
-    clone: Path,
-    code: int,
-    total_s: float,
-    cpu_s: float,
-    output: str,
-    workers: int | None,
-    junit: Path | None = None,
+    clone: Path, code: int, total_s: float, cpu_s: float, output: str, workers: int | None
 ) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -205,7 +203,7 @@ def record(
         **(summary or {"tests": None, "pytest_s": None}),
         "slowest": slowest_tests(output),
         # a run that never finished pytest may have left a nested test's report, not its own
-        "by_file": time_by_file(junit, clone) if summary and junit else None,
+        "by_file": time_by_file(junit_report(clone), clone) if summary else None,
     }
 
 
@@ -214,11 +212,10 @@ def run_and_record(
 ) -> tuple[int, Path]:
     check_before_cloning(repo, clone)
     subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
-    junit = clone.with_name(clone.name + ".junit.xml")
-    env = clean_environment(workers, junit)
+    env = clean_environment(workers, junit_report(clone))
     try:
         code, total_s, cpu_s, output = run_ci(clone, clone.with_name(clone.name + ".log"), env)
-        entry = record(clone, code, total_s, cpu_s, output, pytest_workers(clone, env), junit)
+        entry = record(clone, code, total_s, cpu_s, output, pytest_workers(clone, env))
     finally:
         if not keep:
             shutil.rmtree(clone)
@@ -259,46 +256,44 @@ SLOWEST_HEADER = ["seconds", "phase", "test"]
 BY_FILE_HEADER = ["test file", "tests", "seconds", "share"]
 
 
-def slowest_table(entries: list[dict]) -> str:
-    """The slowest tests of the latest run that recorded them, with the run named."""
-    latest = [e for e in entries if e.get("slowest")]
-    if not latest:
+def latest_table(entries: list[dict], key: str, header: list[str], rows, text) -> str:
+    """A table of `rows(found)` for the latest run whose record holds `key` (none: ''), after
+    `text(run, found)`, which names the run."""
+    if not (latest := [e for e in entries if e.get(key)]):
         return ""
     entry = latest[-1]
-    rows = [[f"{d['seconds']:.0f}", d["phase"], f"`{d['test']}`"]
-            for d in entry["slowest"][:SLOWEST_SHOWN]]  # fmt: skip
-    return (
-        f"\nWhere the time goes: the slowest tests of the latest recorded run "
-        f"({entry['finished'][:10]}, {entry['provenance']['commit']}, "
-        f"{machine_records.machine_label(entry)}), a fixture's build in its first test's "
-        f"set-up:\n\n" + docs_blocks.markdown_table(SLOWEST_HEADER, rows)
-    )
+    run = (f"{entry['finished'][:10]}, {entry['provenance']['commit']}, "
+           f"{machine_records.machine_label(entry)}")  # fmt: skip
+    return f"\n{text(run, entry[key])}:\n\n" + docs_blocks.markdown_table(header, rows(entry[key]))
+
+
+def slowest_table(entries: list[dict]) -> str:
+    return latest_table(
+        entries, "slowest", SLOWEST_HEADER,
+        lambda found: [[f"{d['seconds']:.0f}", d["phase"], f"`{d['test']}`"]
+                       for d in found[:SLOWEST_SHOWN]],
+        lambda run, _: f"Where the time goes: the slowest tests of the latest recorded run "
+                       f"({run}), a fixture's build in its first test's set-up",
+    )  # fmt: skip
 
 
 def by_file_table(entries: list[dict]) -> str:
-    """The costliest test files of the latest run that recorded them, with the run named."""
-    latest = [e for e in entries if e.get("by_file")]
-    if not latest:
-        return ""
-    entry = latest[-1]
-    suite = sum(d["seconds"] for d in entry["by_file"]) or 1.0
-    rows = [[f"`{d['file']}`", str(d["tests"]), f"{d['seconds']:.0f}", f"{d['seconds'] / suite:.0%}"]
-            for d in entry["by_file"][:FILES_SHOWN]]  # fmt: skip
-    return (
-        f"\nWhere the time goes by test file, in the latest run that recorded it "
-        f"({entry['finished'][:10]}, {entry['provenance']['commit']}, "
-        f"{machine_records.machine_label(entry)}): each file's seconds, set-ups included, "
-        f"added up over the pytest workers, and its share of the {suite:.0f} s of all "
-        f"{len(entry['by_file'])} files:\n\n" + docs_blocks.markdown_table(BY_FILE_HEADER, rows)
-    )
+    def total(found: list[dict]) -> float:
+        return sum(d["seconds"] for d in found) or 1.0
+
+    return latest_table(
+        entries, "by_file", BY_FILE_HEADER,
+        lambda found: [[f"`{d['file']}`", str(d["tests"]), f"{d['seconds']:.0f}",
+                        f"{d['seconds'] / total(found):.0%}"] for d in found[:FILES_SHOWN]],
+        lambda run, found: f"By test file, in the latest run that recorded it ({run}): each "
+                           f"file's seconds, set-ups included, added up over the pytest workers, "
+                           f"and its share of the {total(found):.0f} s of all {len(found)} files",
+    )  # fmt: skip
 
 
 def block(entries: list[dict]) -> str:
-    return (
-        machine_records.table(HEADER, row, entries)
-        + slowest_table(entries)
-        + by_file_table(entries)
-    )
+    tables = machine_records.table(HEADER, row, entries)
+    return tables + slowest_table(entries) + by_file_table(entries)
 
 
 def main(argv: list[str] | None = None) -> int:

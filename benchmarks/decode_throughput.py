@@ -36,24 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from benchmarks.common import (
-    DTYPES,
-    add_dtype_arg,
-    add_model_args,
-    add_timing_args,
-    autocast,
-    base_parser,
-    bench_config,
-    chosen_dtypes,
-    environment,
-    marian_model,
-    model_summary,
-    print_json,
-    print_table,
-    resolve_device,
-    time_interleaved,
-    tokenized_corpus,
-)
+from benchmarks import common
 from pipeline.data.batching import eval_batches
 from pipeline.environment import provenance
 from pipeline.evaluation.beam_decoding import pad_batch
@@ -118,10 +101,10 @@ def decode_steps(src_lens: list[int], a: float, b: int, max_positions: int) -> i
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = base_parser(__doc__.splitlines()[0])
-    add_model_args(parser)
-    add_timing_args(parser, repeats=3, warmup=1)
-    add_dtype_arg(parser)
+    parser = common.base_parser(__doc__.splitlines()[0])
+    common.add_model_args(parser)
+    common.add_timing_args(parser, repeats=3, warmup=1)
+    common.add_dtype_arg(parser)
     parser.add_argument("--split", default=None, help="default: the config's first test split")
     parser.add_argument("--sentences", type=int, default=1000, help="a seeded random sample of "
                         "this many sentences (all when >= the split size)")  # fmt: skip
@@ -131,11 +114,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     made_with = provenance()  # at the start: commits made while it runs are not its code
-    cfg = bench_config(args)
-    device = resolve_device(args, cfg)
-    env = environment(device)
+    cfg = common.bench_config(args)
+    device = common.resolve_device(args, cfg)
+    env = common.environment(device)
     split = args.split or cfg.data.test_splits[0]
-    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
+    with common.tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         sources = splits[split]["src_ids"]
     if args.sentences < len(sources):
         chosen = np.random.default_rng(cfg.seed).choice(len(sources), args.sentences, False)
@@ -154,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training installs it
     ours = install_speed_paths(Transformer(cfg.model, vocab, pad), speed_paths)
     ours = EosBanned(ours, eos, bos).to(device).eval()
-    marian = marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
+    marian = common.marian_model(cfg.model, vocab, {"pad_id": pad, "bos_id": bos, "eos_id": eos})
     marian = marian.to(device).eval()
 
     @torch.no_grad()
@@ -179,11 +162,11 @@ def run(args: argparse.Namespace) -> dict:
     ours.to(device)
     systems = {name: every[name] for name in SYSTEMS if name in args.systems}
     results = {}
-    for dtype_name in chosen_dtypes(args, device, cfg):
+    for dtype_name in common.chosen_dtypes(args, device, cfg):
         timed = {name: fn for name, fn in systems.items()
                  if dtype_name == "float32" or name not in CTRANSLATE2}  # fmt: skip
-        with autocast(device, DTYPES[dtype_name]):
-            seconds = time_interleaved(timed, repeats=args.repeats, warmup=args.warmup,
+        with common.autocast(device, common.DTYPES[dtype_name]):
+            seconds = common.time_interleaved(timed, repeats=args.repeats, warmup=args.warmup,
                                        device=device, progress=f"decode {dtype_name}")  # fmt: skip
         total = {name: statistics.median(times) for name, times in seconds.items()}
         per_s = {name: len(sources) / s for name, s in total.items()}
@@ -202,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         for name in r["seconds"]:
             ratio = r["sentences_per_s"].get("cached", math.nan) / r["sentences_per_s"][name]
             table.append([dtype_name, name, r["seconds"][name], r["sentences_per_s"][name], ratio])
-    print_table(["dtype", "system", "seconds", "sentences/s", "cached / system"], table)
+    common.print_table(["dtype", "system", "seconds", "sentences/s", "cached / system"], table)
     payload = {
         "benchmark": "decode_throughput",
         "split": split,
@@ -210,13 +193,13 @@ def run(args: argparse.Namespace) -> dict:
         "batches": len(batches),
         "decoder_steps": steps_total,
         "beam_size": e.beam_size,
-        "model": model_summary(cfg.model, vocab),
+        "model": common.model_summary(cfg.model, vocab),
         "repeats": args.repeats,
         "results": results,
         "provenance": made_with,
         "env": env,
     }
-    print_json(payload)
+    common.print_json(payload)
     return payload
 
 

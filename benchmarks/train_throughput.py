@@ -50,25 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from benchmarks.common import (
-    DTYPES,
-    add_dtype_arg,
-    add_model_args,
-    add_timing_args,
-    autocast,
-    base_parser,
-    bench_config,
-    chosen_dtypes,
-    environment,
-    marian_model,
-    matmul_peak_flops,
-    model_summary,
-    print_json,
-    print_table,
-    resolve_device,
-    time_interleaved,
-    tokenized_corpus,
-)
+from benchmarks import common
 from benchmarks.fairseq import train_peer
 from benchmarks.fairseq.step_speed import NO_CPU_BF16, FairseqStepWorker, write_handover
 from pipeline.config_schema import Config, ModelConfig
@@ -164,7 +146,7 @@ def build_systems(cfg: Config, vocab: int, tokens: dict[str, int], device: torch
     speed_paths = SpeedPaths.on_cpu(cfg.runtime.cpu_speed_paths)  # as training installs it
     ours = install_speed_paths(Transformer(cfg.model, vocab, tokens["pad_id"]), speed_paths)
     peer = TorchSeq2Seq(cfg.model, vocab, tokens["pad_id"]) if "torch" in names else None
-    marian = marian_model(cfg.model, vocab, tokens) if "marian" in names else None
+    marian = common.marian_model(cfg.model, vocab, tokens) if "marian" in names else None
     pad_id, epsilon = tokens["pad_id"], cfg.train.label_smoothing
 
     def our_loss(batch: dict) -> Tensor:  # as TranslationModule._loss computes it
@@ -208,7 +190,7 @@ def training_step_fn(module: nn.Module, loss_fn, batch: dict, cfg: Config, devic
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with autocast(device, dtype):
+        with common.autocast(device, dtype):
             loss = loss_fn(batch)
         (loss / batch["num_tgt_tokens"]).backward()
         optimizer.step()
@@ -293,11 +275,11 @@ def timed_name(system: str, dtype_name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = base_parser(__doc__.splitlines()[0])
-    add_model_args(parser)
-    add_timing_args(parser, repeats=20, warmup=3)
+    parser = common.base_parser(__doc__.splitlines()[0])
+    common.add_model_args(parser)
+    common.add_timing_args(parser, repeats=20, warmup=3)
     parser.add_argument("--target-tokens", type=int, default=3000)
-    add_dtype_arg(parser)
+    common.add_dtype_arg(parser)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                         help="systems to time; ours always runs (the ratios are ours / system)")  # fmt: skip
     parser.add_argument("--fairseq-venv", type=Path, default=train_peer.DEFAULT_VENV,
@@ -337,10 +319,10 @@ def batch_shape(batch: dict) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> dict:
     made_with = provenance()  # at the start: commits made while it runs are not its code
-    cfg = bench_config(args)
-    device = resolve_device(args, cfg)
-    env = environment(device)
-    with tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
+    cfg = common.bench_config(args)
+    device = common.resolve_device(args, cfg)
+    env = common.environment(device)
+    with common.tokenized_corpus(cfg, args.tokenized) as (tokenizer, splits):
         batch = training_batch(cfg, tokenizer, splits, args.target_tokens, device)
     tokens = special_ids(tokenizer)
     pad = tokens["pad_id"]
@@ -371,19 +353,21 @@ def run(args: argparse.Namespace) -> dict:
                     skip(skipped, "fairseq", f"its model has {parameters['fairseq']:,} "
                          f"parameters, ours {parameters['ours']:,}: not the same sizes")  # fmt: skip
                     fairseq = None
-        for dtype_name in chosen_dtypes(args, device, cfg):
-            dtype = DTYPES[dtype_name]
+        for dtype_name in common.chosen_dtypes(args, device, cfg):
+            dtype = common.DTYPES[dtype_name]
             steps = {
                 name: training_step_fn(module, loss_fn, batch, cfg, device, dtype)
                 for name, (module, loss_fn) in systems.items()
             }
             if fairseq is not None:
                 steps[timed_name("fairseq", dtype_name)] = fairseq
-            seconds = time_interleaved(
+            seconds = common.time_interleaved(
                 steps, repeats=args.repeats, warmup=args.warmup, device=device,
                 progress=f"train {dtype_name}",
             )  # fmt: skip
-            peak = matmul_peak_flops(device, dtype, peak_size, repeats=max(3, args.repeats // 4))
+            peak = common.matmul_peak_flops(
+                device, dtype, peak_size, repeats=max(3, args.repeats // 4)
+            )
             step_s = {name: statistics.median(times) for name, times in seconds.items()}
             tokens_per_s = {name: batch["num_tgt_tokens"] / s for name, s in step_s.items()}
             achieved = flops / step_s["ours"]
@@ -421,10 +405,10 @@ def run(args: argparse.Namespace) -> dict:
               f"{fairseq.info['threads']} thread(s)): {NO_CPU_BF16}")  # fmt: skip
     print(f"matmul peak ({peak_size}^3): " + ", ".join(
         f"{d} {r['matmul_peak_flops_per_s'] / 1e9:,.0f} GFLOP/s" for d, r in results.items()))  # fmt: skip
-    print_table(header, table)
+    common.print_table(header, table)
     payload = {
         "benchmark": "train_throughput",
-        "model": model_summary(cfg.model, vocab),
+        "model": common.model_summary(cfg.model, vocab),
         "batch": {**shape, "padding_fraction": 1 - real / padded},
         "repeats": args.repeats,
         "parameters": parameters,
@@ -433,7 +417,7 @@ def run(args: argparse.Namespace) -> dict:
         "provenance": made_with,
         "env": env,
     }
-    print_json(payload)
+    common.print_json(payload)
     return payload
 
 

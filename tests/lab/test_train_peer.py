@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import train_throughput
+from benchmarks import common, train_throughput
 from benchmarks.fairseq import step_speed, train_peer
 from pipeline.evaluation.beam_decoding import pad_batch
 from pipeline.portable_paths import relativize
@@ -515,7 +515,7 @@ def test_smoke_run_end_to_end(tmp_path, multi30k_dir):
 def bench_config(**sizes):
     args = argparse.Namespace(overrides=["model.dropout=0.3", "train.label_smoothing=0.2"],
                               seed=None, **sizes)  # fmt: skip
-    return train_throughput.bench_config(args)
+    return common.bench_config(args)
 
 
 def test_fairseq_handover_is_what_the_worker_reads(tmp_path):
