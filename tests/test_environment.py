@@ -49,7 +49,10 @@ def test_a_process_that_imports_lightning_leaves_the_lab_peer_unloaded():
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=300)  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert loaded.stdout.split() == ["False"]
+    assert loaded.stdout.split() == ["False"], (
+        "transformers is installed in the environment: `rm -rf .venv && make setup` puts it "
+        f"in {environment.PEERS_DIR} instead"
+    )
 
 
 def test_a_lock_that_disagrees_with_pyproject_is_reported(tmp_path):
