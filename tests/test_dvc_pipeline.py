@@ -566,6 +566,23 @@ SMOKE_HEADS = "4"  # conf/experiment/smoke.yaml's
 
 
 QUEUE_MINUTES = 25  # both smoke experiments, one after the other, within the test's timeout
+# `dvc queue status` asks the workers what they run through the broker's message files and
+# can read one a worker is still writing ("unexpected error - Expecting value"), after it has
+# printed the tasks' table: such a failure is asked again, this many times in a row at most.
+QUEUE_STATUS_TRIES = 5
+QUEUE_POLL_S = 2
+
+
+def queue_status(repo: Path, tries: int = QUEUE_STATUS_TRIES) -> str:
+    """`dvc queue status`'s output, asked again while it fails, `tries` times in all; the
+    last try's failure is raised."""
+    command = ["dvc", "queue", "status"]
+    for _ in range(tries - 1):
+        result = sh(command, repo, check=False, timeout=120)
+        if result.returncode == 0:
+            return result.stdout
+        time.sleep(QUEUE_POLL_S)
+    return sh(command, repo, timeout=120).stdout
 
 
 def run_queue(repo: Path, log: Path, timeout: float) -> str:
@@ -581,10 +598,10 @@ def run_queue(repo: Path, log: Path, timeout: float) -> str:
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            status = sh(["dvc", "queue", "status"], repo, timeout=120).stdout
+            status = queue_status(repo)
             if not any(word in status for word in ("Queued", "Running")):
                 return status
-            time.sleep(2)
+            time.sleep(QUEUE_POLL_S)
         return status
     finally:
         with log.open("a") as out:
