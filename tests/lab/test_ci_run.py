@@ -216,3 +216,21 @@ def test_an_existing_folder_is_never_cloned_into(tmp_path, capsys):
 def test_the_docs_table_is_the_reports_output_over_the_committed_records():
     entries = machine_records.load(REPO_ROOT / ci_run.RESULTS)
     assert docs_blocks.read(REPO_ROOT / ci_run.PAGE, ci_run.BLOCK) == ci_run.block(entries)
+
+
+def test_the_docs_index_quotes_the_latest_recorded_run_of_each_class():
+    """docs/index.md's 'how long' rows for `bash .ci/run`: the range of the latest recorded
+    run's minutes over the classes with bf16 instructions, and the latest run's of the class
+    without, which trains in float32."""
+    entries = machine_records.load(REPO_ROOT / ci_run.RESULTS)  # in the order they finished
+    latest = {machine_records.machine_label(e): e for e in entries}
+    bf16 = sorted(e["total_s"] / 60 for label, e in latest.items() if "no bf16" not in label)
+    float32 = [e["total_s"] / 60 for label, e in latest.items() if "no bf16" in label]
+    xeon = sorted({str(e["cpu"]["model"]) for label, e in latest.items() if "Xeon" in label})
+    page = " ".join((REPO_ROOT / "docs" / "index.md").read_text(encoding="utf-8").split())
+    expected = [
+        f"| {bf16[0]:.0f}-{bf16[-1]:.0f} min, the latest recorded run of each class",
+        f"| {float32[-1]:.0f} min, its latest recorded run |",
+        f"2-core Intel Xeon (family 6, models {' and '.join(xeon)}) |",
+    ]
+    assert [line for line in expected if line not in page] == []
