@@ -14,6 +14,7 @@ the repository, also where DVC runs the pipeline in a temporary copy of it (`dvc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -32,6 +33,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RAW_DIR_ENV = "MULTI30K_DIR"
 SCHEMA_FILE = CONF_DIR / "params.schema.json"  # params.yaml's JSON Schema, for editors
 SCHEMA_DEFAULTS = "schema_defaults"  # Hydra's name for the schema's defaults (conf/config.yaml)
+COMPOSITIONS_KEPT = 128  # per process: a report asks for each of a study's variants several times
 # Where `dvc exp run --queue` and `--temp` run a copy of the repository, inside it.
 DVC_TEMP_WORKSPACES = Path(".dvc", "tmp", "exps")
 
@@ -367,15 +369,27 @@ def register_schema_defaults() -> None:
 
 
 def compose_dict(overrides: list[str] | None = None, config_dir: Path = CONF_DIR) -> DictConfig:
-    """The raw composed DictConfig: what DVC writes into params.yaml."""
+    """The raw composed DictConfig: what DVC writes into params.yaml. A process keeps the
+    compositions it made (a report composes each variant several times), keyed by the
+    overrides and by the names, sizes and times of conf/'s files, so that an edited conf/
+    composes anew; each caller gets its own copy to change."""
+    directory = Path(config_dir).resolve()
+    files = tuple(sorted((str(path.relative_to(directory)), path.stat().st_mtime_ns,
+                          path.stat().st_size) for path in directory.rglob("*.yaml")))  # fmt: skip
+    return copy.deepcopy(_composed(tuple(overrides or []), directory, files))
+
+
+@functools.lru_cache(maxsize=COMPOSITIONS_KEPT)
+def _composed(overrides: tuple[str, ...], config_dir: Path, files: tuple) -> DictConfig:
+    """Hydra's composition of `config_dir` (its `files` only key the cache)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
     register_schema_defaults()
     try:
-        with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
-            return hydra_compose("config", overrides=list(overrides or []))
+        with initialize_config_dir(str(config_dir), version_base=None):
+            return hydra_compose("config", overrides=list(overrides))
     except HydraException as err:
         raise ConfigError(f"{config_dir}: {err}") from None
 

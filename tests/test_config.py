@@ -103,6 +103,25 @@ def test_override_reaches_the_typed_config():
     assert cfg.model.heads == 8 and cfg.train.max_steps == 7
 
 
+def test_a_composition_asked_again_is_a_copy_and_an_edited_conf_composes_anew(tmp_path):
+    """compose keeps what it composed in this process: the same request gives an equal config
+    the caller may change without changing the next one's, and a conf/ file edited between two
+    requests is read again."""
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config_lib.CONF_DIR, conf)
+    first = config_lib.compose_dict(["model.heads=8"], conf)
+    first.model.heads = 2
+    again = config_lib.compose(["model.heads=8"], conf)
+    assert again.model.heads == 8 and again == config_lib.compose(["model.heads=8"], conf)
+    every = again.train.log_every_n_steps  # a key the default experiment leaves to train/
+
+    train = conf / "train" / "default.yaml"
+    train.write_text(train.read_text() + f"log_every_n_steps: {every + 1}\n")
+    assert config_lib.compose(["model.heads=8"], conf).train.log_every_n_steps == every + 1
+
+
 def test_experiment_preset_selects_values():
     smoke = config_lib.compose(["experiment=smoke"])
     assert smoke.experiment_name == "smoke"
