@@ -116,10 +116,12 @@ def test_smoke_study_and_report(tmp_path, multi30k_dir, monkeypatch):
             "--work-dir", str(work))  # fmt: skip
     assert len(optuna.load_study(study_name="smoke", storage=storage).trials) == 4
 
-    # The report reads records: it loads no Lightning (seconds to load, the training's).
+    # The report reads records: it loads neither torch nor Lightning (seconds to load, the
+    # training's).
     loaded = frameworks_loaded_by("pipeline.report", "smoke", "--results-dir", str(results))
     assert loaded.returncode == 0, loaded.stderr[-3000:]
-    assert "lightning" not in loaded.stdout.splitlines()[-1], loaded.stdout[-500:]
+    frameworks = loaded.stdout.splitlines()[-1]
+    assert "torch" not in frameworks and "lightning" not in frameworks, loaded.stdout[-500:]
     report = (results / "smoke" / "report.md").read_text()
     assert "| base |" in report and "| heads_1 | model.heads=1 |" in report
     for chart in ("bleu_per_variant", "learning_curves"):

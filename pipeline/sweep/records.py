@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import optuna
-import torch
 import yaml
 
 from pipeline import config as config_lib
@@ -33,6 +32,14 @@ RUN_FILE = "run.json"  # written last: a record folder with it is a finished tri
 
 
 ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
+
+
+def training_threads() -> int:
+    """The threads torch trains on in this process; torch is imported here, by the worker that
+    trains (which has it loaded), so that a report reading records starts without it."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 CURVE_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
@@ -74,7 +81,7 @@ def logged_attempt(work: Path, trial: optuna.Trial):
     file it wrote in training (or its training's time, killed while it evaluated)."""
     from pipeline.environment import hardware
 
-    base = {"trial": trial.number, "hardware": hardware(), "threads": torch.get_num_threads()}
+    base = {"trial": trial.number, "hardware": hardware(), "threads": training_threads()}
     _close_killed_attempts(work)
     start = {"outcome": STARTED, "step": _checkpoint_step(work), "wall_time_s": 0.0}
     _append_attempt(work, {**base, **start, "started_at": time.time()})
@@ -169,7 +176,7 @@ def record_trial(
         **provenance(),
         "precision": train_metrics.get("precision"),
         "loss_average": LOSS_AVERAGE,
-        "threads": torch.get_num_threads(),
+        "threads": training_threads(),
         "train_wall_time_s": round(sum(a["wall_time_s"] for a in attempts), 1),
         "eval_wall_time_s": round(eval_seconds, 1),
         "attempts": attempts,
