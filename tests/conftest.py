@@ -148,6 +148,15 @@ def multi30k_dir() -> Path:
     return path
 
 
+def gzip_head(source: Path, dest: Path, count: int | None = None) -> None:
+    """The first `count` lines of gzipped `source` (all: None) as gzipped `dest`, replacing it."""
+    with gzip.open(source, "rt", encoding="utf-8") as handle:
+        lines = handle.readlines()[:count]
+    dest.unlink(missing_ok=True)
+    with gzip.open(dest, "wt", encoding="utf-8") as handle:
+        handle.writelines(lines)
+
+
 def redirect_paths(cfg: config_schema.Config, root: Path) -> config_schema.Config:
     """Point every output directory of `cfg` under `root` (tests never write into the repo)."""
     for name in vars(cfg.paths):

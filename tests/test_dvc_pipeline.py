@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, build_once, page_references, shared_build, shared_root
+from tests.conftest import (
+    REPO_ROOT,
+    build_once,
+    gzip_head,
+    page_references,
+    shared_build,
+    shared_root,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -418,16 +425,6 @@ def test_dvc_exp_apply_keeps_a_studys_unsynced_wandb_runs(smoke):
     assert {p: p.read_bytes() for p in data} == data
 
 
-def _gzip_lines(source: Path, dest: Path, count: int | None = None) -> None:
-    import gzip
-
-    with gzip.open(source, "rt", encoding="utf-8") as handle:
-        lines = handle.readlines()[:count]
-    dest.unlink(missing_ok=True)
-    with gzip.open(dest, "wt", encoding="utf-8") as handle:
-        handle.writelines(lines)
-
-
 def corpus_copy(multi30k_dir: Path, dest: Path) -> Path:
     shutil.copytree(multi30k_dir, dest)
     for path in [dest, *dest.iterdir()]:
@@ -438,7 +435,7 @@ def corpus_copy(multi30k_dir: Path, dest: Path) -> Path:
 def test_another_copy_of_the_corpus_is_seen_by_dvc(smoke, tmp_path, multi30k_dir, monkeypatch):
     other = corpus_copy(multi30k_dir, tmp_path / "corpus")
     for lang in ("en", "de"):  # the same folder layout, another validation set
-        _gzip_lines(multi30k_dir / f"val.{lang}.gz", other / f"val.{lang}.gz", 500)
+        gzip_head(multi30k_dir / f"val.{lang}.gz", other / f"val.{lang}.gz", 500)
     monkeypatch.setenv("MULTI30K_DIR", str(other))
     output = sh(["dvc", "repro", "prepare"], smoke).stdout
     assert "Running stage 'prepare'" in output
@@ -515,7 +512,7 @@ def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
 ):
     corpus = corpus_copy(multi30k_dir, tmp_path / "corpus")
     for lang in ("en", "de"):
-        _gzip_lines(multi30k_dir / f"test_2016_flickr.{lang}.gz", corpus / f"test_x.{lang}.gz", 100)
+        gzip_head(multi30k_dir / f"test_2016_flickr.{lang}.gz", corpus / f"test_x.{lang}.gz", 100)
     monkeypatch.setenv("MULTI30K_DIR", str(corpus))
     checkpoints = _file_hashes(smoke / "models" / "train" / "checkpoints")
 

@@ -18,21 +18,39 @@ from benchmarks.fairseq import parity, train_peer
 from pipeline import config, docs_blocks, results
 from pipeline.errors import DataError
 from pipeline.evaluation import scoring, seed_stats
-from tests.conftest import NUMBER_WORDS, REPO_ROOT
+from tests.conftest import NUMBER_WORDS, REPO_ROOT, gzip_head
 
 SPLITS = ("val", "test_2016_flickr")
 
 
+SHORT_SPLIT = 200  # sentences of each split the made-up runs translate (scoring them is most
+# of these tests' time; a bootstrap still tells a degraded system apart on this many)
+
+
 @pytest.fixture
 def references(multi30k_dir, monkeypatch) -> dict[str, list[str]]:
+    """The real references of each split, which the committed runs translated."""
     monkeypatch.setenv(train_peer.CORPUS_ENV, str(multi30k_dir))
     return {split: parity.scoring_references(split) for split in SPLITS}
 
 
 @pytest.fixture
-def committed(tmp_path, references):
+def short_references(multi30k_dir, tmp_path, monkeypatch) -> dict[str, list[str]]:
+    """The first SHORT_SPLIT references of each split, read from a copy of the corpus cut to
+    them: what the made-up runs below translate."""
+    corpus = tmp_path / "short-corpus"
+    corpus.mkdir()
+    for name in (f"{split}.{lang}.gz" for split in SPLITS for lang in ("en", "de")):
+        gzip_head(multi30k_dir / name, corpus / name, SHORT_SPLIT)
+    monkeypatch.setenv(train_peer.CORPUS_ENV, str(corpus))
+    return {split: parity.scoring_references(split) for split in SPLITS}
+
+
+@pytest.fixture
+def committed(tmp_path, short_references):
     """Empty results folders, and writers of committed runs of each system scored against the
-    real references."""
+    real references of `short_references`."""
+    references = short_references
     root = tmp_path / "results"
     wu_preset = config.to_dict(config.compose([f"experiment={parity.WU_RECIPE}"]))
     wu_decoding = wu_preset["eval"]
@@ -259,9 +277,10 @@ def write_decoding(parity_dir, name, by_search, references, seed=1, splits=SPLIT
     return out
 
 
-def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, references):
+def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, short_references):
     """A decode_checkpoint result gives a row per search (the model trained by ours), each
     compared with fairseq's runs of its budget, and one line of the two searches side by side."""
+    references = short_references
     root, fairseq_result, _, exact, worse = committed
     parity_dir = root / "parity"
     fairseq_result("fairseq_seed1", worse, seed=1)
@@ -281,8 +300,8 @@ def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, re
     assert abs(float(comparisons[1].split("val ")[1].split(" ")[0])) < 0.01  # the same text
     assert comparisons[2].startswith("- one model (`") and "snmt_seed1.json" in comparisons[2]
     assert comparisons[2].endswith(
-        "test_2016_flickr +1.25 (p = 0.010), 7 of 1000 the same, the model ranks ours higher 3 "
-        "times, fairseq's 2"
+        f"test_2016_flickr +1.25 (p = 0.010), 7 of {len(references['test_2016_flickr'])} the "
+        "same, the model ranks ours higher 3 times, fairseq's 2"
     )
 
     write_decoding(parity_dir, "val_only", {"ours": exact, "fairseq": worse}, references,
@@ -291,9 +310,10 @@ def test_one_model_decoded_by_both_searches_is_two_rows_and_a_line(committed, re
         parity.markdown(root, parity_dir)
 
 
-def test_a_decoded_run_is_named_by_its_segmentation_against_the_preset(committed, references):
+def test_a_decoded_run_is_named_by_its_segmentation_against_the_preset(committed, short_references):
     """A model of the preset as it is (its own tokenizer) is named by the recipe alone; one
     segmented by another tokenizer is named with it."""
+    references = short_references
     root, fairseq_result, _, exact, worse = committed
     parity_dir = root / "parity"
     fairseq_result("fairseq_seed1", worse, seed=1)
