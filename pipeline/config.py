@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -371,17 +372,19 @@ def register_schema_defaults() -> None:
 def compose_dict(overrides: list[str] | None = None, config_dir: Path = CONF_DIR) -> DictConfig:
     """The raw composed DictConfig: what DVC writes into params.yaml. A process keeps the
     compositions it made (a report composes each variant several times), keyed by the
-    overrides and by the names, sizes and times of conf/'s files, so that an edited conf/
-    composes anew; each caller gets its own copy to change."""
+    overrides and by the digest of conf/'s files, so that an edited conf/ composes anew; each
+    caller gets its own copy to change."""
     directory = Path(config_dir).resolve()
-    files = tuple(sorted((str(path.relative_to(directory)), path.stat().st_mtime_ns,
-                          path.stat().st_size) for path in directory.rglob("*.yaml")))  # fmt: skip
-    return copy.deepcopy(_composed(tuple(overrides or []), directory, files))
+    digest = hashlib.blake2b()
+    for path in sorted(directory.rglob("*.yaml")):
+        digest.update(f"{path.relative_to(directory)}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    return copy.deepcopy(_composed(tuple(overrides or []), directory, digest.hexdigest()))
 
 
 @functools.lru_cache(maxsize=COMPOSITIONS_KEPT)
-def _composed(overrides: tuple[str, ...], config_dir: Path, files: tuple) -> DictConfig:
-    """Hydra's composition of `config_dir` (its `files` only key the cache)."""
+def _composed(overrides: tuple[str, ...], config_dir: Path, files_digest: str) -> DictConfig:
+    """Hydra's composition of `config_dir` (`files_digest` only keys the cache)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
