@@ -34,16 +34,16 @@ RUN_FILE = "run.json"  # written last: a record folder with it is a finished tri
 ATTEMPTS_FILE = "attempts.jsonl"  # in the work dir: the point's attempts (`read_attempts`)
 
 
+CURVE_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
+CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
+
+
 def training_threads() -> int:
     """The threads torch trains on in this process; torch is imported here, by the worker that
     trains (which has it loaded), so that a report reading records starts without it."""
     import torch
 
     return torch.get_num_threads()
-
-
-CURVE_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
-CURVE_FILE = "curve.json"  # in a point's record folder: its validation curve
 
 
 class _Attempt:

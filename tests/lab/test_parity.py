@@ -30,8 +30,7 @@ SHORT_SPLIT = 200  # sentences of each split the made-up runs translate (scoring
 @pytest.fixture
 def references(multi30k_dir, monkeypatch) -> dict[str, list[str]]:
     """The real references of each split, which the committed runs translated."""
-    monkeypatch.setenv(train_peer.CORPUS_ENV, str(multi30k_dir))
-    return {split: parity.scoring_references(split) for split in SPLITS}
+    return references_in(multi30k_dir, monkeypatch)
 
 
 @pytest.fixture
@@ -42,6 +41,11 @@ def short_references(multi30k_dir, tmp_path, monkeypatch) -> dict[str, list[str]
     corpus.mkdir()
     for name in (f"{split}.{lang}.gz" for split in SPLITS for lang in ("en", "de")):
         gzip_head(multi30k_dir / name, corpus / name, SHORT_SPLIT)
+    return references_in(corpus, monkeypatch)
+
+
+def references_in(corpus, monkeypatch) -> dict[str, list[str]]:
+    """Each split's scoring references, with `corpus` the one parity reads."""
     monkeypatch.setenv(train_peer.CORPUS_ENV, str(corpus))
     return {split: parity.scoring_references(split) for split in SPLITS}
 
