@@ -464,8 +464,10 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
     stage runs), kill -9 and SIGTERM to the whole `dvc exp run`, then the same command at once
     (after a SIGTERM DVC exits before its stage has saved): the run goes on from its newest
     checkpoint, the stop step's when there was time to save one, never from step 0."""
-    values = ["experiment=smoke", "seed=7", "train.max_steps=80", "train.val_check_interval=20",
-              "train.progress_bar=false"]  # fmt: skip
+    # another dropout than the smoke run's: a run of its own, trained anew on the same tokens
+    # (another seed would tokenize again)
+    values = ["experiment=smoke", "model.dropout=0.2", "train.max_steps=40",
+              "train.val_check_interval=10", "train.progress_bar=false"]  # fmt: skip
     command = ["dvc", "exp", "run", "train", *set_params(values)]
     mirror = smoke / "models/train.preempted/checkpoints"
     progress = smoke / "models/train/checkpoints/progress.json"  # the smoke run's, until moved
@@ -475,7 +477,7 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         deadline = time.monotonic() + 300
         while not (progress.exists() and progress.stat().st_mtime > started
-                   and _progress(progress) >= 20):  # fmt: skip
+                   and _progress(progress) >= 10):  # fmt: skip
             assert exp.poll() is None, (smoke / "stopped.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.1)
@@ -494,17 +496,17 @@ def test_a_dvc_exp_run_stopped_by_a_signal_to_its_process_group_resumes_when_run
         found = re.search(rf"training stopped by {signal_name} at step (\d+): saved ", stopped)
         assert found, stopped[-3000:]
         step = int(found[1])
-    assert 20 <= step < 80
+    assert 10 <= step < 40
     assert f"goes on from step {step}: moved its " in output, output[-3000:]
     summary = json.loads((smoke / "metrics/train.json").read_text())
     # a SIGKILL between a validation's step checkpoint and last.ckpt resumes from the former
     assert summary["resumed_from"].endswith(("last.ckpt", f"step-{step:07d}.ckpt"))
-    assert summary["steps"] == 80
+    assert summary["steps"] == 40
     # a finished run stays kept beside until the next command sees that DVC recorded it
     sh(command, smoke)
     assert not list(mirror.iterdir())
     history = _histories(smoke)["train/loss.tsv"].splitlines()[1:]
-    assert [int(row.split("\t")[0]) for row in history] == list(range(10, 81, 10))
+    assert [int(row.split("\t")[0]) for row in history] == list(range(10, 41, 10))
 
 
 def test_a_new_test_split_costs_one_evaluation_never_a_retrain(
