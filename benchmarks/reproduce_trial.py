@@ -107,11 +107,11 @@ def reproduce(trial_dir: Path, work: Path, any_commit: bool = False) -> dict:
         os.environ[name] = str(run["threads"])
     import torch
 
-    from pipeline.sweep.pin import git_commit
+    from pipeline.sweep.pin import running_commit
     from pipeline.sweep.trial import ensure_data
     from pipeline.training import trainer
 
-    commit = git_commit()  # the commit of the code that runs, `+dirty.<hash>` if changed
+    commit = running_commit()  # `+dirty.<hash>` if the code here has changed
     if not any_commit and commit != run["commit"]:
         raise Unreproducible(
             f"{trial_dir}: recorded at commit {run['commit']}, and the code here is at {commit}: "

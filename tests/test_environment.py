@@ -158,7 +158,7 @@ def test_provenance_and_the_study_pin_name_the_same_commit(monkeypatch):
     from pipeline.sweep import pin
 
     monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
-    assert environment.provenance()["commit"] == pin.git_commit() == environment.code_commit()
+    assert environment.provenance()["commit"] == pin.running_commit() == environment.code_commit()
 
 
 def test_the_command_prints_provenance_as_json_and_help_as_usage(capsys):

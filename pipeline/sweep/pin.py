@@ -49,9 +49,10 @@ class Pin:
         return cls(**{key: str(value.get(key)) for key in ("commit", "hardware", "precision")})
 
 
-def git_commit(repo: Path | None = None) -> str:
-    """The checkout's commit, `+dirty.<8 hex>` when its code has uncommitted changes (the
-    commit every record of a trial names, `environment.code_commit`)."""
+def running_commit(repo: Path | None = None) -> str:
+    """The commit of the code that runs, `+dirty.<8 hex>` when its code has uncommitted changes
+    (the commit every record of a trial names, `environment.code_commit`); "unknown" outside a
+    checkout."""
     return code_commit(repo) or "unknown"
 
 
@@ -92,7 +93,7 @@ def this_worker(spec: StudySpec, pinned: Pin | None = None) -> Pin:
         precision = pinned.precision
     else:
         precision = resolved_precision(spec)
-    return Pin(git_commit(), machine, precision)
+    return Pin(running_commit(), machine, precision)
 
 
 def differences(pinned: Pin, worker: Pin) -> list[str]:
