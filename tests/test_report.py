@@ -1144,6 +1144,13 @@ def test_a_complete_study_states_what_differs_against_the_papers_rows_and_a_writ
     assert f"Cannot tell for heads_16 ({rows['heads_16'].delta:+.2f}; detectable " in paragraph
     # the table's note says what the paper's column is, naming the rows that are another change
     assert "for heads_1, heads_16, dropout_0.0 it is not the same change" in text
+    # and the one-sentence summary says which verdicts on the paper's rows are another change
+    assert (
+        f"holds: heads_1 ({rows['heads_1'].delta:+.2f}, not the paper's change), dropout_0.0 "
+        f"({rows['dropout_0.0'].delta:+.2f}, not the paper's change), label_smoothing_0.0 "
+        f"({rows['label_smoothing_0.0'].delta:+.2f}); cannot tell: heads_16 "
+        f"({rows['heads_16'].delta:+.2f})."
+    ) in text
 
     # The write-up: smoothing (the base, 0.1) against none, on each measure, with the interval
     # of the difference Welch's test inverts

@@ -99,7 +99,7 @@ def markdown(
         "",
         *(findings(rows, spec) or ["- no variant has been compared with the base yet."]),
         "",
-        summary(rows),
+        summary(rows, spec),
         "",
         *[
             f"{text}\n"

@@ -111,8 +111,9 @@ def findings(rows: list[VariantRow], spec: StudySpec | None = None) -> list[str]
     return lines
 
 
-def summary(rows: list[VariantRow]) -> str:
-    """The findings in one sentence, grouped by verdict."""
+def summary(rows: list[VariantRow], spec: StudySpec | None = None) -> str:
+    """The findings in one sentence, grouped by verdict; with the spec, a verdict on the
+    paper's row for a change that is not the paper's says so (the findings say how)."""
     if any(r.interim for r in rows):
         return (
             "**In short**: the study is still running; its verdicts (Welch's test over seeds, "
@@ -123,7 +124,9 @@ def summary(rows: list[VariantRow]) -> str:
         if r.delta is None:
             continue
         key = r.verdict if r.comparable else "not compared (other run conditions)"
-        groups.setdefault(key, []).append(f"{r.variant} ({r.delta:+.2f})")
+        unlike = key in (HOLDS, CONTRADICTS) and spec is not None and unlike_paper(spec, r.variant)
+        note = ", not the paper's change" if unlike else ""
+        groups.setdefault(key, []).append(f"{r.variant} ({r.delta:+.2f}{note})")
     order = [HOLDS, CONTRADICTS, DIFFERS, CANNOT_TELL, "not compared (other run conditions)"]
     parts = [f"{key}: {', '.join(groups[key])}" for key in order if key in groups]
     return (
