@@ -172,6 +172,16 @@ def test_eleven_curves_are_told_apart_by_colour_or_line_style():
     assert len(looks) == 11 and len(set(looks)) == 11
 
 
+def test_the_curves_legend_names_every_label_beside_the_axes_not_over_them():
+    curves = {f"variant_{i}": ([200, 400, 600], [i, i + 5, i + 9]) for i in range(11)}
+    figure = plots.curves_figure(curves, xlabel="update", ylabel="BLEU", title="curves")
+    FigureCanvasAgg(figure).draw()
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == list(curves)
+    drawn, axes = legend.get_window_extent(), figure.axes[0].get_window_extent()
+    assert drawn.x0 >= axes.x1 and drawn.x1 <= figure.bbox.width, (drawn, axes)
+
+
 def test_scatter_legend_names_each_label_and_marks_its_mean():
     points = {"base": [(7.4, 39.3), (7.8, 38.1)], "smoothing_0.0": [(8.7, 37.9), (8.8, 37.8)]}
     figure = plots.labelled_scatter_figure(points, xlabel="ppl", ylabel="BLEU")

@@ -340,13 +340,14 @@ def curves_figure(
     ylabel: str,
     title: str | None = None,
 ) -> Figure:
-    """One line per label: (steps, values)."""
-    fig, ax = _axes_figure((7.5, 4.5), "curves", curves)
+    """One line per label: (steps, values); the legend beside the axes, where it hides no
+    curve (inside, a study's eleven labels covered the middle of the plot)."""
+    fig, ax = _axes_figure((9.0, 4.5), "curves", curves)
     colours = len(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"])
     for index, (label, (steps, values)) in enumerate(curves.items()):
         # past the colour cycle's colours a new line style keeps every curve apart
         style = LINE_STYLES[index // colours % len(LINE_STYLES)]
         ax.plot(steps, values, style, linewidth=1.3, label=label)
-    ax.legend(fontsize=7, ncol=2)
+    fig.legend(loc="outside right upper", fontsize=7)
     _label_axes(ax, xlabel, ylabel, title)
     return fig
