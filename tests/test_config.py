@@ -461,7 +461,7 @@ def test_the_check_stage_names_the_key_nearest_to_an_unknown_one(tmp_path, overr
 
 @pytest.mark.slow
 def test_a_typo_in_a_dvc_set_key_is_dvcs_error_and_with_plus_the_check_stages(tmp_path):
-    """README: `dvc exp run -S model.headz=8` is refused by DVC's Hydra before any stage (exit
+    """docs/configuration.md: `dvc exp run -S model.headz=8` is refused by DVC's Hydra before any stage (exit
     255, naming the key); `-S +model.headz=8`, as that message suggests, reaches the check
     stage, which exits 2 naming the key nearest to it, without printing the whole section."""
     from tests.test_dvc_pipeline import copy_repository, sh
