@@ -1151,6 +1151,9 @@ def test_a_complete_study_states_what_differs_against_the_papers_rows_and_a_writ
         f"({rows['label_smoothing_0.0'].delta:+.2f}); cannot tell: heads_16 "
         f"({rows['heads_16'].delta:+.2f})."
     ) in text
+    # README's line for a study whose page holds its tables carries that sentence once all ran
+    in_short = next(line for line in text.splitlines() if line.startswith("**In short**"))
+    assert report.progress_block(spec, study_dir) == f"25 of 25 trials finished.\n\n{in_short}\n"
 
     # The write-up: smoothing (the base, 0.1) against none, on each measure, with the interval
     # of the difference Welch's test inverts

@@ -25,7 +25,8 @@ that anyone with a clone re-makes it exactly:
   `<!-- ablation:<study>:begin -->` and `<!-- ablation:<study>:end -->`, gets the same table
   and findings (a study without a page is an error naming it), README's block
   `ablation:<study>:summary`, where README has one, the table's main columns (its block
-  `ablation:<study>:progress`: the progress line alone), and the docs'
+  `ablation:<study>:progress`: the progress line, and the verdicts in one sentence once every
+  planned trial has finished), and the docs'
   front page's block `ablation:<study>:front`, where it has one, the result in short (a test
   checks that the committed pages equal this command's output);
 - one W&B report run in the study's group with the same table and charts, the verdicts in its

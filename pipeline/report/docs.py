@@ -10,6 +10,7 @@ from pipeline import docs_blocks
 from pipeline.errors import DataError
 from pipeline.report.document import markdown
 from pipeline.report.progress import study_pin
+from pipeline.report.prose import summary
 from pipeline.report.records import load_records, test_references
 from pipeline.report.rows import factor_text, variant_rows
 from pipeline.report.tables import grid_table, paper_cell
@@ -110,21 +111,31 @@ def summary_block(spec: StudySpec, study_dir: Path, page: Path) -> str:
 
 
 def progress_block(spec: StudySpec, study_dir: Path) -> str:
-    """README's one line for a study whose page holds its tables: how many trials have
-    finished (at the pin, for a pinned study) and whether a verdict is drawn."""
+    """README's line for a study whose page holds its tables: how many trials have finished
+    (at the pin, for a pinned study) and, once every planned trial has, its verdicts in one
+    sentence (the page's **In short**)."""
     if not_started(study_dir):
         return f"0 of {len(spec.grid())} trials finished: not started; its first worker pins it.\n"
     records = load_records(study_dir)
     pinned = study_pin(spec, study_dir)
     head = _pin_progress(spec, records, pinned)
-    return (head or f"{len(records)} of {len(spec.grid())} trials finished.") + "\n"
+    head = head or f"{len(records)} of {len(spec.grid())} trials finished."
+    if _finished(records, pinned) < len(spec.grid()):
+        return head + "\n"
+    rows = variant_rows(spec, records, test_references(spec), pinned)
+    return f"{head}\n\n{summary(rows, spec)}\n"
+
+
+def _finished(records, pinned) -> int:
+    """The trials finished: at the pin, for a pinned study."""
+    return len(records) if pinned is None else sum(r.conditions == pinned for r in records)
 
 
 def _pin_progress(spec: StudySpec, records, pinned) -> str:
     """`25 of 55 trials finished at the study's pin: interim ...`; empty for an unpinned study."""
     if pinned is None:
         return ""
-    finished = sum(r.conditions == pinned for r in records)
+    finished = _finished(records, pinned)
     return f"{finished} of {len(spec.grid())} trials finished at the study's pin" + (
         ": interim estimates, no verdict until all have."
         if finished < len(spec.grid()) else "."
