@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -598,6 +599,28 @@ def test_a_killed_evaluate_leaves_staging_that_clean_lists_and_the_next_run_remo
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".eval.")]
     assert (eval_dir / "model.ckpt").is_file()
+
+
+def test_a_source_longer_than_the_model_reads_is_refused_before_decoding(trained_smoke, tmp_path):
+    """A source longer than model.max_positions would be decoded cut short and scored as if the
+    model had read it whole: evaluate refuses it naming its split and line, before decoding,
+    and writes no output (the translate command cuts and warns instead: its input is free)."""
+    cfg = fast_eval_config(trained_smoke, tmp_path, tmp_path / "eval")
+    cfg.paths.prepared = str(tmp_path / "prepared")
+    shutil.copytree(trained_smoke.paths.prepared, cfg.paths.prepared)
+    source = Path(cfg.paths.prepared) / f"val.{cfg.data.src_lang}"
+    text = source.read_text(encoding="utf-8").split("\n")
+    text[4] = " ".join([text[4]] * cfg.model.max_positions)  # a subword or more per copy
+    source.write_text("\n".join(text), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        evaluate.run(cfg)
+    message = str(refused.value)
+    assert message.startswith(
+        f"config key 'model.max_positions'={cfg.model.max_positions} is shorter than the data: "
+        "split 'val' example 4 has a source of "
+    )
+    assert f"(line 5 of {source})" in message
+    assert not Path(cfg.paths.eval_dir).exists() and not Path(cfg.paths.metrics_dir).exists()
 
 
 def test_an_eval_dir_holding_the_checkpoints_is_refused_naming_both(trained_smoke, tmp_path):

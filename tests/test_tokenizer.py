@@ -366,28 +366,35 @@ def test_tokenize_stage_refuses_training_text_with_every_sentence_over_the_limit
 
 
 @pytest.mark.slow
-def test_a_long_val_sentence_is_kept_and_training_refuses_it_naming_its_line(
-    tokenized_smoke, tmp_path
+@pytest.mark.parametrize(
+    ("split", "lang", "side"),
+    [("val", "de", "target"), ("test_2016_flickr", "en", "source")],
+)
+def test_a_long_eval_sentence_is_kept_and_training_refuses_it_naming_its_line(
+    tokenized_smoke, tmp_path, split, lang, side
 ):
-    """A val sentence over the limit is tokenized whole; longer than model.max_positions, the
-    train stage refuses it with advice for val (not the training filter, which val is not
-    under), naming its line."""
+    """A val or test sentence over the limit is tokenized whole; longer than
+    model.max_positions where the model reads it (a val target in the decoder, a test source
+    evaluation will decode), the train stage refuses it before training, with advice for that
+    split (not the training filter, which it is not under), naming its line."""
     write_params(tmp_path, "experiment=smoke")
     prepared = tmp_path / "data" / "prepared"
     shutil.copytree(tokenized_smoke.paths.prepared, prepared)
-    long_val = sentence_of(LIMIT + 1, lines(prepared / "val.de")[7])
-    replace_lines(prepared / "val.de", {8: long_val})
+    long_line = sentence_of(LIMIT + 1, lines(prepared / f"{split}.{lang}")[7])
+    replace_lines(prepared / f"{split}.{lang}", {8: long_line})
     tokenized = run_stage("tokenize", tmp_path)
     assert tokenized.returncode == 0, tokenized.stderr[-3000:]
-    assert load_tokenized(tmp_path / "data" / "tokenized")["val"]["tgt_text"][7] == long_val
+    column = "tgt_text" if side == "target" else "src_text"
+    assert load_tokenized(tmp_path / "data" / "tokenized")[split][column][7] == long_line
     refused = run_stage("train", tmp_path)
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "split 'val' example 7 has a target of" in refused.stderr
+    assert f"split '{split}' example 7 has a {side} of" in refused.stderr
     assert (
-        "shorten or remove that pair (line 8 of data/prepared/val.de) in the 'val' corpus "
-        "files, or add 'val' to data.filter.apply_to (now ['train'])" in refused.stderr
+        f"shorten or remove that pair (line 8 of data/prepared/{split}.{lang}) in the '{split}' "
+        f"corpus files, or add '{split}' to data.filter.apply_to (now ['train'])" in refused.stderr
     )
     assert "training pairs" not in refused.stderr and "Traceback" not in refused.stderr
+    assert not list(tmp_path.glob("models/**/*.ckpt"))  # refused before training
 
 
 def test_disk_full_while_tokenizing_keeps_the_previous_output(tokenized_smoke, small_disk):

@@ -32,11 +32,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.config_schema import Config
-from pipeline.data.batching import TARGET_SPECIALS, TokenBatchSampler, eval_batches
-from pipeline.data.prepared import prepared_path
+from pipeline.data.batching import TokenBatchSampler, eval_batches
+from pipeline.data.positions import SOURCE, TARGET, check_fits, longest
 from pipeline.data.tokenized import load_tokenized
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
-from pipeline.errors import ConfigError, DataError
+from pipeline.errors import DataError
 
 
 class TokenizedSplit(Dataset):
@@ -150,41 +150,18 @@ class TranslationDataModule(L.LightningDataModule):
                 "re-run `dvc repro tokenize`"
             )
 
-    def check_max_positions(self, names: Sequence[str]) -> None:
+    def check_max_positions(self, names: Sequence[str], sources: Sequence[str] = ()) -> None:
         """Refuse a model whose position table cannot hold these splits (a ConfigError before
         any training, not one at the first batch that is too long): the encoder reads
-        `src_len` positions, the decoder `tgt_len + 1` ([bos] + y, y + [eos])."""
-        limit = self.cfg.model.max_positions
-        worst = None  # (positions, split, example, side)
-        for name in names:
+        `src_len` positions, the decoder `tgt_len + 1` ([bos] + y, y + [eos]). Of `sources`
+        (the splits evaluation decodes) only the sources: their targets are references."""
+        sides = []
+        for name in dict.fromkeys([*names, *sources]):
             split = self.split(name)
-            for side, sequences, extra in (("source", split.src_ids, 0),
-                                           ("target", split.tgt_ids, TARGET_SPECIALS)):  # fmt: skip
-                for index, ids in enumerate(sequences):
-                    if worst is None or len(ids) + extra > worst[0]:
-                        worst = (len(ids) + extra, name, index, side)
-        if worst is not None and worst[0] > limit:
-            positions, name, index, side = worst
-            plus = " (its tokens + bos/eos)" if side == "target" else ""
-            applied = self.cfg.data.filter.apply_to
-            if name in applied:
-                shorten = f"drop long pairs of '{name}' (data.filter.max_words)"
-            else:
-                where = ""
-                if name != self.cfg.data.train_split:  # tokenize drops no row: row = line
-                    lang = self.cfg.data.src_lang if side == "source" else self.cfg.data.tgt_lang
-                    where = f" (line {index + 1} of {prepared_path(self.cfg, name, lang)})"
-                shorten = (
-                    f"shorten or remove that pair{where} in the '{name}' corpus files, or add "
-                    f"'{name}' to data.filter.apply_to (now {list(applied)}) to filter it by "
-                    "data.filter.max_words"
-                )
-            raise ConfigError(
-                f"config key 'model.max_positions'={limit} is shorter than the data: split "
-                f"'{name}' example {index} has a {side} of {positions} positions{plus}. Raise "
-                f"model.max_positions to at least {positions}, or {shorten}, and re-run "
-                "`dvc repro tokenize`"
-            )
+            sides.append((name, SOURCE, split.src_ids))
+            if name in names:
+                sides.append((name, TARGET, split.tgt_ids))
+        check_fits(self.cfg, self.cfg.model.max_positions, longest(sides))
 
     @property
     def vocab_size(self) -> int:

@@ -30,6 +30,7 @@ import torch
 from pipeline.atomic import atomic_directory, write_json_atomic
 from pipeline.config_schema import Config
 from pipeline.data.corpus import ParallelText, write_lines
+from pipeline.data.positions import SOURCE, check_fits, longest
 from pipeline.data.prepared import read_prepared
 from pipeline.data.tokenizer import MODEL_FILE, Tokenizer
 from pipeline.evaluation import plots
@@ -157,7 +158,6 @@ def run(cfg: Config, wandb_run=None) -> dict:
 
     results: dict = {}
     signatures: dict = {}
-    src_ids: dict[str, list[list[int]]] = {}
     translations: dict[str, list[Translation]] = {}
     keep = cfg.paths.outputs("eval_dir")  # the checkpoints (train_dir) among them
     if cfg.eval.checkpoint:
@@ -167,8 +167,10 @@ def run(cfg: Config, wandb_run=None) -> dict:
         model = load_model(staging / MODEL_CHECKPOINT)
         tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
         tokenizer.save(staging / MODEL_FILE)  # the model's folder translates wherever it goes
+        src_ids = {split: tokenizer.encode_sources(c.src) for split, c in corpora.items()}
+        sides = [(split, SOURCE, ids) for split, ids in src_ids.items()]
+        check_fits(cfg, model.cfg.max_positions, longest(sides))  # before any decoding
         for split, corpus in corpora.items():
-            src_ids[split] = tokenizer.encode_sources(corpus.src)
             translations[split] = translate_ids(
                 model, tokenizer, src_ids[split], cfg.eval, desc=f"decode {split}"
             )

@@ -255,7 +255,10 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
 
     datamodule = TranslationDataModule(cfg, pin_memory=on_gpu)
     datamodule.setup("fit")
-    datamodule.check_max_positions([cfg.data.train_split, cfg.data.val_split])  # before training
+    # before training: what it reads, and the sources evaluation will decode
+    datamodule.check_max_positions(
+        [cfg.data.train_split, cfg.data.val_split], sources=cfg.eval.splits
+    )
     module = TranslationModule(cfg, datamodule.vocab_size)
     module.source_hash = source_hash()
     module.attach_references(datamodule.tokenizer, datamodule.split(cfg.data.val_split).tgt_text)
