@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
-# On this machine torch==2.13.0 resolves to a local CPU build; elsewhere pick the wheel you need,
-# e.g. `make setup TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124"`.
+# torch==2.13.0 as the package index pip uses serves it (PyPI's Linux wheel carries CUDA); pick
+# another build, e.g. `make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"`.
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
 # Every package pinned: the environment README's results were made with (pip constraints).

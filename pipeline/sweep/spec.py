@@ -39,7 +39,7 @@ def load_spec(path: str | Path, allow_large_grid: bool = False) -> StudySpec:
     if not allow_large_grid:
         _refuse_a_large_grid_unread(path)
     raw = read_spec(path)
-    # Names become folders (<results-dir>/<study>/, <work-dir>/<study>/<variant>-seed<n>/):
+    # Names become folders (<results-dir>/<study>/, <work-dir>/<study>-<key>/<variant>-seed<n>/):
     # checked before anything is composed, opened or written.
     if "study" in raw:
         check_folder_name(path, "study", raw["study"])
