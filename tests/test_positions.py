@@ -53,5 +53,11 @@ def test_refused_exactly_when_the_longest_needs_more_positions_than_the_limit(cf
         f"config key 'model.max_positions'={limit} is shorter than the data: split "
         f"'{worst.split}' example {worst.index} has a {worst.side} of {most} positions"
     )
-    if worst.split not in (cfg.data.train_split, *cfg.data.filter.apply_to):
+    if worst.split in cfg.data.filter.apply_to:
+        assert f"drop long pairs of '{worst.split}'" in message
+        return
+    if worst.split != cfg.data.train_split:  # tokenize drops no row of it: row = line
         assert f"(line {worst.index + 1} of " in message
+    # a test split is never offered the filter: filtered, it would not be the benchmark
+    offered = "data.filter.apply_to" in message
+    assert offered == (worst.split not in cfg.data.test_splits)

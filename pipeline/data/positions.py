@@ -50,11 +50,14 @@ def check_fits(cfg: Config, limit: int, worst: Longest | None) -> None:
         if name != cfg.data.train_split:  # tokenize drops no row: row = line
             lang = cfg.data.src_lang if side == SOURCE else cfg.data.tgt_lang
             where = f" (line {index + 1} of {prepared_path(cfg, name, lang)})"
-        shorten = (
-            f"shorten or remove that pair{where} in the '{name}' corpus files, or add "
-            f"'{name}' to data.filter.apply_to (now {list(applied)}) to filter it by "
-            "data.filter.max_words"
-        )
+        shorten = f"shorten or remove that pair{where} in the '{name}' corpus files"
+        if name in cfg.data.test_splits:  # filtered, it would no longer be the benchmark
+            shorten += " (a test split is scored whole: it is never filtered)"
+        else:
+            shorten += (
+                f", or add '{name}' to data.filter.apply_to (now {list(applied)}) to filter it "
+                "by data.filter.max_words"
+            )
     raise ConfigError(
         f"config key 'model.max_positions'={limit} is shorter than the data: split "
         f"'{name}' example {index} has a {side} of {positions} positions{plus}. Raise "
