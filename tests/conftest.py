@@ -217,7 +217,7 @@ def small_disk(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
 
@@ -227,12 +227,14 @@ def small_disk(tmp_path):
             filler.write(b"\0" * max(0, stat.f_bavail * stat.f_frsize - free))
 
     yield SimpleNamespace(path=mount, fill=fill)
-    subprocess.run(["umount", "--lazy", str(mount)], check=True)
+    subprocess.run(["umount", "--lazy", str(mount)], check=True, timeout=300)
 
 
 def git(folder: Path, *args: str) -> str:
     """git's output in `folder` (fails the test where git fails)."""
-    done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["git", *args], cwd=folder, capture_output=True, text=True, check=True, timeout=300
+    )
     return done.stdout.strip()
 
 
@@ -242,7 +244,7 @@ def worktree(tmp_path):
     path = tmp_path / "worktree"
     git(REPO_ROOT, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
     yield path
-    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT)
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, timeout=300)
 
 
 def study_folder(work: Path, results: Path, study: str) -> Path:

@@ -35,7 +35,9 @@ def read_only_mount(tmp_path):
     folder = tmp_path / "workspace" / "eval"
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text("{}")
-    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "--bind", str(folder), str(folder)], capture_output=True, timeout=300
+    )
     if mounted.returncode != 0:
         pytest.skip(f"mounting is not permitted here: {mounted.stderr.decode().strip()}")
     try:

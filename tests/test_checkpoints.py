@@ -78,7 +78,7 @@ def test_atomic_save_survives_a_kill_mid_write_and_resume_removes_its_leftover(m
         assert child.poll() is None, "the child finished before it could be killed"
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    child.wait(timeout=60)
     assert temp.exists(), "the kill should have hit during the write"
     assert read_checkpoint(target)["global_step"] == 1  # the old file is intact
     assert json.loads((target.parent / PROGRESS_NAME).read_text())["step"] == 1

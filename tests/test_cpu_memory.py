@@ -43,7 +43,7 @@ needs_glibc = pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt/malli
 def probe(mode: str, **env: str) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
-        env={**{k: v for k, v in os.environ.items() if k != ONEDNN_CACHE_ENV}, **env},
+        env={**{k: v for k, v in os.environ.items() if k != ONEDNN_CACHE_ENV}, **env}, timeout=300,
     )  # fmt: skip
     return json.loads(result.stdout)
 

@@ -128,7 +128,7 @@ def test_killed_stage_leaves_lock_and_reruns_to_same_hash(repo):
     )
     time.sleep(4)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     assert (repo / "dvc.lock").read_bytes() == lock_before
 
     sh(["dvc", "repro", "tokenize"], repo)

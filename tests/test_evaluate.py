@@ -142,6 +142,7 @@ def sacrebleu_cli(ref: Path, hyp: Path) -> dict[str, float]:
         capture_output=True,
         text=True,
         check=True,
+        timeout=300,
     ).stdout
     names = {"BLEU": "bleu", "chrF2": "chrf", "TER": "ter"}
     return {names[entry["name"]]: entry["score"] for entry in json.loads(out)}
@@ -547,7 +548,7 @@ def test_a_full_disk_or_a_read_only_eval_dir_exits_2_naming_the_file_and_keeps_t
     assert snapshot(small_disk.path) == before  # no staging folder, every file as it was
 
     remount = subprocess.run(["mount", "-o", "remount,ro", str(small_disk.path)],
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
     if remount.returncode != 0:
         pytest.skip(f"cannot remount the tmpfs read-only: {remount.stderr.strip()}")
     read_only = run_stage("evaluate", tmp_path)
@@ -581,7 +582,7 @@ def test_a_killed_evaluate_leaves_staging_that_clean_lists_and_the_next_run_remo
         assert stage.poll() is None and time.monotonic() < deadline, "it ended before the kill"
         time.sleep(0.01)
     os.kill(stage.pid, signal.SIGKILL)
-    stage.wait()
+    stage.wait(timeout=60)
     (staging,) = [p for p in tmp_path.iterdir() if p.name.startswith(prefix)]
     older = tmp_path / ".eval.tmp-k3x9q2ab"  # as a killed earlier version named it
     older.mkdir()
@@ -589,7 +590,7 @@ def test_a_killed_evaluate_leaves_staging_that_clean_lists_and_the_next_run_remo
 
     listed = subprocess.run([sys.executable, "-m", "pipeline.clean", "--work-dir",
                              str(tmp_path / "work"), "--results-dir", str(tmp_path / "results")],
-                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     for folder in (staging, older):
         (line,) = [line for line in listed.stdout.splitlines() if line.startswith(str(folder))]

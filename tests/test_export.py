@@ -488,5 +488,5 @@ def test_readme_and_the_evaluation_page_quote_the_recipe_models_export_record():
 def test_the_readmes_export_folder_is_not_tracked_by_git():
     """README exports to exported/: a model to ship, never a file `git add -A` picks up."""
     for path in ("exported/ct2/model.bin", "exported/ct2/shared_vocabulary.json"):
-        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT)
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT, timeout=300)
         assert ignored.returncode == 0, path

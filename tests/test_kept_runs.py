@@ -27,7 +27,7 @@ def _kept_run(train_dir: Path, step: int, max_steps: int) -> Path:
 def test_a_kept_run_is_described_until_dvcs_cache_holds_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(DVC_ROOT, raising=False)
-    subprocess.run([DVC, "init", "--no-scm", "-q"], check=True)
+    subprocess.run([DVC, "init", "--no-scm", "-q"], check=True, timeout=300)
     train_dir = Path("models/train")
     assert kept_runs.review(train_dir) is None  # nothing kept
 
@@ -45,7 +45,7 @@ def test_a_kept_run_is_described_until_dvcs_cache_holds_it(tmp_path, monkeypatch
     assert "records it without training; other values move it to models/train.replaced/" in said
 
     shutil.copy(stash / kept_runs.LAST, "recorded.ckpt")  # DVC caches what it records
-    subprocess.run([DVC, "add", "-q", "recorded.ckpt"], check=True)
+    subprocess.run([DVC, "add", "-q", "recorded.ckpt"], check=True, timeout=300)
     assert kept_runs.review(train_dir) is None
     assert not list(stash.iterdir())
     assert not (kept_runs.kept_folder(train_dir) / kept_runs.RUN_RECORD).exists()

@@ -151,7 +151,7 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
         _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
+        _, stderr = process.communicate(timeout=60)
         pytest.fail(f"training did not end within {timeout} s: {stderr[-3000:]}")
     return process.returncode, stderr
 
@@ -223,8 +223,9 @@ def _corrupt_newest(cfg: config_schema.Config) -> int:
 def _wait_for(condition, process: subprocess.Popen, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"training ended before {what}: {process.stderr.read()[-3000:]}")
+        if process.poll() is not None:  # its group may still hold the pipe: read it bounded
+            _, stderr = _finish(process, timeout=60)
+            pytest.fail(f"training ended before {what}: {stderr[-3000:]}")
         if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             pytest.fail(f"no {what} within {timeout} s")

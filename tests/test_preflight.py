@@ -6,8 +6,10 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from pipeline import preflight
 from pipeline.config import RAW_DIR_ENV
 from pipeline.errors import ConfigError, DataError
 from tests.conftest import gzip_bomb, write_params
+
+CHECK_STAGE_TIMEOUT_S = 300
 
 
 @pytest.fixture
@@ -79,9 +83,15 @@ def _check_stage(folder: Path, corpus: Path) -> tuple[int, str, int]:
     process = subprocess.Popen([sys.executable, "-m", "pipeline.stages.check"], cwd=folder,
                                env={**os.environ, RAW_DIR_ENV: str(corpus)},
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)  # fmt: skip
-    stderr = process.stderr.read().decode()
-    _, status, usage = os.wait4(process.pid, 0)
+    deadline = threading.Timer(CHECK_STAGE_TIMEOUT_S, process.kill)  # wait4 has no timeout
+    deadline.start()
+    try:
+        stderr = process.stderr.read().decode()
+        _, status, usage = os.wait4(process.pid, 0)
+    finally:
+        deadline.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.returncode != -signal.SIGKILL, f"no end within {CHECK_STAGE_TIMEOUT_S} s"
     return process.returncode, stderr, usage.ru_maxrss * 1024
 
 

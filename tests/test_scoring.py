@@ -72,6 +72,7 @@ def cli_json(ref: Path, hyp: Path, *extra: str) -> dict:
         capture_output=True,
         text=True,
         check=True,
+        timeout=300,
     ).stdout
     return {entry["name"]: entry for entry in json.loads(out)}
 
@@ -116,6 +117,7 @@ def test_bootstrap_half_width_equals_sacrebleu_cli_confidence(tmp_path, referenc
         text=True,
         check=True,
         env=env,
+        timeout=300,
     ).stdout
     cli = json.loads(out)
 
@@ -195,6 +197,7 @@ def test_paired_bootstrap_equals_sacrebleu_cli(tmp_path, references):
         text=True,
         check=True,
         env={**os.environ, "SACREBLEU_SEED": str(seed)},
+        timeout=300,
     ).stdout
     table = parse_paired_cli_table(text)
     cli_base, cli_sys = table[f"Baseline: {base_file}"], table[str(sys_file)]

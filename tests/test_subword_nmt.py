@@ -27,13 +27,13 @@ def task1_bpe(train: tuple[list[str], list[str]], texts: dict[str, list[str]], m
     subprocess.run([*command, "learn-joint-bpe-and-vocab", "--input", "train.src", "train.tgt",
                     "-s", str(merges), "-o", "codes",
                     "--write-vocabulary", "vocab.src", "vocab.tgt"],
-                   cwd=folder, check=True, capture_output=True)  # fmt: skip
+                   cwd=folder, check=True, capture_output=True, timeout=300)  # fmt: skip
     applied = {}
     for side, lines in texts.items():
         done = subprocess.run(
             [*command, "apply-bpe", "-c", "codes", "--vocabulary", f"vocab.{side}"],
             cwd=folder, input="".join(f"{line}\n" for line in lines), text=True,
-            check=True, capture_output=True,
+            check=True, capture_output=True, timeout=300,
         )  # fmt: skip
         applied[side] = done.stdout.split("\n")[:-1]
     vocabularies = {side: (folder / f"vocab.{side}").read_text("utf-8") for side in ("src", "tgt")}

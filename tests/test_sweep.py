@@ -272,19 +272,26 @@ def test_concurrent_claims_never_hand_one_waiting_trial_to_two_workers(storage_u
         study.enqueue_trial({"x": x})
     claims: Counter[int] = Counter()
     start = threading.Barrier(4)
+    errors: list[BaseException] = []
 
     def claim_until_none() -> None:
-        storage = sweep.open_storage(storage_url, settings)
-        mine = optuna.load_study(study_name=name, storage=storage)
-        start.wait()
-        while (trial := sweep.claim_waiting_trial(mine)) is not None:
-            claims[trial._trial_id] += 1
+        try:
+            storage = sweep.open_storage(storage_url, settings)
+            mine = optuna.load_study(study_name=name, storage=storage)
+            start.wait(timeout=120)
+            while (trial := sweep.claim_waiting_trial(mine)) is not None:
+                claims[trial._trial_id] += 1
+        except BaseException as error:  # reported by the test, not lost in the thread
+            errors.append(error)
+            start.abort()
 
-    workers = [threading.Thread(target=claim_until_none) for _ in range(4)]
+    workers = [threading.Thread(target=claim_until_none, daemon=True) for _ in range(4)]
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join()
+        worker.join(timeout=300)
+    assert not any(worker.is_alive() for worker in workers), "a claiming thread hangs"
+    assert not errors, errors
     assert len(claims) == 60 and set(claims.values()) == {1}, claims.most_common(3)
 
 
@@ -369,7 +376,7 @@ def test_killed_worker_trial_is_rerun_by_another(tmp_path, storage_url):
     spec_path = write_spec(tmp_path, f"kill-{uuid.uuid4().hex[:8]}", variants=2)
     victim = start_slow_point(tmp_path, spec_path, storage_url)
     os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait()
+    victim.wait(timeout=60)
 
     survivor = start_worker(tmp_path, spec_path, storage_url, slow_point="1-heads_1")
     wait_all([survivor], timeout=120)
@@ -798,6 +805,6 @@ def test_a_point_folder_a_live_worker_trains_in_is_refused_naming_it(tmp_path):
                 pass
     finally:
         holder.kill()
-        holder.wait()
+        holder.wait(timeout=60)
     with owned_folder(work, 0):
         assert f"process {os.getpid()} on" in (work / ".lock").read_text()

@@ -164,11 +164,23 @@ def write_smoke_grid(
     return spec_path
 
 
+def still_running(worker: subprocess.Popen, deadline: float) -> None:
+    """Fail with the worker's output once it has exited, or once `deadline` has passed (a worker
+    still running then is killed first: its output can be read only once it has ended)."""
+    if worker.poll() is None and time.monotonic() < deadline:
+        return
+    timed_out = worker.poll() is None
+    if timed_out:
+        os.killpg(worker.pid, signal.SIGKILL)  # its process group: the W&B service too
+    out, _ = worker.communicate(timeout=60)
+    pytest.fail(f"worker {'still running at the deadline' if timed_out else 'exited'}:\n{out}")
+
+
 def wait_for_checkpoint(worker: subprocess.Popen, progress: Path, step: int) -> None:
     """Until the trial's `progress.json` shows a checkpoint at `step` or later."""
     deadline = time.monotonic() + 240
     while not (progress.exists() and json.loads(progress.read_text())["step"] >= step):
-        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+        still_running(worker, deadline)
         time.sleep(0.2)
 
 
@@ -214,13 +226,13 @@ def test_two_workers_a_sigterm_and_a_resume_then_the_report(tmp_path, multi30k_d
     again = start_worker(spec_path, results, work)  # retries come first: the base point
     deadline = time.monotonic() + 240
     while not study.get_trials(states=(TrialState.RUNNING,)):
-        assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
+        still_running(again, deadline)
         time.sleep(0.2)
     second = start_worker(spec_path, results, work)  # takes the other point
     loss = progress.parents[2] / "plots" / "train" / "plots" / "metrics" / "train" / "loss.tsv"
     deadline = time.monotonic() + 240
     while max(logged_steps(loss), default=0) <= json.loads(progress.read_text())["step"]:
-        assert again.poll() is None and time.monotonic() < deadline, again.communicate()[0]
+        still_running(again, deadline)
         time.sleep(0.05)
     os.killpg(again.pid, signal.SIGKILL)  # the worker, its W&B service: no cleanup at all
     again.communicate(timeout=60)
@@ -407,7 +419,7 @@ def stop_after_a_heartbeat(worker: subprocess.Popen, database: Path) -> None:
     ) as db:
         before, deadline = db.execute(query).fetchone(), time.monotonic() + 60
         while db.execute(query).fetchone() == before:  # autocommit reads: each sees new commits
-            assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+            still_running(worker, deadline)
             time.sleep(0.01)
     worker.send_signal(signal.SIGSTOP)
 
@@ -428,7 +440,7 @@ def test_a_worker_suspended_while_it_evaluates_leaves_the_point_to_the_one_that_
     attempts = study_folder(work, results, "suspended") / "base-seed1" / "attempts.jsonl"
     deadline = time.monotonic() + 300
     while not (attempts.exists() and '"trained"' in attempts.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        still_running(first, deadline)
         time.sleep(0.05)
     # evaluating (its training has been logged), stopped between two heartbeats
     stop_after_a_heartbeat(first, results / "suspended" / "study.db")
@@ -467,7 +479,7 @@ def test_a_worker_killed_while_it_evaluates_records_that_attempt_killed(
     point = study_folder(work, results, "killed_eval") / "base-seed1"
     deadline = started + 300
     while not any(p.name.startswith(".eval.tmp-") for p in point.glob(".*")):  # evaluating
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        still_running(first, deadline)
         time.sleep(0.05)
     os.killpg(first.pid, signal.SIGKILL)
     lived_s = time.monotonic() - started

@@ -121,5 +121,5 @@ def test_without_mps_installed_the_workers_time_share(tmp_path, monkeypatch):
 
 def test_workers_below_one_are_refused():
     result = subprocess.run([sys.executable, "-m", "pipeline.sweep", "ablations/smoke.yaml",
-                             "--workers", "0"], cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
+                             "--workers", "0"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 2 and "--workers must be >= 1, got 0" in result.stderr

@@ -292,7 +292,8 @@ def silent_server():
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         stop.set()
-        thread.join()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the server's accept loop did not stop"
         for connection in accepted:
             connection.close()
         server.close()
@@ -449,7 +450,7 @@ def holding_server(answer_graphql: bool = False):
             requests.append((self.command, self.path))
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if not (answer_graphql and self.path == "/graphql"):
-                stop.wait()  # held: no answer, the connection stays open
+                stop.wait(timeout=600)  # held: no answer, the connection stays open
                 return
             answer = json.dumps({"data": _graphql_answer(url, json.loads(body))}).encode()
             self.send_response(200)
@@ -474,7 +475,8 @@ def holding_server(answer_graphql: bool = False):
         stop.set()
         server.shutdown()
         server.server_close()
-        thread.join()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the server did not stop"
 
 
 def _start_and_finish(make_config, root: Path, env: dict, *overrides: str):

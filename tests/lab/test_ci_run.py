@@ -41,7 +41,7 @@ BUSY_FOR_ONE_CPU_SECOND = "import time; any(time.process_time() >= 1.0 for _ in 
 def git(*args: str, cwd: Path) -> str:
     identity = ["-c", "user.name=t", "-c", "user.email=t@example.org"]
     return subprocess.run(["git", *identity, *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()  # fmt: skip
+                          text=True, timeout=300).stdout.strip()  # fmt: skip
 
 
 def small_repository(root: Path, ci_commands: str, makefile: str | None = None) -> Path:

@@ -116,6 +116,6 @@ def test_jobs_get_the_threads_asked_for(given, threads):
     probe = "import torch; print(torch.get_num_threads())"
     out = subprocess.run(
         ["bash", str(SCRIPT), sys.executable, "-c", probe],
-        env={**env, **given}, cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        env={**env, **given}, cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=300,
     ).stdout  # fmt: skip
     assert int(out) == threads

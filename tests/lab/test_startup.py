@@ -39,7 +39,7 @@ def test_the_commands_that_do_not_train_load_no_lightning_where_the_train_stage_
     check = "import sys; {}; print('lightning' in sys.modules)"
     loaded = {name: subprocess.run([sys.executable, "-c", check.format(startup.ENTRIES[name])],
                                    cwd=REPO_ROOT, capture_output=True, text=True,
-                                   check=True).stdout.strip()
+                                   check=True, timeout=300).stdout.strip()
               for name in ("train stage", "evaluate stage")}  # fmt: skip
     assert loaded == {"train stage": "True", "evaluate stage": "False"}
 

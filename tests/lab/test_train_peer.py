@@ -214,7 +214,10 @@ def test_system_site_packages_venv_sees_the_packages_of_a_venv_python(tmp_path):
     the torch dry run."""
     base = Path(sys.base_prefix) / "bin" / "python3"
     has = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sacrebleu') is None)"
-    if sys.prefix == sys.base_prefix or subprocess.run([str(base), "-c", has]).returncode == 0:
+    if (
+        sys.prefix == sys.base_prefix
+        or subprocess.run([str(base), "-c", has], timeout=300).returncode == 0
+    ):
         pytest.skip("needs a venv with sacrebleu over a base Python without it")
 
     def run_steps(args, *wanted: str) -> Path:
@@ -230,7 +233,7 @@ def test_system_site_packages_venv_sees_the_packages_of_a_venv_python(tmp_path):
 
     def imports(venv: Path) -> bool:
         check = [str(venv / "bin" / "python"), "-c", "import sacrebleu"]
-        return subprocess.run(check, capture_output=True).returncode == 0
+        return subprocess.run(check, capture_output=True, timeout=300).returncode == 0
 
     plain = args_for("--venv", str(tmp_path / "plain"))
     assert train_peer.venv_step_names(plain) == train_peer.VENV_STEPS
