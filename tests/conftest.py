@@ -164,6 +164,19 @@ def redirect_paths(cfg: config_schema.Config, root: Path) -> config_schema.Confi
     return cfg
 
 
+def with_a_long_source(cfg: config_schema.Config, root: Path, split: str, index: int) -> Path:
+    """`cfg` reading a copy of its prepared corpus (under `root`) in which `split`'s source
+    line `index + 1` is longer than the model's position table; returns that source file."""
+    import shutil
+
+    cfg.paths.prepared = str(shutil.copytree(cfg.paths.prepared, root / "prepared"))
+    source = root / "prepared" / f"{split}.{cfg.data.src_lang}"
+    text = source.read_text(encoding="utf-8").split("\n")
+    text[index] = " ".join([text[index]] * cfg.model.max_positions)  # a subword or more each
+    source.write_text("\n".join(text), encoding="utf-8")
+    return source
+
+
 def write_params(directory: Path, *overrides: str) -> None:
     """conf/ composed with `overrides` into directory/params.yaml, as DVC writes it for `dvc
     exp run -S`: composed, not validated (the stages validate; `python -m pipeline.params`

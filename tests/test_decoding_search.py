@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.evaluation import decoding_search, evaluate, model_loading
-from tests.conftest import write_params
+from tests.conftest import with_a_long_source, write_params
 
 
 @pytest.fixture
@@ -61,6 +61,19 @@ def test_a_given_averaged_checkpoint_scores_as_its_window_does(search_config, tm
     assert [r["average"] for r in from_file] == [decoding_search.GIVEN_CHECKPOINT] * 2
     for run_row, file_row in zip(from_run, from_file, strict=True):
         assert file_row == {**run_row, "average": decoding_search.GIVEN_CHECKPOINT}
+
+
+def test_a_val_source_longer_than_the_model_reads_is_refused_before_decoding(
+    search_config, tmp_path
+):
+    """Settings chosen on val sources cut short would be chosen on scores the model never
+    earned: the search refuses a source longer than model.max_positions, naming its line."""
+    source = with_a_long_source(search_config, tmp_path, "val", 2)
+    with pytest.raises(ConfigError) as refused:
+        decoding_search.search(search_config, averages=[1], beam_sizes=[1], length_penalties=[1.0])
+    assert "split 'val' example 2 has a source of" in str(refused.value)
+    assert f"(line 3 of {source})" in str(refused.value)
+    assert not (tmp_path / "metrics_dir").exists()  # nothing written
 
 
 def test_a_missing_checkpoint_is_named_before_any_decoding(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import beam_decoding, evaluate, model_loading
 from pipeline.rounding import float32_tolerance
-from tests.conftest import build_once, run_stage, shared_build, shared_root
+from tests.conftest import build_once, run_stage, shared_build, shared_root, with_a_long_source
 from tests.test_tokenizer import moses_config, moses_tokenized_copy
 
 SACREBLEU_CLI = Path(sys.executable).parent / "sacrebleu"
@@ -607,12 +606,7 @@ def test_a_source_longer_than_the_model_reads_is_refused_before_decoding(trained
     model had read it whole: evaluate refuses it naming its split and line, before decoding,
     and writes no output (the translate command cuts and warns instead: its input is free)."""
     cfg = fast_eval_config(trained_smoke, tmp_path, tmp_path / "eval")
-    cfg.paths.prepared = str(tmp_path / "prepared")
-    shutil.copytree(trained_smoke.paths.prepared, cfg.paths.prepared)
-    source = Path(cfg.paths.prepared) / f"val.{cfg.data.src_lang}"
-    text = source.read_text(encoding="utf-8").split("\n")
-    text[4] = " ".join([text[4]] * cfg.model.max_positions)  # a subword or more per copy
-    source.write_text("\n".join(text), encoding="utf-8")
+    source = with_a_long_source(cfg, tmp_path, "val", 4)
     with pytest.raises(ConfigError) as refused:
         evaluate.run(cfg)
     message = str(refused.value)

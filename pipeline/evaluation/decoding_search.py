@@ -69,6 +69,7 @@ def search(
     """Score every (average, beam size, length penalty) on the validation split (with
     `checkpoint`: that model, every beam size and length penalty); returns
     `{"split", "metric", "rows": [...], "best": row}` and writes it to metrics_dir."""
+    from pipeline.data.positions import SOURCE, check_fits, longest
     from pipeline.data.prepared import read_prepared
     from pipeline.evaluation.beam_decoding import translate_ids
     from pipeline.evaluation.model_loading import load_model, load_tokenizer, tokenizer_path
@@ -89,6 +90,7 @@ def search(
             if tokenizer is None:  # one tokenizer for all: checked against the first model
                 tokenizer = load_tokenizer(tokenizer_path(cfg), model, cfg.data)
                 src_ids = tokenizer.encode_sources(corpus.src)
+                check_fits(cfg, model.cfg.max_positions, longest([(split, SOURCE, src_ids)]))
             for (beam_size, length_penalty), settings in grid.items():
                 desc = f"average {average}, beam {beam_size}, lp {length_penalty}"
                 translations = translate_ids(model, tokenizer, src_ids, settings, desc=desc)
