@@ -16,6 +16,9 @@ from typing import Any
 # ranks checkpoints and is a sweep's objective; the evaluate stage's beam-search scores of the
 # same split are `eval/val/bleu` and `eval/val/bleu_lc`.
 GREEDY_VAL_BLEU = "val/greedy_bleu"
+# What a run's training returns of its validations (best and last, `train.json`): what a sweep
+# may optimise. val/greedy_bleu only where train.val_bleu decodes it.
+VAL_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/nll_loss", "val/ppl")
 # Target tokens per second of training over one logging window (the bar's `tok/s`, W&B's curve)
 # and over the whole run, validation excluded and across resumes (`train.json`, W&B's summary).
 WINDOW_TOKENS_PER_SEC = "train/tokens_per_sec"

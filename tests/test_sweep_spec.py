@@ -132,6 +132,13 @@ def test_a_value_outside_its_domain_is_refused_by_the_sweep_naming_the_key(key, 
         ({**PAIRED, "contrasts": [["a"]]}, "key 'contrasts': item 0: must be a list of 2 items"),
         ({**PAIRED, "trial_hours": {"c": 1.0}}, "key 'trial_hours.c': no such variant"),
         ({**PAIRED, "trial_hours": {"a": 0}}, "key 'trial_hours': entry 'a': must be > 0"),
+        # an objective a variant's training never returns: every trial would fail at its end
+        ({"budget": {"train.val_bleu": False}},
+         "key 'objective.metric': val/greedy_bleu is training's greedy validation BLEU, which "
+         "variant 'base' does not decode"),
+        ({"kind": "search", "n_trials": 2, "variants": {}, "budget": {"train.val_bleu": False},
+          "space": {"model.dropout": {"type": "float", "low": 0.0, "high": 0.5}}},
+         "key 'objective.metric': val/greedy_bleu"),
     ],
 )  # fmt: skip
 def test_the_sweep_refuses_a_bad_spec_before_it_opens_a_storage(tmp_path, change, named):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import ConfigError
 from pipeline.model.decoding import greedy_decode
 from pipeline.rounding import FP32_EPS, float32_tolerance, reduction_length
+from pipeline.sweep.spec_schema import OBJECTIVE_METRICS
 from pipeline.tracking import offline_run_dirs, read_offline_run, start_wandb_run
 from pipeline.training.checkpoints import (
     LAST_NAME,
@@ -174,6 +176,8 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     assert metrics["steps"] == 300
     assert metrics["num_parameters"] > 0 and metrics["train/mean_tokens_per_sec"] > 0
     assert metrics["val/greedy_bleu"] is not None and metrics["best_step"] in (150, 300)
+    # whatever a sweep may optimise, training returns (a trial without it would fail unsaid)
+    assert all(math.isfinite(metrics[name]) for name in OBJECTIVE_METRICS), metrics
     saved = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert saved == json.loads(json.dumps(metrics))
 

@@ -15,11 +15,12 @@ import yaml
 from pipeline import config as config_lib
 from pipeline import config_schema
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.metric_names import GREEDY_VAL_BLEU
 from pipeline.portable_paths import WORK_ROOT  # noqa: F401 (where the sweep modules find it)
 from pipeline.sweep.spec_checks import check_folder_name, check_points
 from pipeline.sweep.spec_files import read_spec, top_level_counts
 from pipeline.sweep.spec_schema import (
-    BASE_VARIANT,  # noqa: F401 (where the report finds it)
+    BASE_VARIANT,
     StudySpec,
     SweepSettings,
     validated,
@@ -61,11 +62,17 @@ def load_spec(path: str | Path, allow_large_grid: bool = False) -> StudySpec:
     # compose to one config (`dropout_0.3` over a base whose dropout is 0.3) would only repeat
     # each other's trials.
     composed: dict[str, dict[str, Any]] = {}
-    for name, overrides in spec.variants.items():
+    for name, overrides in (spec.variants or {BASE_VARIANT: {}}).items():  # a search: its base
         try:
             cfg = config_lib.to_dict(point_config(spec, {**overrides, "seed": spec.seeds[0]}))
         except PipelineError as err:
             raise ConfigError(f"{path}: variant '{name}': {err}") from None
+        if spec.metric == GREEDY_VAL_BLEU and not cfg["train"]["val_bleu"]:
+            raise ConfigError(  # every trial would train in full, then fail without a value
+                f"{path}: key 'objective.metric': {spec.metric} is training's greedy validation "
+                f"BLEU, which variant '{name}' does not decode (train.val_bleu is false there); "
+                "set train.val_bleu: true in the budget, or optimise val/loss"
+            )
         twin = next((other for other, seen in composed.items() if seen == cfg), None)
         if twin is not None:
             base = f"the base experiment '{spec.base_experiment}'"

@@ -26,12 +26,12 @@ from pydantic.dataclasses import dataclass
 from pipeline import config as config_lib
 from pipeline.config_schema import NAME_PATTERN, SEED_LIMIT, WHY, Float, Int, Str, key
 from pipeline.errors import ConfigError
-from pipeline.metric_names import GREEDY_VAL_BLEU, current_metric
+from pipeline.metric_names import VAL_METRICS, current_metric
 from pipeline.sweep.spec_checks import FOLDER_NAME, OVERRIDE_KEY, check_distribution, check_pruner
 
 BASE_VARIANT = "base"  # the variant every other one is compared with
 # What a trial's training returns to be optimized (TranslationModule's validation metrics)
-OBJECTIVE_METRICS = (GREEDY_VAL_BLEU, "val/loss", "val/nll_loss", "val/ppl")
+OBJECTIVE_METRICS = VAL_METRICS
 # A `paper` entry: the paper's own result for a variant (pipeline.report prints and judges it).
 PAPER_REQUIRED = {"bleu", "rows"}
 PAPER_OPTIONAL = {"ppl", "no_difference"}

@@ -37,7 +37,7 @@ from pipeline.atomic import write_json_atomic
 from pipeline.config_schema import Config
 from pipeline.data.datamodule import TranslationDataModule
 from pipeline.errors import PipelineError, Preempted
-from pipeline.metric_names import GREEDY_VAL_BLEU, MEAN_TOKENS_PER_SEC
+from pipeline.metric_names import GREEDY_VAL_BLEU, MEAN_TOKENS_PER_SEC, VAL_METRICS
 from pipeline.training import early_signals
 from pipeline.training.checkpoint_io import AtomicCheckpointIO, PortableModelCheckpoint
 from pipeline.training.checkpoints import (
@@ -347,12 +347,11 @@ def summarize(
     best = module.best_val() or {}
     records = module.val_records()
     last_train = [r for r in module.history if "train/loss" in r]
-    metrics_of = (GREEDY_VAL_BLEU, "val/loss", "val/ppl")
     return {
-        **{key: best.get(key) for key in metrics_of},
+        **{key: best.get(key) for key in VAL_METRICS},
         "best_step": best.get("step"),
         "last": {
-            **{key: records[-1].get(key) for key in metrics_of if records},
+            **{key: records[-1].get(key) for key in VAL_METRICS if records},
             "train/loss": last_train[-1]["train/loss"] if last_train else None,
             "step": trainer.global_step,
         },
