@@ -116,18 +116,22 @@ def test_bom_and_crlf_give_the_same_output(sliced_config, sliced_corpus, tmp_pat
     assert snapshot(Path(windows.paths.prepared)) == snapshot(Path(clean.paths.prepared))
 
 
-def test_whitespace_only_lines_are_dropped_and_counted(sliced_config, sliced_corpus):
-    path = sliced_corpus / "test_2016_flickr.de"
+def blank_line(path: Path, index: int) -> None:
+    """Line `index + 1` of `path` white space only."""
     lines = path.read_text("utf-8").split("\n")[:-1]
-    lines[4] = " \t \u00a0 "
+    lines[index] = " \t \u00a0 "
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_a_whitespace_only_training_line_drops_its_pair_counted(sliced_config, sliced_corpus):
+    blank_line(sliced_corpus / "train.de", 4)
     cfg = sliced_config()
-    stats = prepare(cfg)["splits"]["test_2016_flickr"]
-    assert stats == stats | {"read": SLICE, "kept": SLICE - 1}
+    stats = prepare(cfg)["splits"]["train"]
     assert stats["dropped"]["empty"] == 1
-    en = Path(cfg.paths.prepared, "test_2016_flickr.en").read_text("utf-8").split("\n")
-    raw_en = (sliced_corpus / "test_2016_flickr.en").read_text("utf-8").split("\n")
-    assert raw_en[4] not in en and en[4] == raw_en[5]  # alignment kept after the drop
+    assert stats["kept"] + sum(stats["dropped"].values()) == stats["read"] == SLICE
+    en = Path(cfg.paths.prepared, "train.en").read_text("utf-8").split("\n")
+    raw_en = (sliced_corpus / "train.en").read_text("utf-8").split("\n")
+    assert raw_en[4] not in en  # its pair went with it: the sides stay aligned
 
 
 # ---- broken inputs: a named error, no partial output, the previous output intact ------------
@@ -168,6 +172,12 @@ def break_empty(folder: Path) -> tuple[str, ...]:
     return f"{folder / 'val.en'}:1", "empty"
 
 
+def break_blank_test_line(folder: Path) -> tuple[str, ...]:
+    """A test split is scored whole: a pair without text is not dropped from it, it is named."""
+    blank_line(folder / "test_2016_flickr.de", 4)
+    return f"{folder / 'test_2016_flickr.de'}:5: empty", "split 'test_2016_flickr'"
+
+
 def break_missing_file(folder: Path) -> tuple[str, ...]:
     (folder / "test_2016_flickr.de").unlink()
     return "test_2016_flickr.de", RAW_DIR_ENV, "data.download=true"
@@ -178,7 +188,8 @@ def break_missing_dir(folder: Path) -> tuple[str, ...]:
     return str(folder), "does not exist", RAW_DIR_ENV
 
 
-BREAKERS = [break_misaligned, break_utf8, break_control_bytes, break_no_letters, break_empty]
+BREAKERS = [break_misaligned, break_utf8, break_control_bytes, break_no_letters, break_empty,
+            break_blank_test_line]  # fmt: skip
 
 
 @pytest.mark.parametrize("breaker", [*BREAKERS, break_missing_file, break_missing_dir])

@@ -226,16 +226,24 @@ def check_letters(split: str, lines: Sequence[str], origin: str) -> None:
 
 
 def clean_split(raw: ParallelText, data: DataConfig) -> tuple[ParallelText, dict]:
-    """Check, normalise, drop empty pairs, filter (train-like splits), cap training pairs; with
-    stats."""
+    """Check, normalise, drop empty training pairs (one in a split scored whole, val or test,
+    is an error naming its line), filter (train-like splits), cap training pairs; with stats."""
     check_text(raw.src, raw.src_origin)
     check_text(raw.tgt, raw.tgt_origin)
     filtered = raw.split in data.filter.apply_to
+    kept_whole = not filtered and raw.split != data.train_split  # val and test: scored whole
     dropped = dict.fromkeys(DROP_REASONS, 0)
     src, tgt = [], []
-    for src_line, tgt_line in zip(raw.src, raw.tgt):
+    for number, (src_line, tgt_line) in enumerate(zip(raw.src, raw.tgt), 1):
         pair = normalize(src_line), normalize(tgt_line)
         reason = drop_reason(*pair, data, filtered)
+        if reason == EMPTY and kept_whole:
+            origin = raw.src_origin if not pair[0] else raw.tgt_origin
+            raise DataError(
+                f"{origin}:{number}: empty (or only white space) in split '{raw.split}', which "
+                "is scored whole, never filtered: give the pair its text, or remove line "
+                f"{number} from both {raw.src_origin} and {raw.tgt_origin}"
+            )
         if reason is None:
             src.append(pair[0])
             tgt.append(pair[1])
