@@ -688,7 +688,11 @@ def test_readmes_queue_line_runs_offline_in_dvcs_temporary_copies(queued):
     """Each queued experiment found the corpus from its temporary copy and ran to the end."""
     experiments = queued_experiments(queued)
     assert sorted(e["heads"] for e in experiments.values()) == sorted(QUEUED_HEADS)
-    assert all(e["metrics"]["test/bleu_lc"] >= 0 for e in experiments.values())
+    # ran to the end: every update trained, and the evaluate stage scored the test split
+    steps = next(int(v.split("=")[1]) for v in SMOKE if v.startswith("train.max_steps="))
+    for experiment in experiments.values():
+        assert experiment["metrics"]["train/steps"] == steps, experiment
+        assert 0 <= experiment["metrics"]["test/bleu_lc"] <= 100, experiment
 
 
 def test_the_experiments_view_fits_80_columns_with_test_bleu_lc(queued):
