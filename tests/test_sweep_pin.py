@@ -6,6 +6,7 @@ real git worktrees of this repository."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline.config import RAW_DIR_ENV
+from pipeline.environment import COMMIT_ENV
 from pipeline.errors import ConfigError
 from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records
@@ -40,10 +42,10 @@ def write_spec(folder: Path) -> Path:
 
 
 def worker(
-    checkout: Path, spec: Path, results: Path, *flags: str, trials: int = 0
+    checkout: Path, spec: Path, results: Path, *flags: str, trials: int = 0, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """`python -m pipeline.sweep` with the code of `checkout`, running `trials` trials."""
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    env = {**(os.environ if env is None else env), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", str(spec), "--n-trials", str(trials),
          "--results-dir", str(results), "--work-dir", str(results.parent / "work"), *flags],
@@ -111,6 +113,26 @@ def test_a_worker_at_another_commit_or_with_changes_refuses_before_claiming(
     assert record.conditions.commit == record.run["commit"]
     assert pinned_conditions.commit == pinned["commit"]
     assert record.conditions != pinned_conditions
+
+
+def test_a_worker_whose_code_names_no_commit_is_refused_before_the_storage(tmp_path):
+    """Code copied without git's history names no commit: every such worker would match one
+    pin, "unknown", whatever code it ran. Refused (exit 2, naming the variable to set) before
+    any storage exists; with the commit named in it, the worker pins that commit."""
+    tree = tmp_path / "copied"
+    for folder in ("pipeline", "conf"):
+        shutil.copytree(REPO_ROOT / folder, tree / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copy2(REPO_ROOT / "dvc.yaml", tree)  # a repository's root, as the sweep asks
+    spec, results = write_spec(tmp_path), tmp_path / "results"
+    env = {key: value for key, value in os.environ.items() if key != COMMIT_ENV}
+    refused = worker(tree, spec, results, env=env)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "is in no git checkout" in refused.stderr and COMMIT_ENV in refused.stderr
+    assert "Traceback" not in refused.stderr and not results.exists()
+    named = worker(tree, spec, results, env={**env, COMMIT_ENV: "abc1234"})
+    assert named.returncode == 0, named.stderr[-3000:]
+    assert study_of(spec, results).user_attrs[pin.PIN_ATTR]["commit"] == "abc1234"
 
 
 def test_differences_name_each_field():

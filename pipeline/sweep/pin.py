@@ -28,7 +28,7 @@ from typing import Any
 
 import optuna
 
-from pipeline.environment import code_commit, hardware, hardware_class
+from pipeline.environment import COMMIT_ENV, REPO_ROOT, code_commit, hardware, hardware_class
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -49,11 +49,25 @@ class Pin:
         return cls(**{key: str(value.get(key)) for key in ("commit", "hardware", "precision")})
 
 
+UNKNOWN_COMMIT = "unknown"
+
+
 def running_commit(repo: Path | None = None) -> str:
     """The commit of the code that runs, `+dirty.<8 hex>` when its code has uncommitted changes
-    (the commit every record of a trial names, `environment.code_commit`); "unknown" outside a
-    checkout."""
-    return code_commit(repo) or "unknown"
+    (the commit every record of a trial names, `environment.code_commit`); UNKNOWN_COMMIT
+    outside a checkout."""
+    return code_commit(repo) or UNKNOWN_COMMIT
+
+
+def check_commit_known() -> None:
+    """Refuse a worker whose code names no commit (a copied tree without git's history and no
+    COMMIT_ENV): its trials would all match one pin, "unknown", whatever code they ran."""
+    if running_commit() == UNKNOWN_COMMIT:
+        raise ConfigError(
+            f"this worker's code ({REPO_ROOT}) is in no git checkout, so a study could not pin "
+            "the code its trials run: run it from a clone, or, in a copied tree, set "
+            f"{COMMIT_ENV} to the commit the tree was copied from"
+        )
 
 
 def _first_point(spec: StudySpec):

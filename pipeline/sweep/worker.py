@@ -85,6 +85,7 @@ def run_worker(
     a study it creates is pinned to it). `commit`: commit the study's records after each
     finished trial (`storage.commit_study`).
     """
+    pin.check_commit_known()  # before the storage: a study it created would be pinned to it
     storage = open_storage(storage_url, spec.settings)
     study = open_study(spec, storage, pin=lambda: pin.this_worker(spec))
     pinned = pin.Pin.from_attr(study.user_attrs.get(pin.PIN_ATTR))
