@@ -46,6 +46,7 @@ from tests.conftest import (
     run_stage,
     shared_build,
     shared_root,
+    snapshot,
 )
 
 DATA = ["experiment=smoke", "data.max_train_pairs=200"]
@@ -237,6 +238,34 @@ def test_overfits_200_pairs_and_writes_every_output(train_config):
     mean = metrics["train/mean_tokens_per_sec"]
     assert wandb_run["summary"]["train/mean_tokens_per_sec"] == pytest.approx(mean)
     assert not {"val/bleu", "best/val/bleu"} & set(wandb_run["summary"])
+
+
+# An lr so small that no weight changes in float32: the val loss stays bit for bit the same, so
+# early stopping (patience 1, any decrease an improvement) ends the run at its second validation.
+FROZEN = (
+    "train.val_bleu=false",
+    "train.early_stopping_patience=1",
+    "train.lr_factor=1e-30",
+    "train.max_steps=60",
+    "train.val_check_interval=10",
+    "train.warmup_steps=10",
+    "train.max_tokens=1024",
+    "train.log_every_n_steps=10",
+    "train.progress_bar=false",
+)
+
+
+def test_a_run_early_stopping_ended_is_finished_not_resumed(train_config):
+    """Early stopping ends a run short of train.max_steps. Run again (the same config, or one
+    differing in a key that cannot change the weights, as a re-run stage or a retried sweep
+    trial does), it is that finished run, recorded again: not an interrupted one trained on."""
+    first = run(train_config(*FROZEN))
+    assert first["steps"] == 20 < 60  # stopped at its second validation
+    checkpoints = Path(train_config(*FROZEN).paths.train_dir) / "checkpoints"
+    before = snapshot(checkpoints)
+    again = run(train_config(*FROZEN, "train.log_every_n_steps=5"))
+    assert again["steps"] == 20 and again["val/loss"] == first["val/loss"]
+    assert snapshot(checkpoints) == before  # nothing trained, nothing saved
 
 
 @pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes

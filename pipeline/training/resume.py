@@ -173,6 +173,16 @@ def check_resumable(checkpoint_path: Path, cfg: Config, saved: dict | None = Non
         )
 
 
+def stopped_early(checkpoint: dict) -> bool:
+    """Whether early stopping ended the run that saved `checkpoint`: Lightning's EarlyStopping
+    state in it holds its reason (0: not stopped; the checkpoint callbacks run after it, so the
+    last validation's files hold the decision). Such a run is finished, short of max_steps."""
+    return any(
+        name.startswith("EarlyStopping") and state.get("stopping_reason", 0) != 0
+        for name, state in checkpoint.get("callbacks", {}).items()
+    )
+
+
 def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
     """The checkpoint to continue from, or None to train anew (see `resume_point`)."""
     return resume_point(cfg, keep_finished)[0]
@@ -186,8 +196,9 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     - an interrupted run (short of its own `max_steps`) continues when the config computes the
       same run (`check_resumable`); otherwise a ConfigError names the key, since its
       checkpoints exist nowhere else. A `train.max_steps` below its progress is refused too;
-    - a finished run of the same config and the same code is done: it is returned, and
-      training restores it and stops at once (a `dvc repro` whose lock was never written
+    - a finished run (at its `max_steps`, or ended by early stopping: `stopped_early`) of the
+      same config and the same code is done: it is returned, and training restores it and
+      stops at once (a `dvc repro` whose lock was never written
       records it instead of retraining it). With a larger `train.max_steps` it is extended.
       `keep_finished` (sweeps) keeps it whatever the code version;
     - a finished run of another config or other code (`dvc repro` after a code change, `dvc exp
@@ -209,7 +220,7 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     step = int(checkpoint["global_step"])
     saved = checkpoint["hyper_parameters"]["config"]
     trained_to = subtree(saved, "train.max_steps")
-    if step < trained_to:  # an interrupted run: refuse to discard it silently
+    if step < trained_to and not stopped_early(checkpoint):  # interrupted: never discarded unsaid
         if cfg.train.max_steps < step:
             raise ConfigError(
                 f"train.max_steps={cfg.train.max_steps} is below step {step}, which the "

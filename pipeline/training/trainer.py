@@ -68,6 +68,7 @@ from pipeline.training.resume import (
     restore_preempted_run,
     resume_point,
     stash_preempted_run,
+    stopped_early,
     training_lock,
 )
 from pipeline.training.throughput import Throughput
@@ -133,6 +134,7 @@ def build_trainer(
     callbacks: Sequence[Callback] = (),
     trained_in: str | None = None,
     process_started: float | None = None,
+    max_steps: int | None = None,
 ) -> tuple[L.Trainer, str]:
     """The Lightning Trainer for `cfg.train`; returns it with the precision it resolved.
 
@@ -140,6 +142,7 @@ def build_trainer(
     it rather than deciding anew: the timing behind `auto` can come out otherwise on a busy
     or another machine, and a run that changed precision midway is not the run it resumes.
     `process_started`: where the run's wall time of this process starts (`Throughput`).
+    `max_steps`: where training ends, instead of `train.max_steps` (a run early stopping ended).
     """
     t = cfg.train
     accelerator = resolve_accelerator(t.accelerator)
@@ -159,7 +162,7 @@ def build_trainer(
         num_nodes=t.num_nodes,
         strategy=strategy,
         precision=precision,
-        max_steps=t.max_steps,
+        max_steps=t.max_steps if max_steps is None else max_steps,
         max_epochs=t.max_epochs,
         # Lightning counts validation in batches; the config counts optimizer steps. Exact:
         # the batch sampler makes every epoch a whole number of updates of that many batches.
@@ -265,7 +268,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
 
     # A finished run of this config and code (`dvc exp run -f`, a lock never written) is
     # recorded again without training: no W&B run of its own for zero steps.
-    finished = ckpt_path is not None and _step_of(ckpt_path) >= cfg.train.max_steps
+    step, early = _finished_state(ckpt_path)
+    finished = ckpt_path is not None and (step >= cfg.train.max_steps or early)
     if finished and wandb_run is None:
         log.info(
             "%s holds a finished run of this config and code: nothing to train, its records "
@@ -290,6 +294,7 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
         [*callbacks, preemption, LiveHistory(dvclive)],
         trained_in=trained_in,
         process_started=started,
+        max_steps=step if early else None,  # it ended there: restored, it trains no more
     )
     _stop_if_signalled(ckpt_path)
     try:
@@ -383,10 +388,14 @@ def write_outputs(cfg: Config, summary: dict, history: list[dict]) -> None:
         plot_learning_curves(history, curve, title=cfg.experiment_name)
 
 
-def _step_of(checkpoint: Path) -> int:
+def _finished_state(checkpoint: Path | None) -> tuple[int, bool]:
+    """The step `checkpoint` was saved at and whether early stopping had ended its run."""
+    if checkpoint is None:
+        return 0, False
     from pipeline.training.checkpoints import read_checkpoint
 
-    return int(read_checkpoint(checkpoint)["global_step"])
+    saved = read_checkpoint(checkpoint)
+    return int(saved["global_step"]), stopped_early(saved)
 
 
 def _finish_wandb(logger: PipelineWandbLogger, summary: dict) -> None:
