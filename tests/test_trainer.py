@@ -534,10 +534,10 @@ DDP_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(train_config, tmp_path):
     # fairseq's loss normalization, whose token count is summed over the ranks
-    cfg = train_config(*TINY, "train.accelerator=cpu", "train.devices=2", "train.max_steps=8",
-                       "train.val_check_interval=4", "train.log_every_n_steps=2",
-                       "train.loss_normalization=update", "model.dropout=0.0",
-                       "train.precision=32-true", "train.gradient_clip_val=0")  # fmt: skip
+    ddp = [*TINY, "train.accelerator=cpu", "train.val_check_interval=4",
+           "train.log_every_n_steps=2", "train.loss_normalization=update", "model.dropout=0.0",
+           "train.precision=32-true", "train.gradient_clip_val=0"]  # fmt: skip
+    cfg = train_config(*ddp, "train.devices=2", "train.max_steps=8")
     (tmp_path / "cfg.json").write_text(json.dumps(config_lib.to_dict(cfg)))
     (tmp_path / "ddp_run.py").write_text(DDP_SCRIPT)
     result = subprocess.run(
@@ -573,6 +573,14 @@ def test_ddp_two_cpu_processes(train_config, tmp_path):
     assert any("train/loss" in row for row in wandb_run["history"])
     metrics = json.loads((Path(cfg.paths.metrics_dir) / "train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 8
+
+    # Extended on one process (train.devices is free: `auto` on another machine), its global
+    # batch would halve mid-run: refused, naming the key, the run's checkpoints as they were.
+    before = snapshot(checkpoint_dir(cfg.paths.train_dir))
+    with pytest.raises(ConfigError, match=r"'train.devices': .* trained on 2 process\(es\) and "
+                       r"would continue on 1"):  # fmt: skip
+        run(train_config(*ddp, "train.devices=1", "train.max_steps=12"))
+    assert snapshot(checkpoint_dir(cfg.paths.train_dir)) == before
     assert metrics["val/greedy_bleu"] is not None
 
 

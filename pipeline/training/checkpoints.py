@@ -51,6 +51,7 @@ PROGRESS_NAME = "progress.json"
 PRECISION_KEY = "precision"  # the entry naming the precision the run trained in
 # The entry holding `source_hash()` of the code that wrote the checkpoint (its name in files)
 SOURCE_HASH_KEY = "code_version"
+WORLD_SIZE_KEY = "world_size"  # the processes that trained it: its global batch, its ranks' RNGs
 MODEL_PREFIX = "model."  # the Transformer's weights in the training module's state_dict
 ZIP_MAGIC = b"PK\x03\x04"  # the first bytes of every archive torch.save writes
 CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint set aside by resume

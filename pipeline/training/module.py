@@ -30,13 +30,13 @@ from torchmetrics import MeanMetric, Metric
 from pipeline.config import from_dict, to_dict
 from pipeline.config_schema import Config
 from pipeline.data.batching import eval_batches
-from pipeline.errors import PipelineError
+from pipeline.errors import ConfigError, PipelineError
 from pipeline.evaluation.scoring import bleu_from_statistics, sentence_bleu_statistics
 from pipeline.kernels import SpeedPaths, install_speed_paths
 from pipeline.metric_names import GREEDY_VAL_BLEU, current_names
 from pipeline.model.decoding import greedy_decode
 from pipeline.model.transformer import build_transformer
-from pipeline.training.checkpoints import PRECISION_KEY, SOURCE_HASH_KEY
+from pipeline.training.checkpoints import PRECISION_KEY, SOURCE_HASH_KEY, WORLD_SIZE_KEY
 from pipeline.training.loss import output_layer_loss
 from pipeline.training.preemption import PreemptionCallback
 
@@ -424,11 +424,32 @@ class TranslationModule(L.LightningModule):
         checkpoint[SOURCE_HASH_KEY] = self.source_hash
         checkpoint["logging_window"] = self._logging_window()
         checkpoint[PRECISION_KEY] = self.trainer.precision  # what `auto` resolved to
+        checkpoint[WORLD_SIZE_KEY] = self.trainer.world_size
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._check_world_size(checkpoint)
         self.history = [current_names(r) for r in checkpoint.get("history", [])]
         self._rng_to_restore = checkpoint.get("rng_states")
         self._window_to_restore = checkpoint.get("logging_window")
+
+    def _check_world_size(self, checkpoint: dict) -> None:
+        """A run continues on as many processes as it trained on: with `train.devices: auto` a
+        resumed run (or a retried trial) on a machine of another GPU count would change its
+        global batch (num_nodes x devices x max_tokens) mid-run. A finished run, only
+        restored, may load anywhere."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # `load_from_checkpoint`: weights alone, no run continues
+            return
+        saved, now = checkpoint.get(WORLD_SIZE_KEY), trainer.world_size
+        if saved is None or saved == now or 0 <= trainer.max_steps <= checkpoint["global_step"]:
+            return
+        raise ConfigError(
+            f"config key 'train.devices': the run in {self.cfg.paths.train_dir} trained on "
+            f"{saved} process(es) and would continue on {now} (train.num_nodes x "
+            "train.devices), which changes its global batch mid-run: continue it on "
+            f"{saved}, or train anew with train.resume=false (the run is moved aside, kept)"
+        )
 
     # ------------------------------------------------------------------ summaries
 

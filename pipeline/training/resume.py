@@ -61,7 +61,9 @@ log = logging.getLogger(__name__)
 RESUME_FIXED_KEYS = ("seed", "model", "data", "train", "runtime")
 # Keys that cannot change the weights a run ends with (where the corpus is read from, how
 # often it validates and logs, on which devices and how fast it runs, how many checkpoints it
-# keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it.
+# keeps). `train.max_steps` may grow (extending a run) unless a cool-down depends on it. The
+# number of processes may not change mid-run (it sets the global batch): the checkpoint's
+# world size is checked where it loads (`TranslationModule.on_load_checkpoint`).
 RESUME_FREE_KEYS = (
     "data.raw_dir",
     "data.test_splits",  # never read by training: a new test set costs an evaluation only
