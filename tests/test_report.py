@@ -1028,6 +1028,28 @@ def test_the_pilots_twins_in_the_five_seed_study_are_named_from_their_hypotheses
     assert "why the two studies' trials are never pooled" in page
 
 
+def test_a_study_on_a_database_server_is_pinned_by_the_file_its_workers_write(tmp_path, references):
+    """No study.db in its results folder (its storage is a server): the report reads the pin
+    the workers wrote beside the records, and draws no verdict before every trial finished."""
+    from pipeline.sweep import pin as sweep_pin
+
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    spec.seeds = [1, 2, 3]
+    refs = references[:200]
+    study_dir = tmp_path / "results" / spec.study
+    for variant, seed in (("base", 1), ("base", 2), ("heads_1", 1), ("heads_1", 2)):
+        write_trial(study_dir, variant, seed, damaged(refs, 2 + seed), refs)
+    assert report.study_pin(spec, study_dir) is None  # no pin written: not pinned
+    pin = {"commit": "abc1234", "hardware": "AMD EPYC, avx512_bf16", "precision": "bf16-mixed"}
+    sweep_pin.write_pin_file(study_dir, sweep_pin.Pin(**pin))
+    pinned = report.study_pin(spec, study_dir)
+    assert pinned == report.RunConditions(**pin)
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs, pinned)
+    assert [(r.variant, r.seeds) for r in rows] == [("base", [1, 2]), ("heads_1", [1, 2])]
+    assert len(spec.grid()) == 6  # 4 of 6 planned trials finished
+    assert all(r.interim and r.welch_p is None and r.verdict is None for r in rows)
+
+
 def test_the_set_aside_table3_bc_trials_equal_their_reruns_at_the_pin_as_their_readme_says():
     """table3_bc's trials set aside (a pin whose commit was lost) and the same seeds run again at
     the study's pin on the same class: byte-identical hypotheses, as the set-aside README says."""

@@ -132,7 +132,12 @@ def test_a_worker_whose_code_names_no_commit_is_refused_before_the_storage(tmp_p
     assert "Traceback" not in refused.stderr and not results.exists()
     named = worker(tree, spec, results, env={**env, COMMIT_ENV: "abc1234"})
     assert named.returncode == 0, named.stderr[-3000:]
-    assert study_of(spec, results).user_attrs[pin.PIN_ATTR]["commit"] == "abc1234"
+    pinned = study_of(spec, results).user_attrs[pin.PIN_ATTR]
+    assert pinned["commit"] == "abc1234"
+    # beside the records too, for a report that reads no storage
+    assert pin.read_pin_file(results / yaml.safe_load(spec.read_text())["study"]) == pin.Pin(
+        **pinned
+    )
 
 
 def test_differences_name_each_field():

@@ -111,7 +111,8 @@ def markdown(
         pairs = [(pair_label(spec), rows)]
         for other in transfer:
             other_dir = study_dir.parent / other.study
-            other_rows = variant_rows(other, load_records(other_dir), test_references(other))
+            other_rows = variant_rows(other, load_records(other_dir), test_references(other),
+                                      study_pin(other, other_dir))  # fmt: skip
             pairs.append((pair_label(other), other_rows))
         lines += [
             "Does it transfer? The same grid on each language pair (studies "

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
 from pipeline.sweep.deadline import SECONDS_PER_HOUR, TrialTimes
+from pipeline.sweep.pin import read_pin_file
 from pipeline.sweep.spec import STUDY_DB, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
 
 
 def study_pin(spec: StudySpec, study_dir: Path) -> RunConditions | None:
-    """The conditions the study is pinned to (its storage's `pin`; None: not pinned)."""
+    """The conditions the study is pinned to: its SQLite storage's `pin`, else the pin its
+    workers wrote beside its records (a study on a database server); None: not pinned."""
     database = study_dir / STUDY_DB
     if not database.exists():
-        return None
+        pinned = read_pin_file(study_dir)
+        return None if pinned is None else RunConditions(**asdict(pinned))
     storage = f"sqlite:///{database.resolve()}"
     try:
         attrs = optuna.load_study(study_name=spec.study, storage=storage).user_attrs

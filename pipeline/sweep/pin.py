@@ -21,6 +21,7 @@ shows apart (their records carry their own commit, hardware and precision).
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,12 +29,16 @@ from typing import Any
 
 import optuna
 
+from pipeline.atomic import write_json_atomic
 from pipeline.environment import COMMIT_ENV, REPO_ROOT, code_commit, hardware, hardware_class
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
 
 AUTO = "auto"
 PIN_ATTR = "pin"  # the study's user attribute that holds its pin
+# The pin beside the study's records, for a report that reads no storage (a study on a
+# database server has no study.db in its results folder)
+PIN_FILE = "pin.json"
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,18 @@ def this_worker(spec: StudySpec, pinned: Pin | None = None) -> Pin:
     else:
         precision = resolved_precision(spec)
     return Pin(running_commit(), machine, precision)
+
+
+def write_pin_file(study_results: Path, pinned: Pin) -> None:
+    """The study's pin as `study_results`/PIN_FILE, committed with its records."""
+    study_results.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(study_results / PIN_FILE, asdict(pinned))
+
+
+def read_pin_file(study_results: Path) -> Pin | None:
+    """The pin a worker wrote beside the study's records (None: none written)."""
+    path = study_results / PIN_FILE
+    return Pin.from_attr(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
 
 
 def differences(pinned: Pin, worker: Pin) -> list[str]:

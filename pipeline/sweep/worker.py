@@ -91,6 +91,8 @@ def run_worker(
     pinned = pin.Pin.from_attr(study.user_attrs.get(pin.PIN_ATTR))
     worker = pin.this_worker(spec, pinned)
     pin.check_pin(study, spec, worker, allow_mixed)
+    if pinned is not None:  # for a report that reads the records, not the storage
+        pin.write_pin_file(results_root / spec.study, pinned)
     if trial_fn is None:
         study_dir = claim_study_work_dir(work_root, spec.study, storage_url, study_id(study))
 
