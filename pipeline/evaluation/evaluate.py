@@ -210,7 +210,7 @@ def run(cfg: Config, wandb_run=None) -> dict:
         attention_heatmap(
             model,
             tokenizer,
-            src_ids[shown][i][: model.cfg.max_positions],
+            src_ids[shown][i],  # every source fits: checked before decoding
             best,
             path,
             title=f"{shown} #{i}: {corpus.src[i]}",

@@ -12,7 +12,7 @@ import optuna
 
 from pipeline.report.records import RunConditions, TrialRecord
 from pipeline.sweep.deadline import SECONDS_PER_HOUR, TrialTimes
-from pipeline.sweep.pin import read_pin_file
+from pipeline.sweep.pin import Pin, read_pin_file
 from pipeline.sweep.spec import STUDY_DB, StudySpec
 from pipeline.sweep.storage import PIN_ATTR
 
@@ -21,19 +21,16 @@ def study_pin(spec: StudySpec, study_dir: Path) -> RunConditions | None:
     """The conditions the study is pinned to: its SQLite storage's `pin`, else the pin its
     workers wrote beside its records (a study on a database server); None: not pinned."""
     database = study_dir / STUDY_DB
-    if not database.exists():
+    if database.exists():
+        storage = f"sqlite:///{database.resolve()}"
+        try:
+            attrs = optuna.load_study(study_name=spec.study, storage=storage).user_attrs
+        except KeyError:  # no such study in that storage
+            return None
+        pinned = Pin.from_attr(attrs.get(PIN_ATTR))  # as the workers read it
+    else:
         pinned = read_pin_file(study_dir)
-        return None if pinned is None else RunConditions(**asdict(pinned))
-    storage = f"sqlite:///{database.resolve()}"
-    try:
-        attrs = optuna.load_study(study_name=spec.study, storage=storage).user_attrs
-    except KeyError:  # no such study in that storage
-        return None
-    pin = attrs.get(PIN_ATTR)
-    if not isinstance(pin, dict):
-        return None
-    return RunConditions(commit=pin["commit"], hardware=pin["hardware"],
-                         precision=pin["precision"])  # fmt: skip
+    return None if pinned is None else RunConditions(**asdict(pinned))
 
 
 def trial_seconds(record: TrialRecord) -> float:
