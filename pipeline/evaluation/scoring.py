@@ -15,6 +15,7 @@ bootstrap half-width of one system's lowercased BLEU (the CLI's `-lc --confidenc
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,9 @@ MOSES_HYPHEN = re.compile(r"\s*@-@\s*")  # `tokenizer.perl -a` splits "t-shirt" 
 # sacrebleu's `--paired-bs-n` default and its default SACREBLEU_SEED.
 DEFAULT_BOOTSTRAP_SAMPLES = 1000
 DEFAULT_BOOTSTRAP_SEED = 12345
+# A report asks for each variant's pooled p once per block it writes (its page, README's
+# summary, its record): more than the variants of the largest study, so each is computed once.
+POOLED_P_CACHE_SIZE = 64
 
 
 def make_metric(key: str) -> Metric:
@@ -243,5 +247,13 @@ def pooled_paired_bootstrap(
     for base, other in pairs:
         baseline += base
         system += other
-    refs = list(references) * len(pairs)
-    return paired_bootstrap(baseline, system, refs, metrics=(metric,))[metric].p_value
+    return _pooled_p(tuple(baseline), tuple(system), tuple(references) * len(pairs), metric)
+
+
+@functools.lru_cache(maxsize=POOLED_P_CACHE_SIZE)
+def _pooled_p(
+    baseline: tuple[str, ...], system: tuple[str, ...], references: tuple[str, ...], metric: str
+) -> float:
+    """One pooled p per content: 1000 resamples of thousands of sentences take seconds, and
+    the p of the same texts is the same (the resamples' seed is fixed)."""
+    return paired_bootstrap(baseline, system, references, metrics=(metric,))[metric].p_value
