@@ -98,6 +98,14 @@ def hardware_class(hardware: str) -> str:
     return re.sub(r" x \d+$", "", ", ".join(parts))
 
 
+def run_class(hardware: str, processes: int) -> str:
+    """`hardware_class`, and the processes that trained where more than one: their number sets
+    the global batch, so a trial on four GPUs and one on one ran under different conditions
+    ('NVIDIA H200 x 8', 4 -> 'NVIDIA H200, 4 processes'; one process: the class alone)."""
+    machine = hardware_class(hardware)
+    return machine if processes == 1 else f"{machine}, {processes} processes"
+
+
 def git_commit(repo: Path | None = None) -> str | None:
     """The checkout's HEAD (short), or the commit a launcher names in COMMIT_ENV."""
     if os.environ.get(COMMIT_ENV):

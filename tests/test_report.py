@@ -27,6 +27,7 @@ import sacrebleu
 from scipy import stats
 
 from pipeline import docs_blocks, report, sweep
+from pipeline.environment import hardware_class
 from pipeline.errors import PipelineError
 from pipeline.evaluation import seed_stats
 from pipeline.sweep.records import LOSS_AVERAGE
@@ -349,11 +350,31 @@ def test_another_hardware_class_or_precision_is_not_compared(tmp_path, reference
     ])  # fmt: skip
 
 
-def test_hardware_class_ignores_core_and_device_counts():
-    assert report.hardware_class("AMD EPYC, 2 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
-    assert report.hardware_class("AMD EPYC, 16 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
-    assert report.hardware_class("NVIDIA H200 x 1") == "NVIDIA H200"
-    assert report.hardware_class("NVIDIA H100 80GB HBM3 x 8") == "NVIDIA H100 80GB HBM3"
+def test_hardware_class_ignores_core_and_device_counts_but_not_the_processes_that_trained():
+    assert hardware_class("AMD EPYC, 2 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert hardware_class("AMD EPYC, 16 cores, avx512_bf16") == "AMD EPYC, avx512_bf16"
+    assert hardware_class("NVIDIA H200 x 1") == "NVIDIA H200"
+    assert hardware_class("NVIDIA H100 80GB HBM3 x 8") == "NVIDIA H100 80GB HBM3"
+    assert report.run_class("NVIDIA H200 x 8", 1) == report.run_class("NVIDIA H200 x 1", 1)
+    assert report.run_class("NVIDIA H200 x 8", 4) == "NVIDIA H200, 4 processes"
+
+
+def test_a_trial_trained_on_more_processes_is_not_compared(tmp_path, references):
+    """`train.devices: auto` on a machine of more GPUs trains with a larger global batch: the
+    same GPU class, other conditions."""
+    spec = sweep.load_spec(REPO_ROOT / "ablations/smoke.yaml")
+    study_dir = tmp_path / spec.study
+    refs = references[:100]
+    for seed, every in ((1, 3), (2, 4)):
+        write_trial(study_dir, "base", seed, damaged(refs, every), refs)
+        write_trial(study_dir, "heads_1", seed, damaged(refs, 1), refs)
+    for seed in (1, 2):
+        train_file = study_dir / "trials" / f"heads_1-seed{seed}" / "train.json"
+        train_file.write_text(json.dumps({**json.loads(train_file.read_text()), "world_size": 2}))
+    rows = {r.variant: r for r in report.variant_rows(spec, report.load_records(study_dir), refs)}
+    base, heads_1 = rows["base"], rows["heads_1"]
+    assert heads_1.conditions.hardware == f"{base.conditions.hardware}, 2 processes"
+    assert not heads_1.comparable and heads_1.welch_p is None
 
 
 def test_a_trial_resumed_on_another_hardware_class_matches_neither(study):
@@ -926,7 +947,7 @@ def test_the_results_pages_account_of_the_pilots_conditions_is_its_records():
     on one GPU in bf16-mixed)."""
     pilot = _run_records("table3")
     commits = {run["commit"] for run in pilot}
-    classes = {report.hardware_class(run["hardware"]) for run in pilot}
+    classes = {hardware_class(run["hardware"]) for run in pilot}
     storage = REPO_ROOT / RESULTS_ROOT / "table3" / "study.db"
     with contextlib.closing(sqlite3.connect(f"file:{storage}?mode=ro", uri=True)) as db:
         first, last = db.execute(

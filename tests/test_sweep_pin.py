@@ -5,6 +5,7 @@ real git worktrees of this repository."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import yaml
 from optuna.trial import TrialState
 
 from pipeline.config import RAW_DIR_ENV
-from pipeline.environment import COMMIT_ENV
+from pipeline.environment import COMMIT_ENV, hardware, hardware_class
 from pipeline.errors import ConfigError
 from pipeline.report.progress import study_pin
 from pipeline.report.records import load_records
@@ -169,3 +170,20 @@ def test_a_pin_whose_commit_is_gone_says_so_instead_of_a_worktree_that_cannot_wo
             pin.check_pin(study, spec, worker, allow_mixed=False)
         assert says in str(refused.value) and not_says not in str(refused.value)
     assert pin.commit_known(here) and not pin.commit_known("0123abc")
+
+
+def test_a_worker_whose_trials_train_on_more_processes_differs_from_the_pin(tmp_path):
+    """The processes a trial trains on set its global batch: `train.devices: auto` on a machine
+    of more GPUs would train each trial with a larger one, on the same class of machine."""
+    spec_file = write_spec(tmp_path)
+    spec = load_spec(spec_file)
+    one = pin.this_worker(
+        dataclasses.replace(spec, budget={**spec.budget, "train.precision": "32-true"})
+    )
+    two = pin.this_worker(dataclasses.replace(
+        spec, budget={**spec.budget, "train.precision": "32-true", "train.devices": 2}))  # fmt: skip
+    assert one.hardware == hardware_class(hardware())
+    assert two.hardware == f"{one.hardware}, 2 processes"
+    assert pin.differences(one, two) == [
+        f"hardware: pinned {one.hardware}, this worker {two.hardware}"
+    ]

@@ -58,7 +58,7 @@ __getattr__, __all__ = lazy_exports(
         "prose": ["aa_check", "detectable_text", "differences_paragraph", "findings",
                   "power_statement", "summary", "write_up_paragraph"],
         "records": ["P_METRIC", "TEST_SPLIT", "VAL_SPLIT", "RunConditions", "TrialRecord",
-                    "hardware_class", "load_records", "test_references"],
+                    "load_records", "run_class", "test_references"],
         "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
                  "Comparison", "ContrastRow", "VariantRow", "contrast_rows", "direction_verdict",
                  "family_size", "holm_family", "pooled_p_value", "variant_rows", "verdict"],

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.environment import hardware_class
+from pipeline.environment import run_class
 from pipeline.metric_names import FORMER_SUMMARY, current_names
 from pipeline.sweep.records import CURVE_FILE, RUN_FILE, read_curve
 from pipeline.sweep.spec import StudySpec, point_config
@@ -38,10 +38,12 @@ class TrialRecord:
     @property
     def conditions(self) -> RunConditions:
         """What the trial ran on; every attempt's hardware class, so that a trial resumed on
-        another machine matches neither."""
-        classes = {hardware_class(a["hardware"]) for a in self.run.get("attempts", [])
+        another machine matches neither, and the processes it trained on (a resume on another
+        count is refused, so its attempts share its record's)."""
+        processes = int(self.train.get("world_size") or 1)
+        classes = {run_class(a["hardware"], processes) for a in self.run.get("attempts", [])
                    if a.get("hardware")}  # fmt: skip
-        classes.add(hardware_class(self.run.get("hardware") or "unknown hardware"))
+        classes.add(run_class(self.run.get("hardware") or "unknown hardware", processes))
         return RunConditions(
             commit=self.run.get("commit") or "unknown commit",
             hardware=" + ".join(sorted(classes)),

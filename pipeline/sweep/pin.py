@@ -12,8 +12,9 @@ shows apart (their records carry their own commit, hardware and precision).
   to the code, configuration or study specs make it `<commit>+dirty.<hash of the changes>`,
   which matches only the same changes (the study's own results folder is not code); the same
   name every trial's records carry (`environment.code_commit`).
-- hardware class: `environment.hardware_class` (the processor or GPU and its bf16 kernels,
-  without the core or device count).
+- hardware class: `environment.run_class` (the processor or GPU and its bf16 kernels, without
+  the core or device count, and the processes a trial trains on where more than one: with
+  `train.devices: auto` a machine of another GPU count would train with another global batch).
 - precision: `train.precision: auto` is decided once, by the creator (its timing probe can
   come out otherwise on a busy machine), and every trial of the study with `auto` trains at
   the pinned precision; a worker whose config sets another precision differs.
@@ -30,7 +31,7 @@ from typing import Any
 import optuna
 
 from pipeline.atomic import write_json_atomic
-from pipeline.environment import COMMIT_ENV, REPO_ROOT, code_commit, hardware, hardware_class
+from pipeline.environment import COMMIT_ENV, REPO_ROOT, code_commit, hardware, run_class
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -101,10 +102,19 @@ def resolved_precision(spec: StudySpec) -> str:
     )  # fmt: skip
 
 
+def trial_processes(spec: StudySpec) -> int:
+    """The processes each of the study's trials trains on here: `train.num_nodes` x the devices
+    `train.devices` resolves to on this machine."""
+    from pipeline.training.hardware import device_count, resolve_accelerator
+
+    train = _first_point(spec).train
+    return train.num_nodes * device_count(train.devices, resolve_accelerator(train.accelerator))
+
+
 def this_worker(spec: StudySpec, pinned: Pin | None = None) -> Pin:
     """This worker's code version, hardware class and precision (the one its trials train
     at). `auto` on the pinned hardware class is the pinned precision, without a timing probe."""
-    machine = hardware_class(hardware())
+    machine = run_class(hardware(), trial_processes(spec))
     configured = configured_precision(spec)
     if configured != AUTO:
         precision = configured
