@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeline.atomic import remove_stale_temps, write_json_atomic
 from pipeline.config import leaves, subtree, to_dict, with_runtime_section
@@ -185,14 +186,24 @@ def stopped_early(checkpoint: dict) -> bool:
     )
 
 
+class ResumePoint(NamedTuple):
+    """Where training continues: the checkpoint (None: train anew), the precision it was trained
+    in (None where not recorded), the step it was saved at and whether early stopping had ended
+    its run, read once from the checkpoint (a CRC-checked read of the whole file)."""
+
+    checkpoint: Path | None = None
+    trained_in: str | None = None
+    step: int = 0
+    stopped_early: bool = False
+
+
 def resume_checkpoint(cfg: Config, keep_finished: bool = False) -> Path | None:
     """The checkpoint to continue from, or None to train anew (see `resume_point`)."""
-    return resume_point(cfg, keep_finished)[0]
+    return resume_point(cfg, keep_finished).checkpoint
 
 
-def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None, str | None]:
-    """The checkpoint to continue from (None: train anew) and the precision it was trained in
-    (None where not recorded).
+def resume_point(cfg: Config, keep_finished: bool = False) -> ResumePoint:
+    """The checkpoint to continue from (None: train anew), with what training needs of it.
 
     With `train.resume`:
     - an interrupted run (short of its own `max_steps`) continues when the config computes the
@@ -213,16 +224,16 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
     restore_preempted_run(cfg)
     if not cfg.train.resume:
         _move_aside(train_dir, "train.resume=false")
-        return None, None
+        return ResumePoint()
     path = find_resume_checkpoint(train_dir)
     if path is None:
-        return None, None
+        return ResumePoint()
     checkpoint = read_checkpoint(path)
-    trained_in = checkpoint.get(PRECISION_KEY)
-    step = int(checkpoint["global_step"])
+    step, early = int(checkpoint["global_step"]), stopped_early(checkpoint)
+    here = ResumePoint(path, checkpoint.get(PRECISION_KEY), step, early)
     saved = checkpoint["hyper_parameters"]["config"]
     trained_to = subtree(saved, "train.max_steps")
-    if step < trained_to and not stopped_early(checkpoint):  # interrupted: never discarded unsaid
+    if step < trained_to and not early:  # interrupted: never discarded unsaid
         if cfg.train.max_steps < step:
             raise ConfigError(
                 f"train.max_steps={cfg.train.max_steps} is below step {step}, which the "
@@ -230,17 +241,17 @@ def resume_point(cfg: Config, keep_finished: bool = False) -> tuple[Path | None,
                 f"{step}), or start over with train.resume=false"
             )
         check_resumable(path, cfg, saved)
-        return path, trained_in
+        return here
     fixed, _ = config_differences(saved, cfg)
     same_code = keep_finished or checkpoint.get(SOURCE_HASH_KEY) == source_hash()
     if fixed and fixed != ["train.max_steps"] or not same_code:
         why = "its code differs" if not fixed else f"its config differs in {', '.join(fixed)}"
         _move_aside(train_dir, f"the finished run there is another experiment ({why})")
-        return None, None
+        return ResumePoint()
     if cfg.train.max_steps < step:
         _move_aside(train_dir, f"its run reached step {step}, beyond train.max_steps")
-        return None, None
-    return path, trained_in  # done (nothing to train) or, with a larger max_steps, extended
+        return ResumePoint()
+    return here  # done (nothing to train) or, with a larger max_steps, extended
 
 
 def _move_aside(train_dir: Path, why: str, then: str | None = None) -> None:

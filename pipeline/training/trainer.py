@@ -68,7 +68,6 @@ from pipeline.training.resume import (
     restore_preempted_run,
     resume_point,
     stash_preempted_run,
-    stopped_early,
     training_lock,
 )
 from pipeline.training.throughput import Throughput
@@ -251,7 +250,8 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
     if on_gpu:  # TF32 tensor cores for float32 matmuls (32-true); bf16-mixed is unaffected
         torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    ckpt_path, trained_in = resume_point(cfg, keep_finished=keep_finished)
+    resume = resume_point(cfg, keep_finished=keep_finished)
+    ckpt_path = resume.checkpoint
     note_kept_run(cfg)
     keep_until_recorded(cfg)
     _stop_if_signalled(ckpt_path)
@@ -268,8 +268,9 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
 
     # A finished run of this config and code (`dvc exp run -f`, a lock never written) is
     # recorded again without training: no W&B run of its own for zero steps.
-    step, early = _finished_state(ckpt_path)
-    finished = ckpt_path is not None and (step >= cfg.train.max_steps or early)
+    finished = ckpt_path is not None and (
+        resume.step >= cfg.train.max_steps or resume.stopped_early
+    )
     if finished and wandb_run is None:
         log.info(
             "%s holds a finished run of this config and code: nothing to train, its records "
@@ -292,9 +293,10 @@ def _run(cfg, callbacks, job_type, run_name, group, wandb_run, keep_finished) ->
         cfg,
         [logger for logger in (wandb, dvclive) if logger is not None],
         [*callbacks, preemption, LiveHistory(dvclive)],
-        trained_in=trained_in,
+        trained_in=resume.trained_in,
         process_started=started,
-        max_steps=step if early else None,  # it ended there: restored, it trains no more
+        # it ended there: restored, it trains no more
+        max_steps=resume.step if resume.stopped_early else None,
     )
     _stop_if_signalled(ckpt_path)
     try:
@@ -386,16 +388,6 @@ def write_outputs(cfg: Config, summary: dict, history: list[dict]) -> None:
     if history:
         curve = Path(cfg.paths.plots_dir) / DVCLIVE_SUBDIR / LEARNING_CURVE_FILE
         plot_learning_curves(history, curve, title=cfg.experiment_name)
-
-
-def _finished_state(checkpoint: Path | None) -> tuple[int, bool]:
-    """The step `checkpoint` was saved at and whether early stopping had ended its run."""
-    if checkpoint is None:
-        return 0, False
-    from pipeline.training.checkpoints import read_checkpoint
-
-    saved = read_checkpoint(checkpoint)
-    return int(saved["global_step"]), stopped_early(saved)
 
 
 def _finish_wandb(logger: PipelineWandbLogger, summary: dict) -> None:
