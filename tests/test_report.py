@@ -175,6 +175,22 @@ def test_pooled_p_value_is_sacrebleus_paired_bootstrap_over_the_seeds_side_by_si
     assert pooled == pytest.approx(results["BLEU"][1].p_value)
 
 
+def test_variants_tested_together_get_the_p_each_gets_alone(study, references):
+    """The variants that share their seeds with the base are tested in one sacreBLEU test: each
+    p is the one its own test gives, a variant of other seeds (heads_8, seed 1 alone) too."""
+    spec, study_dir = study
+    records = report.load_records(study_dir)
+    base = {r.seed: r for r in records if r.variant == "base"}
+    variants = {name: [r for r in records if r.variant == name] for name in ("heads_1", "heads_8")}
+    variants["heads_1 again"] = variants["heads_1"]
+    together = report.pooled_p_values(base, variants, references)
+    alone = {
+        name: report.pooled_p_value(base, group, references) for name, group in variants.items()
+    }
+    assert together == alone and together["heads_1"] != together["heads_8"]
+    assert report.pooled_p_values({}, variants, references) == dict.fromkeys(variants)
+
+
 def sacrebleu_seed():
     from pipeline.evaluation.scoring import DEFAULT_BOOTSTRAP_SEED, _sacrebleu_seed
 

@@ -20,6 +20,7 @@ from pipeline.evaluation.scoring import (
     bleu_from_statistics,
     moses_tokenized,
     paired_bootstrap,
+    paired_bootstraps,
     pooled_paired_bootstrap,
     score,
     sentence_bleu_statistics,
@@ -243,22 +244,37 @@ def test_paired_bootstrap_separates_systems_and_is_seeded(references):
         paired_bootstrap(baseline, much_better[:-1], refs)
 
 
+def test_several_systems_in_one_test_get_what_each_gets_alone(references):
+    """One sacreBLEU test of several systems against a baseline (its statistics computed once)
+    gives each system the result of its own test, as the CLI's --paired-bs of several."""
+    refs = references[:300]
+    baseline = make_system(refs, seed=3)
+    systems = [make_system(refs, seed) for seed in (4, 5, 6)]
+    together = paired_bootstraps(baseline, systems, refs, metrics=["bleu", "chrf"], n_samples=200)
+    alone = [paired_bootstrap(baseline, system, refs, metrics=["bleu", "chrf"], n_samples=200)
+             for system in systems]  # fmt: skip
+    assert together == alone
+    assert len({result["bleu"].p_value for result in alone}) > 1  # the systems do differ
+    with pytest.raises(DataError, match="the system"):
+        paired_bootstraps(baseline, [systems[0], systems[1][:-1]], refs)
+
+
 def test_pooled_p_is_computed_once_per_content_and_anew_for_changed_text(references):
     """A report asks for each variant's pooled p once per block it writes: the same texts (in
     new lists) are answered from the first computation, a change to one sentence is not."""
-    from pipeline.evaluation.scoring import _pooled_p
+    from pipeline.evaluation.scoring import _pooled_ps
 
     refs = references[:200]
     pairs = [(make_system(refs, seed), make_system(refs, seed + 10)) for seed in (1, 2)]
     first = pooled_paired_bootstrap(pairs, refs)
-    computed = _pooled_p.cache_info().misses
+    computed = _pooled_ps.cache_info().misses
     copies = [([*base], [*system]) for base, system in pairs]
     assert pooled_paired_bootstrap(copies, [*refs]) == first
-    assert _pooled_p.cache_info().misses == computed
+    assert _pooled_ps.cache_info().misses == computed
 
     copies[1][1][0] = refs[0]  # seed 2's system now gets its first sentence right
     changed = pooled_paired_bootstrap(copies, refs)
-    assert _pooled_p.cache_info().misses == computed + 1
+    assert _pooled_ps.cache_info().misses == computed + 1
     baseline = copies[0][0] + copies[1][0]
     system = copies[0][1] + copies[1][1]
     direct = paired_bootstrap(baseline, system, refs * 2, metrics=["bleu_lc"])["bleu_lc"]

@@ -183,6 +183,24 @@ def paired_bootstrap(
     the probability of a difference at least as large as the observed one under the null
     hypothesis (sacrebleu `--paired-bs`, equal to the CLI with SACREBLEU_SEED=`seed`).
     """
+    return paired_bootstraps(
+        baseline, [system], references, metrics=metrics, n_samples=n_samples, seed=seed
+    )[0]
+
+
+def paired_bootstraps(
+    baseline: Sequence[str],
+    systems: Sequence[Sequence[str]],
+    references: Sequence[str],
+    *,
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    n_samples: int = DEFAULT_BOOTSTRAP_SAMPLES,
+    seed: int = DEFAULT_BOOTSTRAP_SEED,
+) -> list[dict[str, PairedResult]]:
+    """`paired_bootstrap` of each of `systems` against one baseline, in one sacreBLEU test:
+    the baseline's and the references' statistics are computed once, and each system's result
+    is the one a test of it alone gives (every system is resampled with the same seeded
+    indices), as the CLI's `--paired-bs` of several systems."""
     if seed <= 0:  # sacrebleu treats a seed of 0 as "no seed"
         raise ValueError(f"seed must be a positive integer, got {seed}")
     if n_samples <= 0:
@@ -190,32 +208,36 @@ def paired_bootstrap(
     if "bleu" in metrics and "bleu_lc" in metrics:  # both are named "BLEU" inside PairedTest
         raise ValueError("test 'bleu' or 'bleu_lc', not both in one call")
     check_aligned(baseline, references, "the baseline")
-    check_aligned(system, references, "the system")
+    for system in systems:
+        check_aligned(system, references, "the system")
     with _sacrebleu_seed(seed):
         test = PairedTest(
-            [("baseline", list(baseline)), ("system", list(system))],
+            [("baseline", list(baseline)),
+             *((f"system {i}", list(system)) for i, system in enumerate(systems))],
             {key: make_metric(key) for key in metrics},
             references=[list(references)],
             test_type="bs",
             n_samples=n_samples,
-        )
+        )  # fmt: skip
         signatures, results = test()
-    # PairedTest keys its results by display name ("BLEU", "chrF2", "TER") in `metrics` order.
+    # PairedTest keys its results by display name ("BLEU", "chrF2", "TER") in `metrics` order,
+    # each a list of the baseline's result and then each system's.
     names = [name for name in results if name != "System"]
-    out = {}
+    out: list[dict[str, PairedResult]] = [{} for _ in systems]
     for key, name in zip(metrics, names):
-        base, other = results[name]
-        out[key] = PairedResult(
-            metric=key,
-            baseline=float(base.score),
-            baseline_mean=float(base.mean),
-            baseline_ci=float(base.ci),
-            system=float(other.score),
-            system_mean=float(other.mean),
-            system_ci=float(other.ci),
-            p_value=_p_value(base, other),
-            signature=str(signatures[name]),
-        )
+        base, *others = results[name]
+        for i, other in enumerate(others):
+            out[i][key] = PairedResult(
+                metric=key,
+                baseline=float(base.score),
+                baseline_mean=float(base.mean),
+                baseline_ci=float(base.ci),
+                system=float(other.score),
+                system_mean=float(other.mean),
+                system_ci=float(other.ci),
+                p_value=_p_value(base, other),
+                signature=str(signatures[name]),
+            )
     return out
 
 
@@ -243,17 +265,36 @@ def pooled_paired_bootstrap(
 ) -> float:
     """p of `paired_bootstrap` over several seeds at once: each (baseline, system) pair of one
     seed's translations side by side, over the references repeated once per pair."""
-    baseline, system = [], []
-    for base, other in pairs:
-        baseline += base
-        system += other
-    return _pooled_p(tuple(baseline), tuple(system), tuple(references) * len(pairs), metric)
+    baseline, system = [base for base, _ in pairs], [other for _, other in pairs]
+    return pooled_paired_bootstraps(baseline, [system], references, metric)[0]
+
+
+def pooled_paired_bootstraps(
+    baseline: Sequence[Sequence[str]],
+    systems: Sequence[Sequence[Sequence[str]]],
+    references: Sequence[str],
+    metric: str = "bleu_lc",
+) -> list[float]:
+    """`pooled_paired_bootstrap` of each of `systems` against one baseline in one test
+    (`paired_bootstraps`): `baseline` holds one list of translations per seed, each system one
+    per seed in the same order."""
+    pooled = tuple(line for seed in baseline for line in seed)
+    return list(_pooled_ps(
+        pooled,
+        tuple(tuple(line for seed in system for line in seed) for system in systems),
+        tuple(references) * len(baseline),
+        metric,
+    ))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=POOLED_P_CACHE_SIZE)
-def _pooled_p(
-    baseline: tuple[str, ...], system: tuple[str, ...], references: tuple[str, ...], metric: str
-) -> float:
-    """One pooled p per content: 1000 resamples of thousands of sentences take seconds, and
-    the p of the same texts is the same (the resamples' seed is fixed)."""
-    return paired_bootstrap(baseline, system, references, metrics=(metric,))[metric].p_value
+def _pooled_ps(
+    baseline: tuple[str, ...],
+    systems: tuple[tuple[str, ...], ...],
+    references: tuple[str, ...],
+    metric: str,
+) -> tuple[float, ...]:
+    """One test per content: 1000 resamples of thousands of sentences take seconds, and the
+    p of the same texts is the same (the resamples' seed is fixed)."""
+    results = paired_bootstraps(baseline, systems, references, metrics=(metric,))
+    return tuple(result[metric].p_value for result in results)

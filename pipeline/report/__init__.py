@@ -61,7 +61,7 @@ __getattr__, __all__ = lazy_exports(
                     "load_records", "run_class", "test_references"],
         "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
                  "Comparison", "ContrastRow", "VariantRow", "contrast_rows", "direction_verdict",
-                 "family_size", "holm_family", "pooled_p_value", "variant_rows", "verdict"],
+                 "family_size", "holm_family", "pooled_p_value", "pooled_p_values", "variant_rows", "verdict"],
         "tables": ["INTERIM", "delta_cell", "grid_table", "other_conditions_table", "pair_label",
                    "paper_cell", "p_text", "ppl_note", "ppl_table", "search_table",
                    "transfer_table", "verdict_cell"],

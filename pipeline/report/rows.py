@@ -127,6 +127,7 @@ def variant_rows(
     base_row = next((r for r in rows if r.variant == BASE_VARIANT), None)
     interim = pinned is not None and len(main) < len(spec.grid())
     base = {r.seed: r for r in main if r.variant == BASE_VARIANT}
+    tested: dict[str, VariantRow] = {}  # the rows a paired bootstrap tests
     for row in rows:
         row.interim = interim
         if base_row is None or row is base_row:
@@ -138,8 +139,12 @@ def variant_rows(
             row.welch_p, row.no_test_reason = welch.p, welch.reason
             row.ppl_welch_p = seed_stats.welch_test(row.val_ppl, base_row.val_ppl).p
             row.permutation_p = seed_stats.permutation_test(row.test_bleu, base_row.test_bleu)
-            group = [r for r in main if r.variant == row.variant]
-            row.p_value = pooled_p_value(base, group, references)
+            tested[row.variant] = row
+    sentence_p = pooled_p_values(
+        base, {name: [r for r in main if r.variant == name] for name in tested}, references
+    )
+    for name, row in tested.items():
+        row.p_value = sentence_p[name]
     # One family: every comparison the spec plans with the base, in the spec's order, then its
     # contrasts; one not made (not run, other conditions, no spread) stays in it as p = 1.
     family = holm_family(spec, rows)
@@ -252,11 +257,30 @@ def pooled_p_value(
     """sacreBLEU's paired bootstrap (1000 resamples, lowercased BLEU) of the variant against
     the base on test2016, the seeds both ran pooled: seed k's hypotheses of each system side by
     side over the test set repeated once per seed."""
-    pairs = [(base[r.seed], r) for r in variant if r.seed in base]
-    if not pairs:
-        return None
-    translations = [(b.hypotheses(TEST_SPLIT), r.hypotheses(TEST_SPLIT)) for b, r in pairs]
-    return scoring.pooled_paired_bootstrap(translations, references, P_METRIC)
+    return pooled_p_values(base, {"variant": variant}, references)["variant"]
+
+
+def pooled_p_values(
+    base: dict[int, TrialRecord], variants: dict[str, list[TrialRecord]], references: list[str]
+) -> dict[str, float | None]:
+    """`pooled_p_value` of each variant; the variants that share the same seeds with the base
+    are tested in one sacreBLEU test (the base's statistics computed once, each variant's p
+    the same as alone)."""
+    by_seeds: dict[tuple[int, ...], dict[str, dict[int, TrialRecord]]] = {}
+    for name, records in variants.items():
+        shared = {r.seed: r for r in records if r.seed in base}
+        by_seeds.setdefault(tuple(sorted(shared)), {})[name] = shared
+    p_values: dict[str, float | None] = {}
+    for seeds, group in by_seeds.items():
+        if not seeds:
+            p_values.update(dict.fromkeys(group))
+            continue
+        baseline = [base[seed].hypotheses(TEST_SPLIT) for seed in seeds]
+        systems = [[trials[seed].hypotheses(TEST_SPLIT) for seed in seeds]
+                   for trials in group.values()]  # fmt: skip
+        found = scoring.pooled_paired_bootstraps(baseline, systems, references, P_METRIC)
+        p_values.update(zip(group, found))
+    return p_values
 
 
 @dataclass
