@@ -106,6 +106,12 @@ def run_class(hardware: str, processes: int) -> str:
     return machine if processes == 1 else f"{machine}, {processes} processes"
 
 
+def machine_and_processes(run_class_name: str) -> tuple[str, int]:
+    """`run_class`'s two parts: ('NVIDIA H200, 4 processes') -> ('NVIDIA H200', 4)."""
+    found = re.search(r", (\d+) processes$", run_class_name)
+    return (run_class_name[: found.start()], int(found[1])) if found else (run_class_name, 1)
+
+
 def git_commit(repo: Path | None = None) -> str | None:
     """The checkout's HEAD (short), or the commit a launcher names in COMMIT_ENV."""
     if os.environ.get(COMMIT_ENV):

@@ -11,11 +11,19 @@ import sys
 from importlib import metadata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pipeline import environment
-from pipeline.environment import LOCK_FILE, PYPROJECT
+from pipeline.environment import (
+    LOCK_FILE,
+    PYPROJECT,
+    hardware_class,
+    machine_and_processes,
+    run_class,
+)
 from tests.conftest import REPO_ROOT, git, machine_line
 
 
@@ -171,3 +179,14 @@ def test_the_command_prints_provenance_as_json_and_help_as_usage(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m pipeline.environment")
     assert "--made-on" in out
+
+
+@given(
+    hardware=st.sampled_from(["AMD EPYC, 2 cores, avx512_bf16", "NVIDIA H200 x 8",
+                              "Intel(R) Xeon(R) Processor, 16 cores, amx_bf16/avx512_bf16"]),
+    processes=st.integers(min_value=1, max_value=4096),
+)  # fmt: skip
+def test_a_run_class_names_its_machine_and_processes_apart(hardware, processes):
+    name = run_class(hardware, processes)
+    assert machine_and_processes(name) == (hardware_class(hardware), processes)
+    assert (name == hardware_class(hardware)) == (processes == 1)

@@ -187,3 +187,14 @@ def test_a_worker_whose_trials_train_on_more_processes_differs_from_the_pin(tmp_
     assert pin.differences(one, two) == [
         f"hardware: pinned {one.hardware}, this worker {two.hardware}"
     ]
+    for pinned, worker, says in (
+        (one, two, "train on 1 process(es), this worker's would on 2"),
+        (two, one, "train on 2 process(es), this worker's would on 1"),
+    ):
+        study = optuna.create_study()
+        study.set_user_attr(pin.PIN_ATTR, dataclasses.asdict(pinned))
+        with pytest.raises(ConfigError) as refused:
+            pin.check_pin(study, spec, worker, allow_mixed=False)
+        assert says in str(refused.value) and "CUDA_VISIBLE_DEVICES" in str(refused.value)
+        assert "git worktree add" not in str(refused.value)
+        assert pin.check_pin(study, spec, worker, allow_mixed=True) == pinned

@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from pipeline.atomic import write_json_atomic
-from pipeline.environment import COMMIT_ENV, REPO_ROOT, code_commit, hardware, run_class
+from pipeline.environment import (
+    COMMIT_ENV,
+    REPO_ROOT,
+    code_commit,
+    hardware,
+    machine_and_processes,
+    run_class,
+)
 from pipeline.errors import ConfigError
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -155,16 +162,29 @@ def check_pin(study: optuna.Study, spec: StudySpec, worker: Pin, allow_mixed: bo
     differ = differences(pinned, worker)
     if differ and not allow_mixed:
         commit = pinned.commit.split("+", 1)[0]
-        how = (
-            f"Run its workers from a clean checkout of the pinned commit on a "
-            f"{pinned.hardware} machine: `git worktree add ../{spec.study}-pinned {commit}`, "
-            f"then the same command from there (--results-dir and --storage pointing at this "
-            f"study)."
-            if commit_known(commit)
-            else f"The pinned commit {commit} is not in this repository: fetch it, or, if it "
-            "is gone for good, start the study over (set its study.db and trials/ aside; its "
-            "next worker pins it anew)."
-        )
+        machine, processes = machine_and_processes(pinned.hardware)
+        worker_machine, worker_processes = machine_and_processes(worker.hardware)
+        same_but_processes = not differences(pinned, replace(worker, hardware=pinned.hardware))
+        if same_but_processes and worker_machine == machine:
+            how = (
+                f"Its trials train on {processes} process(es), this worker's would on "
+                f"{worker_processes} "
+                "(train.num_nodes x train.devices, which `auto` makes this machine's GPU "
+                f"count): run it where a trial gets {processes}, e.g. with CUDA_VISIBLE_DEVICES "
+                f"naming {processes} GPU(s)."
+            )
+        elif commit_known(commit):
+            how = (
+                f"Run its workers from a clean checkout of the pinned commit on a {machine} "
+                f"machine: `git worktree add ../{spec.study}-pinned {commit}`, then the same "
+                "command from there (--results-dir and --storage pointing at this study)."
+            )
+        else:
+            how = (
+                f"The pinned commit {commit} is not in this repository: fetch it, or, if it is "
+                "gone for good, start the study over (set its study.db and trials/ aside; its "
+                "next worker pins it anew)."
+            )
         raise ConfigError(
             f"study '{spec.study}' is pinned and this worker differs ({'; '.join(differ)}). "
             f"{how} Or pass --allow-mixed to run anyway: its trials are then reported apart "
