@@ -16,6 +16,7 @@ bomb) is refused here, read in blocks, before prepare would spend the memory.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pipeline.config_schema import Config, DataConfig
@@ -70,3 +71,22 @@ def check(cfg: Config, cache_dir: Path | None = None) -> dict:
             key="eval.checkpoint",
         )
     return corpus_record(cfg.data, cache_dir)
+
+
+def averaging_note(cfg: Config) -> str | None:
+    """A note where the evaluate stage would average fewer checkpoints than `eval.average`:
+    a run saves one at each validation (and its last step validates), so shortening
+    `train.max_steps` under the recipe's averaging changes what is evaluated. None where it
+    averages as many, or where the count is not known before training (an epoch budget)."""
+    t, e = cfg.train, cfg.eval
+    if e.checkpoint or t.max_steps < 0:
+        return None
+    saved = math.ceil(t.max_steps / t.val_check_interval)
+    if saved >= e.average:
+        return None
+    return (
+        f"note: eval.average={e.average}, but this run saves {saved} step checkpoint(s) "
+        f"(train.max_steps={t.max_steps}, a validation every train.val_check_interval="
+        f"{t.val_check_interval} steps and at the last): the evaluate stage will average "
+        f"{saved}. Lower eval.average or train.val_check_interval to average as many as asked."
+    )

@@ -17,7 +17,7 @@ import pytest
 from pipeline import preflight
 from pipeline.config import RAW_DIR_ENV
 from pipeline.errors import ConfigError, DataError
-from tests.conftest import gzip_bomb, write_params
+from tests.conftest import gzip_bomb, run_stage, write_params
 
 CHECK_STAGE_TIMEOUT_S = 300
 
@@ -76,6 +76,20 @@ def test_text_files_are_recorded_and_checked(make_config, multi30k_dir):
     cfg.data.text_files["val"]["src"] = str(multi30k_dir / "nope.en")
     with pytest.raises(DataError, match=r"nope\.en"):
         preflight.check(cfg)
+
+
+def test_the_check_stage_notes_a_run_too_short_for_its_averaging(tmp_path, multi30k_dir):
+    """`dvc exp run -S train.max_steps=40` on the smoke preset (a validation every 100 steps,
+    eval.average=2): the check stage says, before training, that one checkpoint will be
+    averaged; at the preset's own length it says nothing."""
+    env = {**os.environ, RAW_DIR_ENV: str(multi30k_dir)}
+    write_params(tmp_path, "experiment=smoke", "train.max_steps=40", "data.download=false")
+    short = run_stage("check", tmp_path, env)
+    assert short.returncode == 0, short.stderr
+    assert "note: eval.average=2, but this run saves 1 step checkpoint(s)" in short.stdout
+    write_params(tmp_path, "experiment=smoke", "data.download=false")
+    preset = run_stage("check", tmp_path, env)
+    assert preset.returncode == 0 and "eval.average" not in preset.stdout, preset.stderr
 
 
 def _check_stage(folder: Path, corpus: Path) -> tuple[int, str, int]:

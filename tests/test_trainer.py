@@ -268,6 +268,24 @@ def test_a_run_early_stopping_ended_is_finished_not_resumed(train_config):
     assert snapshot(checkpoints) == before  # nothing trained, nothing saved
 
 
+def test_the_check_stages_averaging_note_counts_the_checkpoints_a_run_saves(train_config):
+    """A run saves a step checkpoint at each validation and at its last step: the note the
+    check stage prints, before training, where eval.average asks for more, counts as many as
+    a real run leaves for the evaluate stage to average."""
+    from pipeline.preflight import averaging_note
+
+    budget = [*TINY, "train.max_steps=5", "train.val_check_interval=2", "train.save_top_k=-1"]
+    cfg = train_config(*budget, "eval.average=4")
+    note = averaging_note(cfg)
+    assert note and "eval.average=4, but this run saves 3 step checkpoint(s)" in note
+    run(cfg)
+    with pytest.warns(UserWarning, match="only 3 exist"):
+        assert len(select_checkpoints(cfg.paths.train_dir, cfg.eval.average)) == 3
+    assert averaging_note(train_config(*budget, "eval.average=3")) is None
+    every_third = [*TINY, "train.max_steps=6", "train.val_check_interval=3", "eval.average=2"]
+    assert averaging_note(train_config(*every_third)) is None
+
+
 @pytest.mark.parametrize("speed_paths", ["true", "false"])  # false: the path a GPU takes
 def test_resume_mid_epoch_matches_an_uninterrupted_run(train_config, speed_paths):
     common = [*TINY, "train.val_check_interval=6", "train.log_every_n_steps=3",

@@ -26,6 +26,8 @@ def run() -> dict:
             err.args = (f"{err}. {note}",)
         raise
     checked_params.keep()
+    if note := preflight.averaging_note(cfg):
+        print(note, flush=True)
     if kept := kept_runs.review(cfg.paths.train_dir):  # forgotten once DVC recorded it
         print(kept, flush=True)
     path = Path(cfg.paths.corpus_record)
