@@ -41,9 +41,9 @@ MOSES_HYPHEN = re.compile(r"\s*@-@\s*")  # `tokenizer.perl -a` splits "t-shirt" 
 # sacrebleu's `--paired-bs-n` default and its default SACREBLEU_SEED.
 DEFAULT_BOOTSTRAP_SAMPLES = 1000
 DEFAULT_BOOTSTRAP_SEED = 12345
-# A report asks for each variant's pooled p once per block it writes (its page, README's
-# summary, its record): more than the variants of the largest study, so each is computed once.
-POOLED_P_CACHE_SIZE = 64
+# A report makes the same pooled tests once per block it writes (its page, README's summary,
+# its record): the last few are kept (each holds its texts, megabytes), so each is made once.
+POOLED_P_CACHE_SIZE = 8
 
 
 def make_metric(key: str) -> Metric:
