@@ -177,11 +177,11 @@ def test_a_worker_whose_trials_train_on_more_processes_differs_from_the_pin(tmp_
     of more GPUs would train each trial with a larger one, on the same class of machine."""
     spec_file = write_spec(tmp_path)
     spec = load_spec(spec_file)
-    one = pin.this_worker(
-        dataclasses.replace(spec, budget={**spec.budget, "train.precision": "32-true"})
-    )
-    two = pin.this_worker(dataclasses.replace(
-        spec, budget={**spec.budget, "train.precision": "32-true", "train.devices": 2}))  # fmt: skip
+    one, two = (
+        pin.this_worker(dataclasses.replace(spec, budget={
+            **spec.budget, "train.precision": "32-true", "train.devices": devices}))
+        for devices in (1, 2)
+    )  # fmt: skip
     assert one.hardware == hardware_class(hardware())
     assert two.hardware == f"{one.hardware}, 2 processes"
     assert pin.differences(one, two) == [
