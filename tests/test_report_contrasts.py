@@ -117,6 +117,43 @@ def test_heads_width_grid_places_each_variant_by_h_and_d_k(widths_study):
     assert "across the spec's 6 comparisons with the base and between the variants it" in text
 
 
+def test_a_contrast_in_a_study_still_running_is_an_interim_estimate(widths_study):
+    """While planned seeds run on, a contrast shows its difference and Welch interval as an
+    estimate, with no test and no verdict, as the comparisons with the base do; once every
+    planned seed has finished it is tested."""
+    import optuna
+
+    spec, study_dir, refs = widths_study
+    spec.contrasts = [["heads_8_dk16", "heads_8"]]
+    spec.seeds = [1, 2, 3]
+    pin = {"commit": "abc1234", "hardware": "AMD EPYC, avx512_bf16", "precision": "bf16-mixed"}
+    storage = f"sqlite:///{study_dir / 'study.db'}"
+    optuna.create_study(study_name=spec.study, storage=storage).set_user_attr("pin", pin)
+    pinned = report.study_pin(spec, study_dir)
+
+    def contrast_and_table():
+        rows = report.variant_rows(spec, report.load_records(study_dir), refs, pinned)
+        contrast = holm_family(spec, rows)[-1]
+        by_name = {r.variant: r for r in rows}
+        ci = stats.ttest_ind(by_name["heads_8_dk16"].test_bleu, by_name["heads_8"].test_bleu,
+                             equal_var=False).confidence_interval()  # fmt: skip
+        assert contrast.delta_interval == pytest.approx(tuple(ci))
+        return contrast, extra_tables(spec, rows)[0]
+
+    contrast, table = contrast_and_table()
+    assert contrast.interim and contrast.delta is not None
+    assert contrast.welch_p is None and contrast.holm_p is None and contrast.verdict is None
+    assert f"| heads_8_dk16 vs heads_8 | {contrast.delta:+.2f} [" in table
+    assert "| - | - | interim: no test yet |" in table
+
+    for variant, (_, damage) in WIDTHS.items():  # every planned seed: the study is complete
+        write_trial(study_dir, variant, 3, damaged(refs, *damage[0]), refs)
+    contrast, table = contrast_and_table()
+    assert not contrast.interim and contrast.welch_p is not None
+    assert contrast.verdict in ("differs", "cannot tell")
+    assert f"| {contrast.welch_p:.3f} | {contrast.holm_p:.3f} | {contrast.verdict}" in table
+
+
 def test_no_heads_width_grid_where_no_variant_sets_head_dim(five_seed_study):
     """A study of heads alone (d_k = d_model / h throughout) gets no grid: it would be a
     diagonal."""

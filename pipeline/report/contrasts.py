@@ -14,7 +14,7 @@ heads (rows) and d_k (columns) over the variants that change nothing else.
 from __future__ import annotations
 
 from pipeline.report.rows import ContrastRow, VariantRow, holm_family
-from pipeline.report.tables import delta_cell, p_text
+from pipeline.report.tables import delta_cell, p_text, verdict_cell
 from pipeline.sweep.spec import StudySpec, point_config
 
 # The settings the heads x width grid is drawn over: a variant changing any other is left out
@@ -45,7 +45,7 @@ def contrasts_table(contrasts: list[ContrastRow]) -> str:
         ppl = "-" if c.ppl_delta is None else f"{c.ppl_delta:+.2f}"
         lines.append(
             f"| {c.label} | {delta_cell(c.delta, c.delta_interval)} | "
-            f"{p_text(c.welch_p)} | {p_text(c.holm_p)} | {c.verdict or '-'} | {ppl} | "
+            f"{p_text(c.welch_p)} | {p_text(c.holm_p)} | {verdict_cell(c)} | {ppl} | "
             f"{p_text(c.ppl_holm_p)} |"
         )
     return "\n".join(lines)

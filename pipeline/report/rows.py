@@ -45,6 +45,11 @@ class Comparison:
     # the level the comparison's Holm step faced
     holm_alpha: float | None = None
     verdict: str | None = None
+    # an estimate from a study whose planned seeds have not all finished: no test, no verdict
+    interim: bool = False
+    # Where the test cannot tell: the difference Welch's test detects with seed_stats.POWER
+    # at the level its Holm step faced, at the two groups' seed spread (RMS of the SDs)
+    detectable: float | None = None
 
 
 @dataclass
@@ -72,11 +77,6 @@ class VariantRow(Comparison):
     # the exact permutation test of the same difference (distribution-free, secondary)
     permutation_p: float | None = None
     ppl_delta_interval: tuple[float | None, float | None] = (None, None)
-    # an estimate from a study whose planned seeds have not all finished: no test, no verdict
-    interim: bool = False
-    # Where the test cannot tell: the difference Welch's test detects with seed_stats.POWER
-    # at the level its Holm step faced, at the two groups' seed spread (RMS of the SDs)
-    detectable: float | None = None
 
     @property
     def test_mean(self) -> float:
@@ -310,10 +310,13 @@ def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
             contrast.delta = row.test_mean - other.test_mean
             contrast.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(other.val_ppl)
             same = row.conditions is not None and row.conditions == other.conditions
-            if same and not (row.interim or other.interim):
+            # interim: the interval is an estimate, the test waits for every planned seed
+            contrast.interim = same and (row.interim or other.interim)
+            if same:
+                contrast.delta_interval = seed_stats.welch_interval(row.test_bleu, other.test_bleu)
+            if same and not contrast.interim:
                 welch = seed_stats.welch_test(row.test_bleu, other.test_bleu)
                 contrast.welch_p, contrast.no_test_reason = welch.p, welch.reason
-                contrast.delta_interval = seed_stats.welch_interval(row.test_bleu, other.test_bleu)
                 contrast.ppl_welch_p = seed_stats.welch_test(row.val_ppl, other.val_ppl).p
             elif not same:
                 contrast.no_test_reason = "the two ran under different conditions"
@@ -338,7 +341,7 @@ def holm_family(spec: StudySpec, rows: list[VariantRow]) -> list[VariantRow | Co
             if member is not None:
                 setattr(member, adjusted_name, value)
     for contrast in contrasts:
-        if contrast.delta is not None:
+        if contrast.delta is not None and not contrast.interim:
             tested = contrast.welch_p is not None
             contrast.verdict = (
                 direction_verdict(contrast.delta, contrast.holm_p, None) if tested else CANNOT_TELL

@@ -11,7 +11,7 @@ import optuna
 from optuna.trial import TrialState
 
 from pipeline.report.records import conditions_text
-from pipeline.report.rows import BASE_VARIANT, CANNOT_TELL, HOLDS, VariantRow
+from pipeline.report.rows import BASE_VARIANT, CANNOT_TELL, HOLDS, Comparison, VariantRow
 from pipeline.sweep.spec import StudySpec, point_config
 
 
@@ -48,7 +48,7 @@ def delta_cell(delta: float | None, interval: tuple[float | None, float | None])
     return f"{delta:+.2f}" + ("" if low is None else f" [{low:+.2f}, {high:+.2f}]")
 
 
-def verdict_cell(row: VariantRow) -> str:
+def verdict_cell(row: Comparison) -> str:
     if row.interim and row.delta is not None:
         return INTERIM
     if row.verdict == CANNOT_TELL and row.detectable is not None:
