@@ -154,6 +154,43 @@ def test_a_contrast_in_a_study_still_running_is_an_interim_estimate(widths_study
     assert f"| {contrast.welch_p:.3f} | {contrast.holm_p:.3f} | {contrast.verdict}" in table
 
 
+@pytest.mark.slow  # the bootstrap, the charts and a W&B run
+def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study, tmp_path):
+    """The study's W&B report run carries what the page shows beside the comparisons with the
+    base: the contrasts (each a verdict in the summary too) and the heads x width grid."""
+    import json
+
+    from pipeline import tracking
+
+    spec, study_dir, refs = widths_study
+    spec.contrasts = [["heads_8_dk16", "heads_8"], ["dk_8", "heads_8"]]
+    report.write_report(spec, study_dir, log_to_wandb=True)
+    (run_dir,) = tracking.offline_run_dirs(tmp_path / "wandb" / spec.study)
+    logged = tracking.read_offline_run(run_dir)
+    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    contrasts = holm_family(spec, rows)[-2:]
+    assert logged["summary"]["verdicts"] == {
+        **{r.variant: report.verdict_cell(r) for r in rows if r.delta is not None},
+        **{c.label: c.verdict for c in contrasts},
+    }
+
+    def table(key: str) -> list[list]:
+        (path,) = (run_dir / "files" / "media" / "table").glob(f"{key}_*.table.json")
+        return json.loads(path.read_text())["data"]
+
+    assert [[row[0], row[1], row[4], row[5], row[6]] for row in table("contrast_table")] == [
+        [c.label, pytest.approx(c.delta), pytest.approx(c.welch_p), pytest.approx(c.holm_p),
+         c.verdict] for c in contrasts
+    ]  # fmt: skip
+    means = {r.variant: r.test_mean for r in rows}
+    assert table("heads_width_table") == [
+        [4, 8, "dk_8", 2, pytest.approx(means["dk_8"])],
+        [4, 16, "base", 2, pytest.approx(means["base"])],
+        [8, 8, "heads_8", 2, pytest.approx(means["heads_8"])],
+        [8, 16, "heads_8_dk16", 2, pytest.approx(means["heads_8_dk16"])],
+    ]
+
+
 def test_no_heads_width_grid_where_no_variant_sets_head_dim(five_seed_study):
     """A study of heads alone (d_k = d_model / h throughout) gets no grid: it would be a
     diagonal."""

@@ -69,15 +69,23 @@ def _setting(key: str) -> str:
     return key.lstrip("+~")
 
 
-def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
-    """Mean test2016 BLEU (lc) over seeds by heads h (rows) and d_k (columns), one cell per
-    variant that changes only the heads or their width, run under the base's conditions."""
+def heads_width_cells(
+    spec: StudySpec, rows: list[VariantRow]
+) -> dict[tuple[int, int], tuple[float, int, str]]:
+    """(h, d_k): (mean test2016 BLEU (lc) over seeds, their number, variant), one per variant
+    that changes only the heads or their width, run under the base's conditions."""
     shapes = head_shapes(spec)
-    means = {
+    return {
         shapes[r.variant]: (r.test_mean, len(r.test_bleu), r.variant)
         for r in rows
         if r.variant in shapes and (r.delta is None or r.comparable)
     }
+
+
+def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
+    """Mean test2016 BLEU (lc) over seeds by heads h (rows) and d_k (columns), over every
+    shape the spec plans."""
+    shapes, means = head_shapes(spec), heads_width_cells(spec, rows)
     if not means:
         return ""
     heads = sorted({h for h, _ in shapes.values()})

@@ -79,6 +79,10 @@ class VariantRow(Comparison):
     ppl_delta_interval: tuple[float | None, float | None] = (None, None)
 
     @property
+    def label(self) -> str:
+        return self.variant
+
+    @property
     def test_mean(self) -> float:
         return statistics.fmean(self.test_bleu)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from pipeline.report.contrasts import heads_width_cells
 from pipeline.report.records import conditions_text
-from pipeline.report.rows import VariantRow
+from pipeline.report.rows import ContrastRow, VariantRow, holm_family
 from pipeline.report.tables import verdict_cell
 from pipeline.sweep.spec import StudySpec, TrialPaths, trial_config
 
@@ -19,9 +20,10 @@ def log_summary(
     report: Path | None = None,
     finished: int | None = None,
 ) -> None:
-    """The study's report run: the table and charts logged, its summary the trials finished of
-    those planned, whether the verdicts are final and each variant's verdict, and `report`
-    (report.md) with the charts as an artifact of type 'report'."""
+    """The study's report run: the table and charts logged (and, where the spec has them, its
+    contrasts and the heads x width grid), its summary the trials finished of those planned,
+    whether the verdicts are final and the verdict of each comparison in the Holm family, and
+    `report` (report.md) with the charts as an artifact of type 'report'."""
     import wandb
 
     from pipeline.tracking import start_wandb_run
@@ -37,14 +39,34 @@ def log_summary(
         for r in rows:
             table.add_data(r.variant, r.factor, statistics.fmean(r.val_ppl),
                            statistics.fmean(r.val_bleu), r.test_mean, r.delta, r.welch_p,
-                           r.holm_p, r.verdict, r.permutation_p, r.p_value,
+                           r.holm_p, verdict_cell(r), r.permutation_p, r.p_value,
                            conditions_text(r.conditions))  # fmt: skip
-        run.log({"ablation_table": table, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
+        logged = {"ablation_table": table}
+        contrasts = [m for m in holm_family(spec, rows) if isinstance(m, ContrastRow)]
+        if contrasts:
+            logged["contrast_table"] = wandb.Table(
+                columns=["contrast", "delta", "delta_low", "delta_high", "p_welch", "p_holm",
+                         "verdict", "ppl_delta", "p_holm_ppl"],
+                data=[[c.label, c.delta, *c.delta_interval, c.welch_p, c.holm_p,
+                       verdict_cell(c), c.ppl_delta, c.ppl_holm_p] for c in contrasts],
+            )  # fmt: skip
+        cells = heads_width_cells(spec, rows)
+        if cells:
+            logged["heads_width_table"] = wandb.Table(
+                columns=["heads", "d_k", "variant", "seeds", "test_bleu_lc"],
+                data=[[h, d_k, variant, n, mean]
+                      for (h, d_k), (mean, n, variant) in sorted(cells.items())],
+            )  # fmt: skip
+        run.log({**logged, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
+        verdicts: dict[str, str] = {}
+        for r in [*rows, *contrasts]:  # a pinned study's own row first, one run elsewhere after
+            if r.delta is not None:
+                verdicts.setdefault(r.label, verdict_cell(r))
         run.summary.update({
             "trials_planned": len(spec.grid()),
             "trials_finished": finished,
             "final": not any(r.interim for r in rows),
-            "verdicts": {r.variant: verdict_cell(r) for r in rows if r.delta is not None},
+            "verdicts": verdicts,
         })  # fmt: skip
         if report is not None:
             artifact = wandb.Artifact(f"{spec.study}-report", type="report")
