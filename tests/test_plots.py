@@ -224,7 +224,33 @@ def drawn_inside(fig, title: str) -> None:
     assert ax.title.get_text().split() == title.split()
 
 
-@pytest.mark.parametrize("chart", ["scatter", "curves", "bars"])
+def test_a_grid_heatmap_places_each_cell_on_a_scale_that_does_not_exaggerate():
+    """Each value at its (row, column) with its text written on it; a cell without a value is
+    blank and says '-'; the colour scale spans at least MIN_SPAN, so a difference within the
+    noise is not painted as the whole range; a cell outside the axes is refused."""
+    cells = {(2, 32): (37.11, "37.11\nheads_2"), (4, 32): (37.53, "37.53\nbase"),
+             (8, 16): (37.24, "37.24\nheads_8")}  # fmt: skip
+    fig = plots.grid_heatmap_figure(cells, row_labels=[2, 4, 8], column_labels=[16, 32],
+                                    xlabel="d_k", ylabel="h", colorbar_label="BLEU")  # fmt: skip
+    ax = fig.axes[0]
+    (image,) = ax.images
+    shown = image.get_array()
+    assert shown[0, 1] == pytest.approx(37.11) and shown[1, 1] == pytest.approx(37.53)
+    assert shown[2, 0] == pytest.approx(37.24)
+    assert shown.mask.tolist() == [[True, False], [True, False], [False, True]]
+    low, high = image.get_clim()
+    assert high - low == pytest.approx(plots.MIN_SPAN) and low < 37.11 and 37.53 < high
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text()
+             for t in ax.texts}  # fmt: skip
+    assert texts == {(0, 0): "-", (0, 1): "37.11\nheads_2", (1, 0): "-", (1, 1): "37.53\nbase",
+                     (2, 0): "37.24\nheads_8", (2, 1): "-"}  # fmt: skip
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["2", "4", "8"]
+    with pytest.raises(ValueError, match=r"outside the given rows and columns: \[\(16, 8\)\]"):
+        plots.grid_heatmap_figure({(16, 8): (30.0, "x")}, row_labels=[2], column_labels=[8],
+                                  xlabel="", ylabel="", colorbar_label="")  # fmt: skip
+
+
+@pytest.mark.parametrize("chart", ["scatter", "curves", "bars", "grid"])
 def test_a_long_title_is_wrapped_inside_the_figure(chart):
     """A study report's title with 'interim, k of n' on the narrower charts (it overran the
     perplexity chart's edges)."""
@@ -235,8 +261,12 @@ def test_a_long_title_is_wrapped_inside_the_figure(chart):
     elif chart == "curves":
         fig = plots.curves_figure({"base": ([200, 400], [2.1, 3.2])}, xlabel="update",
                                   ylabel="BLEU", title=title)  # fmt: skip
-    else:
+    elif chart == "bars":
         fig = plots.bar_chart_figure(["base"], [38.0], [0.6], ylabel="BLEU", title=title)
+    else:
+        fig = plots.grid_heatmap_figure({(4, 32): (38.0, "base")}, row_labels=[4],
+                                        column_labels=[32], xlabel="d_k", ylabel="h",
+                                        colorbar_label="BLEU", title=title)  # fmt: skip
     drawn_inside(fig, title)
 
 

@@ -1262,7 +1262,9 @@ def test_the_complete_report_is_logged_to_wandb_as_the_studys_run(complete_study
     assert summary["verdicts"] == {r.variant: report.verdict_cell(r)
                                    for r in rows if r.delta is not None}  # fmt: skip
     (artifact,) = [a for a in logged["artifacts"] if a["type"] == "report"]
-    assert {"report.md", *report.CHARTS.values()} <= set(artifact["files"])
+    made = [report.CHARTS[name] for name in ("bleu_per_variant", "ppl_vs_bleu", "learning_curves")]
+    assert {"report.md", *made} <= set(artifact["files"])
+    assert report.CHARTS["heads_width"] not in artifact["files"]  # no variant sets model.head_dim
 
 
 def test_the_failed_attempts_sentence_says_what_became_of_each_point(study):

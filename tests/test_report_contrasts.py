@@ -12,6 +12,7 @@ from scipy import stats
 
 from pipeline import report, sweep
 from pipeline.evaluation import seed_stats
+from pipeline.report.charts import charts
 from pipeline.report.contrasts import extra_tables, head_shapes, heads_width_table
 from pipeline.report.rows import holm_family
 from tests.conftest import REPO_ROOT
@@ -157,14 +158,20 @@ def test_a_contrast_in_a_study_still_running_is_an_interim_estimate(widths_study
 @pytest.mark.slow  # the bootstrap, the charts and a W&B run
 def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study, tmp_path):
     """The study's W&B report run carries what the page shows beside the comparisons with the
-    base: the contrasts (each a verdict in the summary too) and the heads x width grid."""
+    base: the contrasts (each a verdict in the summary too) and the heads x width grid, as a
+    table and as the chart the page shows."""
     import json
+
+    import matplotlib.image
 
     from pipeline import tracking
 
     spec, study_dir, refs = widths_study
     spec.contrasts = [["heads_8_dk16", "heads_8"], ["dk_8", "heads_8"]]
-    report.write_report(spec, study_dir, log_to_wandb=True)
+    text = report.write_report(spec, study_dir, log_to_wandb=True).read_text()
+    chart = report.CHARTS["heads_width"]
+    assert matplotlib.image.imread(study_dir / chart).shape[0] > 100
+    assert f"![heads_width]({chart})" in text
     (run_dir,) = tracking.offline_run_dirs(tmp_path / "wandb" / spec.study)
     logged = tracking.read_offline_run(run_dir)
     rows = report.variant_rows(spec, report.load_records(study_dir), refs)
@@ -182,6 +189,8 @@ def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study
         [c.label, pytest.approx(c.delta), pytest.approx(c.welch_p), pytest.approx(c.holm_p),
          c.verdict] for c in contrasts
     ]  # fmt: skip
+    (artifact,) = [a for a in logged["artifacts"] if a["type"] == "report"]
+    assert chart in artifact["files"]
     means = {r.variant: r.test_mean for r in rows}
     assert table("heads_width_table") == [
         [4, 8, "dk_8", 2, pytest.approx(means["dk_8"])],
@@ -196,8 +205,10 @@ def test_no_heads_width_grid_where_no_variant_sets_head_dim(five_seed_study):
     diagonal."""
     spec, study_dir, refs = five_seed_study
     assert head_shapes(spec) == {}
-    rows = report.variant_rows(spec, report.load_records(study_dir), refs)
+    records = report.load_records(study_dir)
+    rows = report.variant_rows(spec, records, refs)
     assert heads_width_table(spec, rows) == ""
+    assert "heads_width" not in charts(spec, rows, records, study_dir)
     assert set(FIVE_SEEDS) <= {r.variant for r in rows}
 
 

@@ -1,4 +1,4 @@
-"""PNG figures: cross-attention heatmaps, learning curves, ablation bar charts.
+"""PNG figures: cross-attention heatmaps, learning curves, ablation bar charts, grids of means.
 
 Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot's
 global state, so plotting works headless, in worker processes and in tests alike. Each plot
@@ -233,9 +233,11 @@ def plot_bar_chart(
 # --------------------------------------------------------------------------- ablation charts
 
 
-# A seed-points chart's y axis spans at least this many units (BLEU): a difference of a point
-# or two then looks like one, not like a cliff, whatever the spread of the scores
+# A seed-points chart's y axis (and a grid's colour scale) spans at least this many units
+# (BLEU): a difference of a point or two then looks like one, not like a cliff, whatever the
+# spread of the scores
 MIN_SPAN = 10.0
+HEATMAP_LIGHT_ABOVE = 0.6  # of viridis' range: from there on its colours are light
 TITLE_CHARS_PER_INCH = 8  # characters of matplotlib's default title font per inch of figure
 TITLE_WIDTH_SHARE = 0.95  # of the figure's width a title may take on one line
 COLUMN_MARGIN = 0.7  # x units beside the outer columns: one column stays a column, centred
@@ -350,4 +352,51 @@ def curves_figure(
         ax.plot(steps, values, style, linewidth=1.3, label=label)
     fig.legend(loc="outside right upper", fontsize=7)
     _label_axes(ax, xlabel, ylabel, title)
+    return fig
+
+
+def grid_heatmap_figure(
+    cells: Mapping[tuple[object, object], tuple[float, str]],
+    *,
+    row_labels: Sequence[object],
+    column_labels: Sequence[object],
+    xlabel: str,
+    ylabel: str,
+    colorbar_label: str,
+    title: str | None = None,
+    min_span: float = MIN_SPAN,
+) -> Figure:
+    """One value per (row, column) cell as a colour with its text written in the cell; a cell
+    without a value stays blank ('-'). Rows run top to bottom in the order given. The colour
+    scale spans at least `min_span` around the values' middle: a scale from the smallest to
+    the largest value would paint a difference within the noise as the whole range."""
+    if not cells:
+        raise ValueError("no cells to plot")
+    unknown = [key for key in cells if key[0] not in row_labels or key[1] not in column_labels]
+    if unknown:
+        raise ValueError(f"cells outside the given rows and columns: {unknown}")
+    values = np.full((len(row_labels), len(column_labels)), np.nan)
+    for (row, column), (value, _) in cells.items():
+        values[list(row_labels).index(row), list(column_labels).index(column)] = value
+    low, high = np.nanmin(values), np.nanmax(values)
+    middle, half_span = (low + high) / 2, max(high - low, min_span) / 2
+    fig = Figure(figsize=(1.9 * len(column_labels) + 2.2, 1.0 * len(row_labels) + 1.6),
+                 layout="constrained")  # fmt: skip
+    ax = fig.subplots()
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto",
+                      vmin=middle - half_span, vmax=middle + half_span)  # fmt: skip
+    for i, row in enumerate(row_labels):
+        for j, column in enumerate(column_labels):
+            value, text = cells.get((row, column), (math.nan, "-"))
+            # dark text on the colour map's light end and on a blank cell, light on its dark end
+            light = math.isnan(value) or image.norm(value) > HEATMAP_LIGHT_ABOVE
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                    color="black" if light else "white")  # fmt: skip
+    ax.set_facecolor("whitesmoke")
+    ax.set_xticks(range(len(column_labels)), labels=[str(c) for c in column_labels])
+    ax.set_yticks(range(len(row_labels)), labels=[str(r) for r in row_labels])
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    fig.colorbar(image, ax=ax, label=colorbar_label)
+    if title:
+        set_wrapped_title(ax, title)
     return fig

@@ -20,7 +20,8 @@ that anyone with a clone re-makes it exactly:
   whether each finding holds on each language pair;
 - charts (PNG): BLEU per variant (every seed a point, the mean and its t-interval over seeds,
   the verdict under each; "interim, k of n" in the titles while trials run on), perplexity
-  against BLEU for the label-smoothing rows, learning curves of val BLEU per variant;
+  against BLEU for the label-smoothing rows, learning curves of val BLEU per variant, the
+  heads x width grid where variants set `model.head_dim`;
 - `--update-docs`: the study's page docs/ablation-<study>.md, its block between
   `<!-- ablation:<study>:begin -->` and `<!-- ablation:<study>:end -->`, gets the same table
   and findings (a study without a page is an error naming it), README's block

@@ -1,5 +1,6 @@
 """The report's charts (PNG): BLEU per variant (every seed a point, the t-interval over seeds),
-perplexity against BLEU for the label-smoothing rows, learning curves of val BLEU per variant."""
+perplexity against BLEU for the label-smoothing rows, learning curves of val BLEU per variant,
+and where variants set the heads' width apart from their count, the heads x width grid."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from pipeline.evaluation import plots
 from pipeline.metric_names import GREEDY_VAL_BLEU
+from pipeline.report.contrasts import heads_width_axes, heads_width_cells
 from pipeline.report.records import TrialRecord
 from pipeline.report.rows import BASE_VARIANT, VariantRow
 from pipeline.report.tables import BATCH_MEAN_MARK, all_per_token, verdict_cell
@@ -17,6 +19,7 @@ CHARTS = {
     "bleu_per_variant": "bleu_per_variant.png",
     "ppl_vs_bleu": "ppl_vs_bleu.png",
     "learning_curves": "learning_curves.png",
+    "heads_width": "heads_width.png",
 }
 
 
@@ -101,4 +104,25 @@ def charts(
             ),
             out / CHARTS["learning_curves"],
         )  # fmt: skip
+    grid = heads_width_cells(spec, rows)
+    if grid:
+        heads, widths = heads_width_axes(spec)
+        made["heads_width"] = plots.save_png(
+            plots.grid_heatmap_figure(
+                {shape: (r.test_mean, _cell_text(r)) for shape, r in grid.items()},
+                row_labels=heads,
+                column_labels=widths,
+                xlabel="d_k = d_v, the width of a head", ylabel="heads h",
+                colorbar_label="test2016 BLEU (lc), mean over seeds",
+                title=f"{spec.study}: heads against their width{state}",
+            ),
+            out / CHARTS["heads_width"],
+        )  # fmt: skip
     return made
+
+
+def _cell_text(row: VariantRow) -> str:
+    """A grid cell: the mean with its 95% t-interval's half-width, the variant and its seeds."""
+    half = _half_width(row)
+    spread = "" if half is None else f" ± {half:.2f}"
+    return f"{row.test_mean:.2f}{spread}\n{row.variant}, {len(row.test_bleu)} seeds"

@@ -69,27 +69,30 @@ def _setting(key: str) -> str:
     return key.lstrip("+~")
 
 
-def heads_width_cells(
-    spec: StudySpec, rows: list[VariantRow]
-) -> dict[tuple[int, int], tuple[float, int, str]]:
-    """(h, d_k): (mean test2016 BLEU (lc) over seeds, their number, variant), one per variant
-    that changes only the heads or their width, run under the base's conditions."""
+def heads_width_cells(spec: StudySpec, rows: list[VariantRow]) -> dict[tuple[int, int], VariantRow]:
+    """(h, d_k): the row of the variant of that shape, one per variant that changes only the
+    heads or their width, run under the base's conditions."""
     shapes = head_shapes(spec)
     return {
-        shapes[r.variant]: (r.test_mean, len(r.test_bleu), r.variant)
+        shapes[r.variant]: r
         for r in rows
         if r.variant in shapes and (r.delta is None or r.comparable)
     }
 
 
+def heads_width_axes(spec: StudySpec) -> tuple[list[int], list[int]]:
+    """The grid's rows (every h the spec plans) and columns (every d_k), ascending."""
+    shapes = head_shapes(spec).values()
+    return sorted({h for h, _ in shapes}), sorted({d_k for _, d_k in shapes})
+
+
 def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
     """Mean test2016 BLEU (lc) over seeds by heads h (rows) and d_k (columns), over every
     shape the spec plans."""
-    shapes, means = head_shapes(spec), heads_width_cells(spec, rows)
+    means = heads_width_cells(spec, rows)
     if not means:
         return ""
-    heads = sorted({h for h, _ in shapes.values()})
-    widths = sorted({d_k for _, d_k in shapes.values()})
+    heads, widths = heads_width_axes(spec)
     lines = [
         "Heads against their width: mean test2016 BLEU (lc) over seeds (their number), by heads "
         "h and d_k = d_v (the base's width d_model is fixed; h x d_k is the attention's width).",
@@ -100,7 +103,9 @@ def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
     for h in heads:
         cells = []
         for d_k in widths:
-            cell = means.get((h, d_k))
-            cells.append("-" if cell is None else f"{cell[0]:.2f} ({cell[1]}, {cell[2]})")
+            row = means.get((h, d_k))
+            cells.append(
+                "-" if row is None else f"{row.test_mean:.2f} ({len(row.test_bleu)}, {row.variant})"
+            )
         lines.append(f"| {h} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

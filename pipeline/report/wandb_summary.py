@@ -54,8 +54,8 @@ def log_summary(
         if cells:
             logged["heads_width_table"] = wandb.Table(
                 columns=["heads", "d_k", "variant", "seeds", "test_bleu_lc"],
-                data=[[h, d_k, variant, n, mean]
-                      for (h, d_k), (mean, n, variant) in sorted(cells.items())],
+                data=[[h, d_k, r.variant, len(r.test_bleu), r.test_mean]
+                      for (h, d_k), r in sorted(cells.items())],
             )  # fmt: skip
         run.log({**logged, **{n: wandb.Image(str(p)) for n, p in figures.items()}})
         verdicts: dict[str, str] = {}
