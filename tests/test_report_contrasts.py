@@ -62,10 +62,40 @@ def test_contrasts_join_the_comparisons_with_the_base_in_one_holm_family(five_se
     assert not_made.welch_p is None and not_made.holm_p is None and not_made.delta is not None
     assert not_made.no_test_reason == "the two ran under different conditions"
 
+    # a contrast that cannot tell says what it could have detected, at its own Holm step
+    rank = sorted(p_values).index(contrast_p)
+    assert made.holm_alpha == pytest.approx(0.05 / (len(p_values) - rank))
+    if made.verdict == "cannot tell":
+        spread = statistics.fmean([statistics.variance(rows[v].test_bleu)
+                                   for v in ("heads_16", "heads_8")]) ** 0.5  # fmt: skip
+        assert made.detectable == pytest.approx(
+            seed_stats.detectable_difference(spread, 5, alpha=made.holm_alpha)
+        )
+        verdict_text = (
+            f"cannot tell (at these seeds' spread Welch's test detects {made.detectable:.2f}"
+        )
+    else:
+        verdict_text = made.verdict
+
     (table,) = extra_tables(spec, list(rows.values()))
     assert f"| heads_16 vs heads_8 | {made.delta:+.2f} [" in table
-    assert f"| {made.welch_p:.3f} | {made.holm_p:.3f} | {made.verdict} |" in table
+    assert f"| {made.welch_p:.3f} | {made.holm_p:.3f} | {made.verdict}" in table
     assert "| heads_1 vs dropout_0.0 | " in table
+    # and in prose under the table, each with its test or why there is none
+    low, high = made.delta_interval
+    assert (
+        f"- heads_16 vs heads_8: {made.delta:+.2f} [{low:+.2f}, {high:+.2f}] BLEU (5 vs 5 seeds; "
+        f"Welch p = {made.welch_p:.3f}, Holm p = {made.holm_p:.3f}): {verdict_text}"
+    ) in table
+    assert (
+        f"- heads_1 vs dropout_0.0: {not_made.delta:+.2f} BLEU: cannot tell (no seed-level test: "
+        "the two ran under different conditions)."
+    ) in table
+    # the one-sentence summary counts the contrast under its verdict
+    in_short = report.summary(list(rows.values()), spec)
+    assert f"heads_16 vs heads_8 ({made.delta:+.2f})" in in_short.split(f"{made.verdict}: ")[1]
+    not_compared = in_short.split("not compared (other run conditions): ")[1]
+    assert f"heads_1 vs dropout_0.0 ({not_made.delta:+.2f})" in not_compared
 
 
 def test_without_contrasts_the_family_is_the_comparisons_with_the_base(five_seed_study):
@@ -115,6 +145,9 @@ def test_heads_width_grid_places_each_variant_by_h_and_d_k(widths_study):
     text = report.markdown(spec, study_dir, with_states=False)
     assert "\n".join(table) in text
     assert "| heads_8_dk16 vs heads_8 | " in text and "| dk_8 vs heads_8 | " in text
+    # the findings say what each contrast holds apart: the count of heads or their width
+    assert "\n- heads_8_dk16 vs heads_8 (the same 8 heads, d_k 16 against 8): " in text
+    assert "\n- dk_8 vs heads_8 (the same head width d_k 8, 4 heads against 8): " in text
     assert "across the spec's 6 comparisons with the base and between the variants it" in text
 
 
@@ -146,6 +179,12 @@ def test_a_contrast_in_a_study_still_running_is_an_interim_estimate(widths_study
     assert contrast.welch_p is None and contrast.holm_p is None and contrast.verdict is None
     assert f"| heads_8_dk16 vs heads_8 | {contrast.delta:+.2f} [" in table
     assert "| - | - | interim: no test yet |" in table
+    low, high = contrast.delta_interval
+    assert (
+        f"- heads_8_dk16 vs heads_8 (the same 8 heads, d_k 16 against 8): interim estimate "
+        f"{contrast.delta:+.2f} [{low:+.2f}, {high:+.2f}] BLEU (2 vs 2 seeds): no test until "
+        "every planned seed has finished."
+    ) in table
 
     for variant, (_, damage) in WIDTHS.items():  # every planned seed: the study is complete
         write_trial(study_dir, variant, 3, damaged(refs, *damage[0]), refs)
@@ -153,6 +192,10 @@ def test_a_contrast_in_a_study_still_running_is_an_interim_estimate(widths_study
     assert not contrast.interim and contrast.welch_p is not None
     assert contrast.verdict in ("differs", "cannot tell")
     assert f"| {contrast.welch_p:.3f} | {contrast.holm_p:.3f} | {contrast.verdict}" in table
+    assert (
+        f"- heads_8_dk16 vs heads_8 (the same 8 heads, d_k 16 against 8): {contrast.delta:+.2f} ["
+    ) in table
+    assert f"BLEU (3 vs 3 seeds; Welch p = {contrast.welch_p:.3f}, Holm p = " in table
 
 
 @pytest.mark.slow  # the bootstrap, the charts and a W&B run
@@ -178,7 +221,7 @@ def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study
     contrasts = holm_family(spec, rows)[-2:]
     assert logged["summary"]["verdicts"] == {
         **{r.variant: report.verdict_cell(r) for r in rows if r.delta is not None},
-        **{c.label: c.verdict for c in contrasts},
+        **{c.label: report.verdict_cell(c) for c in contrasts},
     }
 
     def table(key: str) -> list[list]:
@@ -187,7 +230,7 @@ def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study
 
     assert [[row[0], row[1], row[4], row[5], row[6]] for row in table("contrast_table")] == [
         [c.label, pytest.approx(c.delta), pytest.approx(c.welch_p), pytest.approx(c.holm_p),
-         c.verdict] for c in contrasts
+         report.verdict_cell(c)] for c in contrasts
     ]  # fmt: skip
     (artifact,) = [a for a in logged["artifacts"] if a["type"] == "report"]
     assert chart in artifact["files"]

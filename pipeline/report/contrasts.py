@@ -13,7 +13,8 @@ heads (rows) and d_k (columns) over the variants that change nothing else.
 
 from __future__ import annotations
 
-from pipeline.report.rows import ContrastRow, VariantRow, holm_family
+from pipeline.report.prose import detectable_text
+from pipeline.report.rows import CANNOT_TELL, ContrastRow, VariantRow, holm_family
 from pipeline.report.tables import delta_cell, p_text, verdict_cell
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -24,9 +25,12 @@ HEAD_KEYS = ("model.heads", "model.head_dim")
 def extra_tables(spec: StudySpec, rows: list[VariantRow]) -> list[str]:
     """The report's tables beside the comparisons with the base, where the spec has them: its
     contrasts (adjusted in the one family) and the heads x width grid."""
-    family = holm_family(spec, rows)
-    contrasts = [member for member in family if isinstance(member, ContrastRow)]
-    return [table for table in (contrasts_table(contrasts), heads_width_table(spec, rows)) if table]
+    contrasts = [member for member in holm_family(spec, rows) if isinstance(member, ContrastRow)]
+    made = contrasts_table(contrasts)
+    findings = contrast_findings(spec, contrasts)
+    if findings:
+        made += "\n\n" + "\n".join(findings)
+    return [table for table in (made, heads_width_table(spec, rows)) if table]
 
 
 def contrasts_table(contrasts: list[ContrastRow]) -> str:
@@ -49,6 +53,48 @@ def contrasts_table(contrasts: list[ContrastRow]) -> str:
             f"{p_text(c.ppl_holm_p)} |"
         )
     return "\n".join(lines)
+
+
+def contrast_findings(spec: StudySpec, contrasts: list[ContrastRow]) -> list[str]:
+    """One sentence per contrast made: what it holds apart (where both variants are head
+    shapes), the difference with its interval, and its test's verdict or, while planned seeds
+    run on, that it is an interim estimate."""
+    shapes = head_shapes(spec)
+    lines = []
+    for c in contrasts:
+        if c.delta is None:
+            continue
+        apart = _held_apart(shapes.get(c.variant), shapes.get(c.other))
+        name = f"- {c.label}{f' ({apart})' if apart else ''}"
+        if c.no_test_reason and not c.interim and c.welch_p is None:
+            lines.append(f"{name}: {c.delta:+.2f} BLEU: {CANNOT_TELL} (no seed-level test: "
+                         f"{c.no_test_reason}).")  # fmt: skip
+            continue
+        seeds = f"{len(c.row.seeds)} vs {len(c.other_row.seeds)} seeds"
+        measured = f"{delta_cell(c.delta, c.delta_interval)} BLEU"
+        if c.interim:
+            lines.append(f"{name}: interim estimate {measured} ({seeds}): no test until every "
+                         "planned seed has finished.")  # fmt: skip
+            continue
+        detectable = detectable_text(c)
+        verdict = f"{c.verdict} ({detectable})" if detectable else c.verdict
+        ppl = "" if c.ppl_delta is None else (
+            f"; val PPL {c.ppl_delta:+.2f} (Holm p = {p_text(c.ppl_holm_p)})")  # fmt: skip
+        lines.append(f"{name}: {measured} ({seeds}; Welch p = {c.welch_p:.3f}, Holm p = "
+                     f"{c.holm_p:.3f}): {verdict}{ppl}.")  # fmt: skip
+    return lines
+
+
+def _held_apart(shape: tuple[int, int] | None, other: tuple[int, int] | None) -> str:
+    """What a contrast of two head shapes (h, d_k) varies and what it keeps."""
+    if shape is None or other is None:
+        return ""
+    (h, d_k), (other_h, other_d_k) = shape, other
+    if h == other_h:
+        return f"the same {h} heads, d_k {d_k} against {other_d_k}"
+    if d_k == other_d_k:
+        return f"the same head width d_k {d_k}, {h} heads against {other_h}"
+    return f"{h} heads of d_k {d_k} against {other_h} of d_k {other_d_k}"
 
 
 def head_shapes(spec: StudySpec) -> dict[str, tuple[int, int]]:

@@ -13,10 +13,13 @@ from pipeline.report.rows import (
     CONTRADICTS,
     DIFFERS,
     HOLDS,
+    OTHER_CONDITIONS,
     SIGNIFICANCE,
+    Comparison,
     VariantRow,
     direction_verdict,
     family_size,
+    holm_family,
 )
 from pipeline.report.tables import p_text, ppl_mark
 from pipeline.sweep.spec import StudySpec, point_config
@@ -36,7 +39,7 @@ def _ppl_finding(r: VariantRow) -> str:
     return f"{measured}: {word} (Welch p = {r.ppl_welch_p:.3f}, Holm p = {p_text(r.ppl_holm_p)})"
 
 
-def detectable_text(r: VariantRow) -> str:
+def detectable_text(r: Comparison) -> str:
     """What a 'cannot tell' could have told: the difference detectable at its Holm step."""
     if r.detectable is None:
         return ""
@@ -111,9 +114,13 @@ def findings(rows: list[VariantRow], spec: StudySpec | None = None) -> list[str]
     return lines
 
 
+NOT_COMPARED = "not compared (other run conditions)"  # the summary's group of those not compared
+
+
 def summary(rows: list[VariantRow], spec: StudySpec | None = None) -> str:
     """The findings in one sentence, grouped by verdict; with the spec, a verdict on the
-    paper's row for a change that is not the paper's says so (the findings say how)."""
+    paper's row for a change that is not the paper's says so (the findings say how), and the
+    spec's contrasts join the groups of their verdicts."""
     if any(r.interim for r in rows):
         return (
             "**In short**: the study is still running; its verdicts (Welch's test over seeds, "
@@ -123,11 +130,16 @@ def summary(rows: list[VariantRow], spec: StudySpec | None = None) -> str:
     for r in rows:
         if r.delta is None:
             continue
-        key = r.verdict if r.comparable else "not compared (other run conditions)"
+        key = r.verdict if r.comparable else NOT_COMPARED
         unlike = key in (HOLDS, CONTRADICTS) and spec is not None and unlike_paper(spec, r.variant)
         note = ", not the paper's change" if unlike else ""
         groups.setdefault(key, []).append(f"{r.variant} ({r.delta:+.2f}{note})")
-    order = [HOLDS, CONTRADICTS, DIFFERS, CANNOT_TELL, "not compared (other run conditions)"]
+    contrasts = holm_family(spec, rows)[-len(spec.contrasts) :] if spec and spec.contrasts else []
+    for c in contrasts:
+        if c.verdict is not None:
+            key = NOT_COMPARED if c.no_test_reason == OTHER_CONDITIONS else c.verdict
+            groups.setdefault(key, []).append(f"{c.label} ({c.delta:+.2f})")
+    order = [HOLDS, CONTRADICTS, DIFFERS, CANNOT_TELL, NOT_COMPARED]
     parts = [f"{key}: {', '.join(groups[key])}" for key in order if key in groups]
     return (
         f"**In short** (test2016, Welch's test over seeds, Holm at α = {SIGNIFICANCE}): "

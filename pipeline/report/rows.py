@@ -24,6 +24,7 @@ from pipeline.sweep.spec import BASE_VARIANT, StudySpec
 SIGNIFICANCE = seed_stats.ALPHA
 # Verdicts against the paper, from the seed-level test alone
 HOLDS, CONTRADICTS, CANNOT_TELL, DIFFERS = "holds", "contradicts", "cannot tell", "differs"
+OTHER_CONDITIONS = "the two ran under different conditions"  # why a contrast is not made
 
 
 @dataclass(kw_only=True)
@@ -151,16 +152,12 @@ def variant_rows(
         row.p_value = sentence_p[name]
     # One family: every comparison the spec plans with the base, in the spec's order, then its
     # contrasts; one not made (not run, other conditions, no spread) stays in it as p = 1.
-    family = holm_family(spec, rows)
-    levels = seed_stats.holm_step_alphas([r.welch_p if r else None for r in family])
-    for row, level in zip(family, levels):
-        if row is not None and row.welch_p is not None:
-            row.holm_alpha = level
+    holm_family(spec, rows)
     for row in rows:
         if row.compared and not interim:
             row.verdict = verdict(row.delta, row.holm_p, row.paper)
             if row.verdict == CANNOT_TELL and row.welch_p is not None:
-                row.detectable = _detectable(row, base_row)
+                row.detectable = _detectable(row.test_bleu, base_row.test_bleu, row.holm_alpha)
         elif row.delta is not None and not row.comparable:
             row.verdict = CANNOT_TELL
     for row in _rows(spec, elsewhere):
@@ -172,13 +169,12 @@ def variant_rows(
     return rows
 
 
-def _detectable(row: VariantRow, base_row: VariantRow) -> float:
+def _detectable(scores: list[float], other: list[float], holm_alpha: float) -> float:
     """The difference Welch's test of these seed counts detects with seed_stats.POWER at the
-    level the row's Holm step faced, at the two groups' seed spread."""
-    spread = math.sqrt((statistics.variance(row.test_bleu)
-                        + statistics.variance(base_row.test_bleu)) / 2)  # fmt: skip
-    n = min(len(row.test_bleu), len(base_row.test_bleu))
-    return seed_stats.detectable_difference(spread, n, alpha=row.holm_alpha)
+    level the comparison's Holm step faced, at the two groups' seed spread."""
+    spread = math.sqrt((statistics.variance(scores) + statistics.variance(other)) / 2)
+    n = min(len(scores), len(other))
+    return seed_stats.detectable_difference(spread, n, alpha=holm_alpha)
 
 
 def family_size(spec: StudySpec) -> int:
@@ -294,6 +290,9 @@ class ContrastRow(Comparison):
 
     variant: str
     other: str
+    # the two variants' rows where both ran (their seeds, for the findings)
+    row: VariantRow | None = field(default=None, repr=False)
+    other_row: VariantRow | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
@@ -308,8 +307,8 @@ def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
         by_variant.setdefault(row.variant, row)
     contrasts = []
     for name, other_name in spec.contrasts:
-        contrast = ContrastRow(name, other_name)
         row, other = by_variant.get(name), by_variant.get(other_name)
+        contrast = ContrastRow(name, other_name, row, other)
         if row is not None and other is not None:
             contrast.delta = row.test_mean - other.test_mean
             contrast.ppl_delta = statistics.fmean(row.val_ppl) - statistics.fmean(other.val_ppl)
@@ -323,7 +322,7 @@ def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
                 contrast.welch_p, contrast.no_test_reason = welch.p, welch.reason
                 contrast.ppl_welch_p = seed_stats.welch_test(row.val_ppl, other.val_ppl).p
             elif not same:
-                contrast.no_test_reason = "the two ran under different conditions"
+                contrast.no_test_reason = OTHER_CONDITIONS
         contrasts.append(contrast)
     return contrasts
 
@@ -331,8 +330,9 @@ def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
 def holm_family(spec: StudySpec, rows: list[VariantRow]) -> list[VariantRow | ContrastRow | None]:
     """Every comparison the spec plans, adjusted together by Holm's correction (BLEU and val PPL
     each a family of its own): each variant with the base in the spec's order (None where not
-    made), then the spec's contrasts. Sets each member's Holm p; a contrast's verdict says only
-    whether it differs."""
+    made), then the spec's contrasts. Sets each member's Holm p and the level its Holm step
+    faced; a contrast's verdict says only whether it differs, and where it cannot tell, what
+    difference it could have detected."""
     by_variant = {r.variant: r for r in rows if r.compared}
     family: list[VariantRow | ContrastRow | None] = [
         by_variant.get(name) for name in spec.variants if name != BASE_VARIANT
@@ -344,10 +344,14 @@ def holm_family(spec: StudySpec, rows: list[VariantRow]) -> list[VariantRow | Co
         for member, value in zip(family, adjusted):
             if member is not None:
                 setattr(member, adjusted_name, value)
-    for contrast in contrasts:
-        if contrast.delta is not None and not contrast.interim:
-            tested = contrast.welch_p is not None
-            contrast.verdict = (
-                direction_verdict(contrast.delta, contrast.holm_p, None) if tested else CANNOT_TELL
-            )
+    levels = seed_stats.holm_step_alphas([m.welch_p if m else None for m in family])
+    for member, level in zip(family, levels):
+        if member is not None and member.welch_p is not None:
+            member.holm_alpha = level
+    for c in contrasts:
+        if c.delta is not None and not c.interim:
+            tested = c.welch_p is not None
+            c.verdict = direction_verdict(c.delta, c.holm_p, None) if tested else CANNOT_TELL
+            if tested and c.verdict == CANNOT_TELL:
+                c.detectable = _detectable(c.row.test_bleu, c.other_row.test_bleu, c.holm_alpha)
     return family
