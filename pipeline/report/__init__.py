@@ -30,14 +30,14 @@ that anyone with a clone re-makes it exactly:
   planned trial has finished), and the docs'
   front page's block `ablation:<study>:front`, where it has one, the result in short (a test
   checks that the committed pages equal this command's output);
-- one W&B report run in the study's group with the same table and charts, the verdicts in its
-  summary and report.md as an artifact (`--no-wandb` skips).
+- one W&B report run in the study's group with the same tables and charts, every comparison's
+  verdict in its summary and report.md as an artifact (`--no-wandb` skips).
 A search study's report is its trials ranked by the objective.
 
 One job per module: `records` (the finished trials and their run conditions), `rows` (per-variant
 statistics, the spec's contrasts between variants, the one Holm family and the verdicts),
-`tables` (the Markdown tables and their cells), `contrasts` (the contrasts' table and the
-heads x width grid), `prose` (findings,
+`tables` (the Markdown tables and their cells), `contrasts` (the contrasts' table and findings,
+and the heads x width grid), `prose` (findings,
 summary, A/A check, power, what differs, the write-ups), `paper` (the paper's rows and other write-ups against
 our changes), `charts`, `document` (the report's Markdown and report.md), `docs` (the blocks on the docs
 site and README), `wandb_summary`, `progress` (a pinned study's progress) and `cli`. The names below are the package's public API.

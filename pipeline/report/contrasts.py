@@ -1,5 +1,5 @@
-"""The tables of the comparisons a spec asks for beside those with the base, and the heads x
-width grid.
+"""The table and findings of the comparisons a spec asks for beside those with the base, and the
+heads x width grid.
 
 `contrasts: [[a, b], ...]` in a spec compares variant a with variant b by the same Welch test
 over seed-level test BLEU (and val PPL) as every variant's comparison with the base, in the
@@ -8,7 +8,8 @@ order, then the contrasts). A contrast is made where both variants ran under one
 conditions; one not made stays in the family as p = 1.
 
 Where variants set `model.head_dim`, the report adds a grid of mean test BLEU by number of
-heads (rows) and d_k (columns) over the variants that change nothing else.
+heads (rows) and d_k (columns) over the variants that change nothing else (a table here, a
+chart in `charts`).
 """
 
 from __future__ import annotations
