@@ -49,6 +49,8 @@ __getattr__, __all__ = lazy_exports(
     __name__,
     {
         "charts": ["CHARTS", "study_state"],
+        "contrasts": ["contrast_findings", "extra_tables", "head_shapes", "heads_width_cells",
+                      "heads_width_table"],
         "cli": ["cli", "console"],
         "docs": ["SUMMARY_COLUMNS", "block_name", "docs_block", "progress_block", "study_page", "summary_block",
                  "update_docs"],
@@ -62,7 +64,8 @@ __getattr__, __all__ = lazy_exports(
                     "load_records", "run_class", "test_references"],
         "rows": ["BASE_VARIANT", "CANNOT_TELL", "CONTRADICTS", "DIFFERS", "HOLDS", "SIGNIFICANCE",
                  "Comparison", "ContrastRow", "VariantRow", "contrast_rows", "direction_verdict",
-                 "family_size", "holm_family", "pooled_p_value", "pooled_p_values",
+                 "family_contrasts", "family_size", "holm_family", "pooled_p_value",
+                 "pooled_p_values",
                  "variant_rows", "verdict"],
         "tables": ["INTERIM", "delta_cell", "grid_table", "other_conditions_table", "pair_label",
                    "paper_cell", "p_text", "ppl_note", "ppl_table", "search_table",

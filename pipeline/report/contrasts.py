@@ -15,7 +15,7 @@ chart in `charts`).
 from __future__ import annotations
 
 from pipeline.report.prose import detectable_text
-from pipeline.report.rows import CANNOT_TELL, ContrastRow, VariantRow, holm_family
+from pipeline.report.rows import CANNOT_TELL, ContrastRow, VariantRow, family_contrasts
 from pipeline.report.tables import delta_cell, p_text, verdict_cell
 from pipeline.sweep.spec import StudySpec, point_config
 
@@ -26,7 +26,7 @@ HEAD_KEYS = ("model.heads", "model.head_dim")
 def extra_tables(spec: StudySpec, rows: list[VariantRow]) -> list[str]:
     """The report's tables beside the comparisons with the base, where the spec has them: its
     contrasts (adjusted in the one family) and the heads x width grid."""
-    contrasts = [member for member in holm_family(spec, rows) if isinstance(member, ContrastRow)]
+    contrasts = family_contrasts(spec, rows)
     made = contrasts_table(contrasts)
     findings = contrast_findings(spec, contrasts)
     if findings:

@@ -18,8 +18,8 @@ from pipeline.report.rows import (
     Comparison,
     VariantRow,
     direction_verdict,
+    family_contrasts,
     family_size,
-    holm_family,
 )
 from pipeline.report.tables import p_text, ppl_mark
 from pipeline.sweep.spec import StudySpec, point_config
@@ -134,8 +134,7 @@ def summary(rows: list[VariantRow], spec: StudySpec | None = None) -> str:
         unlike = key in (HOLDS, CONTRADICTS) and spec is not None and unlike_paper(spec, r.variant)
         note = ", not the paper's change" if unlike else ""
         groups.setdefault(key, []).append(f"{r.variant} ({r.delta:+.2f}{note})")
-    contrasts = holm_family(spec, rows)[-len(spec.contrasts) :] if spec and spec.contrasts else []
-    for c in contrasts:
+    for c in family_contrasts(spec, rows) if spec is not None else []:
         if c.verdict is not None:
             key = NOT_COMPARED if c.no_test_reason == OTHER_CONDITIONS else c.verdict
             groups.setdefault(key, []).append(f"{c.label} ({c.delta:+.2f})")

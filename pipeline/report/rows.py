@@ -355,3 +355,8 @@ def holm_family(spec: StudySpec, rows: list[VariantRow]) -> list[VariantRow | Co
             if tested and c.verdict == CANNOT_TELL:
                 c.detectable = _detectable(c.row.test_bleu, c.other_row.test_bleu, c.holm_alpha)
     return family
+
+
+def family_contrasts(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
+    """The spec's contrasts as members of the one Holm family (adjusted, with their verdicts)."""
+    return [member for member in holm_family(spec, rows) if isinstance(member, ContrastRow)]

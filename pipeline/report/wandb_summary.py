@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.report.contrasts import heads_width_cells
 from pipeline.report.records import conditions_text
-from pipeline.report.rows import ContrastRow, VariantRow, holm_family
+from pipeline.report.rows import VariantRow, family_contrasts
 from pipeline.report.tables import verdict_cell
 from pipeline.sweep.spec import StudySpec, TrialPaths, trial_config
 
@@ -42,7 +42,7 @@ def log_summary(
                            r.holm_p, verdict_cell(r), r.permutation_p, r.p_value,
                            conditions_text(r.conditions))  # fmt: skip
         logged = {"ablation_table": table}
-        contrasts = [m for m in holm_family(spec, rows) if isinstance(m, ContrastRow)]
+        contrasts = family_contrasts(spec, rows)
         if contrasts:
             logged["contrast_table"] = wandb.Table(
                 columns=["contrast", "delta", "delta_low", "delta_high", "p_welch", "p_holm",
