@@ -5,6 +5,7 @@ and its heads x width grid, on synthetic trial records as `tests/test_report.py`
 # ruff: noqa: F811
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -53,6 +54,17 @@ def test_contrasts_join_the_comparisons_with_the_base_in_one_holm_family(five_se
     family = holm_family(spec, list(rows.values()))
     made, not_made = family[-2:]
     assert made.label == "heads_16 vs heads_8" and made.welch_p == pytest.approx(contrast_p)
+    # the exact permutation test beside it, by enumerating every relabelling of the 10 runs
+    runs = rows["heads_16"].test_bleu + rows["heads_8"].test_bleu
+    observed = abs(statistics.fmean(runs[:5]) - statistics.fmean(runs[5:]))
+    splits = list(itertools.combinations(range(10), 5))
+    extreme = sum(
+        abs(statistics.fmean(runs[i] for i in group)
+            - statistics.fmean(runs[i] for i in range(10) if i not in group)) >= observed - 1e-9
+        for group in splits
+    )  # fmt: skip
+    assert made.permutation_p == pytest.approx(extreme / len(splits))
+    assert not_made.permutation_p is None
     assert made.holm_p == pytest.approx(adjusted[6])
     assert made.delta == pytest.approx(rows["heads_16"].test_mean - rows["heads_8"].test_mean)
     scipy_ci = stats.ttest_ind(rows["heads_16"].test_bleu, rows["heads_8"].test_bleu,
@@ -80,12 +92,14 @@ def test_contrasts_join_the_comparisons_with_the_base_in_one_holm_family(five_se
     (table,) = extra_tables(spec, list(rows.values()))
     assert f"| heads_16 vs heads_8 | {made.delta:+.2f} [" in table
     assert f"| {made.welch_p:.3f} | {made.holm_p:.3f} | {made.verdict}" in table
+    assert f" | {made.permutation_p:.3f} | {made.ppl_delta:+.2f} | " in table
     assert "| heads_1 vs dropout_0.0 | " in table
     # and in prose under the table, each with its test or why there is none
     low, high = made.delta_interval
     assert (
         f"- heads_16 vs heads_8: {made.delta:+.2f} [{low:+.2f}, {high:+.2f}] BLEU (5 vs 5 seeds; "
-        f"Welch p = {made.welch_p:.3f}, Holm p = {made.holm_p:.3f}): {verdict_text}"
+        f"Welch p = {made.welch_p:.3f}, Holm p = {made.holm_p:.3f}; exact permutation p = "
+        f"{made.permutation_p:.3f}): {verdict_text}"
     ) in table
     assert (
         f"- heads_1 vs dropout_0.0: {not_made.delta:+.2f} BLEU: cannot tell (no seed-level test: "
@@ -228,9 +242,10 @@ def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study
         (path,) = (run_dir / "files" / "media" / "table").glob(f"{key}_*.table.json")
         return json.loads(path.read_text())["data"]
 
-    assert [[row[0], row[1], row[4], row[5], row[6]] for row in table("contrast_table")] == [
+    assert [[row[0], row[1], row[4], row[5], row[6], row[7]]
+            for row in table("contrast_table")] == [
         [c.label, pytest.approx(c.delta), pytest.approx(c.welch_p), pytest.approx(c.holm_p),
-         report.verdict_cell(c)] for c in contrasts
+         report.verdict_cell(c), pytest.approx(c.permutation_p)] for c in contrasts
     ]  # fmt: skip
     (artifact,) = [a for a in logged["artifacts"] if a["type"] == "report"]
     assert chart in artifact["files"]

@@ -43,14 +43,15 @@ def contrasts_table(contrasts: list[ContrastRow]) -> str:
         "family:",
         "",
         "| contrast | Δ test2016 BLEU (lc) [95% CI] | p (seeds, Welch) | p (Holm) | verdict | "
-        "Δ val PPL | p (Holm, PPL) |",
-        "|---|---|---|---|---|---|---|",
+        "p (seeds, exact permutation) | Δ val PPL | p (Holm, PPL) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in contrasts:
         ppl = "-" if c.ppl_delta is None else f"{c.ppl_delta:+.2f}"
         lines.append(
             f"| {c.label} | {delta_cell(c.delta, c.delta_interval)} | "
-            f"{p_text(c.welch_p)} | {p_text(c.holm_p)} | {verdict_cell(c)} | {ppl} | "
+            f"{p_text(c.welch_p)} | {p_text(c.holm_p)} | {verdict_cell(c)} | "
+            f"{p_text(c.permutation_p)} | {ppl} | "
             f"{p_text(c.ppl_holm_p)} |"
         )
     return "\n".join(lines)
@@ -82,7 +83,8 @@ def contrast_findings(spec: StudySpec, contrasts: list[ContrastRow]) -> list[str
         ppl = "" if c.ppl_delta is None else (
             f"; val PPL {c.ppl_delta:+.2f} (Holm p = {p_text(c.ppl_holm_p)})")  # fmt: skip
         lines.append(f"{name}: {measured} ({seeds}; Welch p = {c.welch_p:.3f}, Holm p = "
-                     f"{c.holm_p:.3f}): {verdict}{ppl}.")  # fmt: skip
+                     f"{c.holm_p:.3f}; exact permutation p = {c.permutation_p:.3f}): "
+                     f"{verdict}{ppl}.")  # fmt: skip
     return lines
 
 

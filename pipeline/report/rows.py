@@ -46,6 +46,8 @@ class Comparison:
     # the level the comparison's Holm step faced
     holm_alpha: float | None = None
     verdict: str | None = None
+    # the exact permutation test of the same difference (distribution-free, secondary)
+    permutation_p: float | None = None
     # an estimate from a study whose planned seeds have not all finished: no test, no verdict
     interim: bool = False
     # Where the test cannot tell: the difference Welch's test detects with seed_stats.POWER
@@ -75,8 +77,6 @@ class VariantRow(Comparison):
     comparable: bool = True
     # sacreBLEU's paired bootstrap over test sentences, seeds pooled (secondary)
     p_value: float | None = None
-    # the exact permutation test of the same difference (distribution-free, secondary)
-    permutation_p: float | None = None
     ppl_delta_interval: tuple[float | None, float | None] = (None, None)
 
     @property
@@ -321,6 +321,7 @@ def contrast_rows(spec: StudySpec, rows: list[VariantRow]) -> list[ContrastRow]:
                 welch = seed_stats.welch_test(row.test_bleu, other.test_bleu)
                 contrast.welch_p, contrast.no_test_reason = welch.p, welch.reason
                 contrast.ppl_welch_p = seed_stats.welch_test(row.val_ppl, other.val_ppl).p
+                contrast.permutation_p = seed_stats.permutation_test(row.test_bleu, other.test_bleu)
             elif not same:
                 contrast.no_test_reason = OTHER_CONDITIONS
         contrasts.append(contrast)

@@ -46,9 +46,10 @@ def log_summary(
         if contrasts:
             logged["contrast_table"] = wandb.Table(
                 columns=["contrast", "delta", "delta_low", "delta_high", "p_welch", "p_holm",
-                         "verdict", "ppl_delta", "p_holm_ppl"],
+                         "verdict", "p_permutation", "ppl_delta", "p_holm_ppl"],
                 data=[[c.label, c.delta, *c.delta_interval, c.welch_p, c.holm_p,
-                       verdict_cell(c), c.ppl_delta, c.ppl_holm_p] for c in contrasts],
+                       verdict_cell(c), c.permutation_p, c.ppl_delta, c.ppl_holm_p]
+                      for c in contrasts],
             )  # fmt: skip
         cells = heads_width_cells(spec, rows)
         if cells:
