@@ -13,6 +13,7 @@ from scipy import stats
 
 from pipeline import report, sweep
 from pipeline.evaluation import seed_stats
+from pipeline.report import charts as charts_module
 from pipeline.report.charts import charts
 from pipeline.report.contrasts import extra_tables, head_shapes, heads_width_table
 from pipeline.report.rows import holm_family
@@ -229,6 +230,14 @@ def test_the_report_run_logs_the_contrasts_and_the_heads_width_grid(widths_study
     chart = report.CHARTS["heads_width"]
     assert matplotlib.image.imread(study_dir / chart).shape[0] > 100
     assert f"![heads_width]({chart})" in text
+    base = next(r for r in report.variant_rows(spec, report.load_records(study_dir), refs)
+                if r.variant == "base")  # fmt: skip
+    low, high = base.test_interval
+    assert charts_module._cell_text(base) == (
+        f"{base.test_mean:.2f} ± {(high - low) / 2:.2f}\nbase, 2 seeds"
+    )
+    base.test_bleu, base.test_half_widths = base.test_bleu[:1], []  # one seed: no interval
+    assert charts_module._cell_text(base) == f"{base.test_bleu[0]:.2f}\nbase, 1 seed"
     (run_dir,) = tracking.offline_run_dirs(tmp_path / "wandb" / spec.study)
     logged = tracking.read_offline_run(run_dir)
     rows = report.variant_rows(spec, report.load_records(study_dir), refs)

@@ -125,4 +125,5 @@ def _cell_text(row: VariantRow) -> str:
     """A grid cell: the mean with its 95% t-interval's half-width, the variant and its seeds."""
     half = _half_width(row)
     spread = "" if half is None else f" ± {half:.2f}"
-    return f"{row.test_mean:.2f}{spread}\n{row.variant}, {len(row.test_bleu)} seeds"
+    seeds = len(row.test_bleu)
+    return f"{row.test_mean:.2f}{spread}\n{row.variant}, {seeds} seed{'s' if seeds > 1 else ''}"
