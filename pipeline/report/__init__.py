@@ -49,7 +49,7 @@ __getattr__, __all__ = lazy_exports(
     __name__,
     {
         "charts": ["CHARTS", "study_state"],
-        "contrasts": ["contrast_findings", "extra_tables", "head_shapes", "heads_width_cells",
+        "contrasts": ["contrast_findings", "extra_tables", "head_shapes", "heads_width_grid",
                       "heads_width_table"],
         "cli": ["cli", "console"],
         "docs": ["SUMMARY_COLUMNS", "block_name", "docs_block", "progress_block", "study_page", "summary_block",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.evaluation import plots
 from pipeline.metric_names import GREEDY_VAL_BLEU
-from pipeline.report.contrasts import heads_width_axes, heads_width_cells
+from pipeline.report.contrasts import heads_width_grid
 from pipeline.report.records import TrialRecord
 from pipeline.report.rows import BASE_VARIANT, VariantRow
 from pipeline.report.tables import BATCH_MEAN_MARK, all_per_token, verdict_cell
@@ -104,9 +104,8 @@ def charts(
             ),
             out / CHARTS["learning_curves"],
         )  # fmt: skip
-    grid = heads_width_cells(spec, rows)
+    heads, widths, grid = heads_width_grid(spec, rows)
     if grid:
-        heads, widths = heads_width_axes(spec)
         made["heads_width"] = plots.save_png(
             plots.grid_heatmap_figure(
                 {shape: (r.test_mean, _cell_text(r)) for shape, r in grid.items()},

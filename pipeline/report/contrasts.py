@@ -68,7 +68,7 @@ def contrast_findings(spec: StudySpec, contrasts: list[ContrastRow]) -> list[str
             continue
         apart = _held_apart(shapes.get(c.variant), shapes.get(c.other))
         name = f"- {c.label}{f' ({apart})' if apart else ''}"
-        if c.no_test_reason and not c.interim and c.welch_p is None:
+        if c.no_test_reason:  # other conditions, or no spread: no test, interim or not
             lines.append(f"{name}: {c.delta:+.2f} BLEU: {CANNOT_TELL} (no seed-level test: "
                          f"{c.no_test_reason}).")  # fmt: skip
             continue
@@ -118,30 +118,28 @@ def _setting(key: str) -> str:
     return key.lstrip("+~")
 
 
-def heads_width_cells(spec: StudySpec, rows: list[VariantRow]) -> dict[tuple[int, int], VariantRow]:
-    """(h, d_k): the row of the variant of that shape, one per variant that changes only the
-    heads or their width, run under the base's conditions."""
+def heads_width_grid(
+    spec: StudySpec, rows: list[VariantRow]
+) -> tuple[list[int], list[int], dict[tuple[int, int], VariantRow]]:
+    """The grid's rows (every h the spec plans) and columns (every d_k), ascending, and its
+    cells: (h, d_k) -> the row of the variant of that shape, one per variant that changes only
+    the heads or their width, run under the base's conditions (none: nothing to draw)."""
     shapes = head_shapes(spec)
-    return {
+    cells = {
         shapes[r.variant]: r
         for r in rows
         if r.variant in shapes and (r.delta is None or r.comparable)
     }
-
-
-def heads_width_axes(spec: StudySpec) -> tuple[list[int], list[int]]:
-    """The grid's rows (every h the spec plans) and columns (every d_k), ascending."""
-    shapes = head_shapes(spec).values()
-    return sorted({h for h, _ in shapes}), sorted({d_k for _, d_k in shapes})
+    heads = sorted({h for h, _ in shapes.values()})
+    return heads, sorted({d_k for _, d_k in shapes.values()}), cells
 
 
 def heads_width_table(spec: StudySpec, rows: list[VariantRow]) -> str:
     """Mean test2016 BLEU (lc) over seeds by heads h (rows) and d_k (columns), over every
     shape the spec plans."""
-    means = heads_width_cells(spec, rows)
+    heads, widths, means = heads_width_grid(spec, rows)
     if not means:
         return ""
-    heads, widths = heads_width_axes(spec)
     lines = [
         "Heads against their width: mean test2016 BLEU (lc) over seeds (their number), by heads "
         "h and d_k = d_v (the base's width d_model is fixed; h x d_k is the attention's width).",

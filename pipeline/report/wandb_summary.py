@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from pipeline.report.contrasts import heads_width_cells
+from pipeline.report.contrasts import heads_width_grid
 from pipeline.report.records import conditions_text
 from pipeline.report.rows import VariantRow, family_contrasts
 from pipeline.report.tables import verdict_cell
@@ -51,7 +51,7 @@ def log_summary(
                        verdict_cell(c), c.permutation_p, c.ppl_delta, c.ppl_holm_p]
                       for c in contrasts],
             )  # fmt: skip
-        cells = heads_width_cells(spec, rows)
+        _, _, cells = heads_width_grid(spec, rows)
         if cells:
             logged["heads_width_table"] = wandb.Table(
                 columns=["heads", "d_k", "variant", "seeds", "test_bleu_lc"],
